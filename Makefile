@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test` (each installs what it needs first).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# GPU=1 installs the CUDA build of FBGEMM (fbgemm-gpu) instead of fbgemm-gpu-cpu.
+REQUIREMENTS := requirements/$(if $(GPU),gpu,cpu).txt
+STAMP := $(VENV)/.installed-$(if $(GPU),gpu,cpu)
+DEMO_ROWS ?= 1000000
+DEMO_DATA := data/synthetic_ctr
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): $(REQUIREMENTS) pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r $(REQUIREMENTS)
+	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -c "import torchrec, fbgemm_gpu, embedtrain; print('stack ok: torch', __import__('torch').__version__, 'torchrec', torchrec.__version__)"
+	touch $@
+
+$(DEMO_DATA)/metadata.json: $(STAMP)
+	$(VENV)/bin/embedtrain datagen ctr --rows $(DEMO_ROWS) --out $(DEMO_DATA)
+
+demo: $(STAMP) $(DEMO_DATA)/metadata.json
+	$(VENV)/bin/embedtrain train configs/dlrm_synthetic.yaml --out runs/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf runs data/synthetic_ctr .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from embedtrain.cli import main
+
+sys.exit(main())

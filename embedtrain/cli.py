@@ -1,0 +1,147 @@
+"""The ``embedtrain`` command line: ``train``, ``eval`` and ``datagen``.
+
+Examples:
+    embedtrain datagen ctr --rows 1000000 --out data/synthetic_ctr
+    embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
+    embedtrain eval runs/demo --split test
+
+Bad input (a config typo, a missing file, a malformed data set) ends with one line naming the
+file and key or column, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+from embedtrain.config import ConfigError, dump_config, load_config
+
+
+class UsageError(Exception):
+    """Bad input reported as one line and exit status 2."""
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _quiet_libraries()
+    try:
+        return args.func(args)
+    except (ConfigError, UsageError, ValueError, FileNotFoundError) as e:
+        # ValueError covers DatasetError/DataError and model size checks, all one-line messages.
+        print(f"embedtrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"embedtrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedtrain", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model from a YAML config")
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
+    p.add_argument("--out", help="run directory (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="evaluate a run's checkpoint on a split")
+    p.add_argument("run_dir", help="a run directory written by `embedtrain train`")
+    p.add_argument("--split", default="test", help="data split to evaluate (default: test)")
+    p.add_argument("--checkpoint", help="checkpoint directory (default: the run's newest)")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("datagen", help="generate a synthetic data set")
+    gen = p.add_subparsers(dest="kind", required=True)
+    g = gen.add_parser("ctr", help="Criteo-layout CTR data with a planted click model")
+    g.add_argument("--rows", type=int, default=1_000_000, help="total rows (default: 1,000,000)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=_datagen)
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    from embedtrain.train.recipe import build_ctr_run, default_out_dir
+
+    cfg = load_config(args.config, args.overrides)
+    out = Path(args.out) if args.out else default_out_dir(args.config)
+    run = build_ctr_run(cfg, out, progress=False if args.no_progress else None)
+    if run.trainer.rank == 0:
+        dump_config(cfg, out / "config.yaml")
+        print(f"data: {run.meta.name} ({run.meta.root}), train rows: "
+              f"{run.trainer.train_data.num_rows:,}, steps: {run.trainer.total_steps:,}",
+              file=sys.stderr)
+    summary = run.trainer.fit(test_data=run.test_data, resume=args.resume)
+    if run.trainer.rank == 0:
+        _print_summary(summary, out)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from embedtrain.train.recipe import build_ctr_run
+
+    run_dir = Path(args.run_dir)
+    cfg = load_config(run_dir / "config.yaml")
+    run = build_ctr_run(cfg, run_dir, progress=False)
+    if not run.trainer.restore(args.checkpoint):
+        raise UsageError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
+    if args.split == "test" and run.test_data is not None:
+        data = run.test_data
+    else:
+        data = run.trainer.valid_data if args.split == "valid" else None
+        if data is None:
+            from embedtrain.data.reader import ParquetBatchReader
+
+            data = ParquetBatchReader(run.meta.files(args.split), run.meta.features,
+                                      cfg.data.eval_batch_size)
+    result = {"split": args.split, "step": run.trainer.state.step, **run.trainer.evaluate(data)}
+    if run.trainer.rank == 0:
+        (run_dir / f"eval_{args.split}.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def _datagen(args: argparse.Namespace) -> int:
+    from embedtrain.data.datagen import CTRDataSpec, generate_ctr
+
+    meta = generate_ctr(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
+    rows = {k: v["rows"] for k, v in meta["splits"].items()}
+    print(f"wrote {args.out}: rows {rows}, oracle AUC on test {meta['oracle_auc']['test']:.4f}")
+    return 0
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    keys = [k for k in ("auc", "ne", "logloss", "calibration", "loss") if k in summary]
+    print(f"\nfinal metrics on {summary['split']} ({summary['dataset']}):")
+    for k in keys:
+        print(f"  {k:<12} {summary[k]:.4f}")
+    if "oracle_auc" in summary:
+        print(f"  {'oracle_auc':<12} {summary['oracle_auc']:.4f}  (AUC of the true click probability)")
+    rate = summary.get("train_examples_per_s")
+    if rate:
+        print(f"  training     {rate:,.0f} examples/s over {summary['steps']:,} steps")
+    print(f"run files: {out}/ (config.yaml, metrics.jsonl, summary.json, curves.png, checkpoints/)")
+
+
+def _quiet_libraries() -> None:
+    # TorchRec and FBGEMM log planner tables and warnings at import/shard time; users want the run.
+    warnings.filterwarnings("ignore", module="torchrec")
+    warnings.filterwarnings("ignore", module="fbgemm_gpu")
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    logging.getLogger().setLevel(logging.ERROR)  # torchrec's sharders warn on the root logger
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger("fbgemm_gpu").setLevel(logging.ERROR)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Typed configuration: YAML files mapped onto dataclasses, with ``--set a.b=c`` overrides.
+
+Configs are resolved once, at the entry point (the CLI); library code receives the dataclasses (or
+the objects built from them), never YAML. Loading uses ``yaml.safe_load`` only, so a config file can
+never execute code.
+
+Every problem is reported as a :class:`ConfigError` whose message is one line naming the file and
+the dotted key path, e.g. ``configs/dlrm.yaml: train.batch_sise: unknown key (did you mean
+'batch_size'?)``.
+
+Example:
+    >>> cfg = load_config("configs/dlrm_synthetic.yaml", overrides=["train.max_steps=10"])
+    >>> cfg.train.max_steps
+    10
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem; ``str(err)`` is one line naming the file and the key path."""
+
+
+class TaskKind(enum.Enum):
+    CTR = "ctr"
+
+
+class Interaction(enum.Enum):
+    """How a DLRM combines its dense and sparse features."""
+
+    DOT = "dot"  # DLRM's pairwise dot products
+    DCN = "dcn"  # DCNv2 low-rank cross layers
+
+
+class SparseOptimizer(enum.Enum):
+    """Optimizers fused into the embedding backward pass (FBGEMM TBE)."""
+
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAGRAD = "adagrad"
+    SGD = "sgd"
+    ADAM = "adam"
+
+
+class DenseOptimizer(enum.Enum):
+    ADAM = "adam"
+    ADAGRAD = "adagrad"
+    SGD = "sgd"
+
+
+@dataclass
+class DataConfig:
+    """Where the data set lives and how it is batched.
+
+    ``path`` is a directory holding ``metadata.json`` (written by ``embedtrain datagen`` or
+    ``embedtrain ingest``); a relative path is taken relative to the working directory.
+    """
+
+    path: str = "data/synthetic_ctr"
+    batch_size: int = 2048
+    eval_batch_size: int = 8192
+    shuffle: bool = True
+    drop_last: bool = True
+
+
+@dataclass
+class ModelConfig:
+    """DLRM / DCNv2 architecture; all embedding tables share ``embedding_dim``."""
+
+    interaction: Interaction = Interaction.DOT
+    embedding_dim: int = 16
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
+    top_mlp: list[int] = field(default_factory=lambda: [128, 64, 1])
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 64
+
+
+@dataclass
+class OptimConfig:
+    sparse: SparseOptimizer = SparseOptimizer.ROWWISE_ADAGRAD
+    sparse_lr: float = 0.05
+    dense: DenseOptimizer = DenseOptimizer.ADAM
+    dense_lr: float = 1e-3
+    weight_decay: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    max_steps: Optional[int] = None  # stop early after this many steps (overrides epochs)
+    eval_every: int = 500  # steps between validation evaluations; 0: only at the end
+    eval_max_batches: Optional[int] = None  # cap on validation batches per evaluation
+    checkpoint_every: int = 1000  # steps between checkpoints; 0: only at the end
+    keep_checkpoints: int = 2
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    """The whole training config: one section per concern."""
+
+    task: TaskKind = TaskKind.CTR
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Config:
+    """Reads a YAML config file into a :class:`Config`.
+
+    Args:
+        path: the YAML file.
+        overrides: ``key.path=value`` strings; values are parsed as YAML scalars/lists
+            (``train.max_steps=10``, ``model.bottom_mlp=[32,16]``).
+
+    Returns:
+        The resolved config.
+
+    Raises:
+        ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    for item in overrides or []:
+        _apply_override(raw, item, path)
+    return from_dict(Config, raw, source=str(path))
+
+
+def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "") -> Any:
+    """Builds dataclass ``cls`` from plain data, checking keys and types recursively."""
+    if not isinstance(data, dict):
+        where = prefix.rstrip(".") or "<top>"
+        raise ConfigError(f"{source}: {where}: expected a mapping, got {_describe(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        key_path = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(fields)})"
+            raise ConfigError(f"{source}: {key_path}: unknown key{hint}")
+        kwargs[key] = _convert(hints[key], value, source, key_path)
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data view of a config (enums as their values), suitable for YAML/JSON."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def dump_config(cfg: Any, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def _convert(tp: Any, value: Any, source: str, key_path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, source, key_path)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, source, prefix=f"{key_path}.")
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise _type_error(source, key_path, "a list", value)
+        return [_convert(inner, v, source, f"{key_path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        allowed = [m.value for m in tp]
+        if value not in allowed:
+            raise ConfigError(
+                f"{source}: {key_path}: {value!r} is not one of {', '.join(map(str, allowed))}"
+            )
+        return tp(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _type_error(source, key_path, "true or false", value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(source, key_path, "an integer", value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _type_error(source, key_path, "a number", value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _type_error(source, key_path, "a string", value)
+        return value
+    raise TypeError(f"config type {tp!r} at {key_path} is not supported")  # a bug in this module
+
+
+def _type_error(source: str, key_path: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(f"{source}: {key_path}: expected {expected}, got {_describe(value)}")
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _apply_override(raw: dict, item: str, path: Path) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected key.path=value")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{path}: {'.'.join(parts[: i + 1])}: --set {key}: not a section")
+        node = child
+    node[parts[-1]] = value

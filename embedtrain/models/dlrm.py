@@ -1,0 +1,112 @@
+"""DLRM and DCNv2 CTR models built from a :class:`~embedtrain.features.FeatureSpec`.
+
+The models are TorchRec's own (``torchrec.models.dlrm.DLRM`` / ``DLRM_DCN``: sparse arch, dense
+arch, interaction, over arch), fed by one ``EmbeddingBagCollection`` table per sparse feature. Build
+on ``torch.device("meta")`` to plan or shard without allocating the tables.
+
+Example:
+    >>> spec = FeatureSpec(label="y", dense=("d0",), sparse=(SparseFeature("c0", 100),))
+    >>> model = dlrm(spec, embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16, 1])
+    >>> logits = model(dense_features, sparse_features)   # [B, 1]
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+from torchrec.models.dlrm import DLRM, DLRM_DCN
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from embedtrain.features import FeatureSpec
+
+
+def embedding_bag_collection(
+    spec: FeatureSpec, embedding_dim: int, device: Optional[torch.device] = None
+) -> EmbeddingBagCollection:
+    """One table per sparse feature (``t_<name>``), sized by its vocabulary; lists are sum-pooled.
+
+    Args:
+        spec: the feature spec.
+        embedding_dim: dimension of every table (DLRM's dot interaction needs one size).
+        device: ``meta`` to build without memory, ``None`` for CPU.
+
+    Returns:
+        The (unsharded) embedding bag collection.
+    """
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t_{feat.name}",
+            embedding_dim=embedding_dim,
+            num_embeddings=feat.num_embeddings,
+            feature_names=[feat.name],
+            pooling=PoolingType.SUM,
+        )
+        for feat in spec.sparse
+    ]
+    return EmbeddingBagCollection(tables=tables, device=device)
+
+
+def dlrm(
+    spec: FeatureSpec,
+    embedding_dim: int,
+    bottom_mlp: Sequence[int],
+    top_mlp: Sequence[int],
+    device: Optional[torch.device] = None,
+) -> nn.Module:
+    """DLRM with dot-product interaction.
+
+    Args:
+        spec: the feature spec (dense columns feed the bottom MLP, sparse ones the tables).
+        embedding_dim: table dimension; must equal ``bottom_mlp[-1]``.
+        bottom_mlp: layer sizes of the dense arch.
+        top_mlp: layer sizes of the over arch; the last must be 1 (the logit).
+        device: device of the embedding tables (``meta`` for planning).
+
+    Returns:
+        A module ``(dense [B, n_dense], KeyedJaggedTensor) -> logits [B, 1]``.
+    """
+    _check_sizes(embedding_dim, bottom_mlp, top_mlp)
+    return DLRM(
+        embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device),
+        dense_in_features=len(spec.dense),
+        dense_arch_layer_sizes=list(bottom_mlp),
+        over_arch_layer_sizes=list(top_mlp),
+    )
+
+
+def dcn(
+    spec: FeatureSpec,
+    embedding_dim: int,
+    bottom_mlp: Sequence[int],
+    top_mlp: Sequence[int],
+    num_layers: int = 3,
+    low_rank_dim: int = 64,
+    device: Optional[torch.device] = None,
+) -> nn.Module:
+    """DLRM with DCNv2 low-rank cross layers as the interaction (see :func:`dlrm` for the args).
+
+    Args:
+        num_layers: cross layers.
+        low_rank_dim: rank of each cross layer's weight.
+    """
+    _check_sizes(embedding_dim, bottom_mlp, top_mlp)
+    return DLRM_DCN(
+        embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device),
+        dense_in_features=len(spec.dense),
+        dense_arch_layer_sizes=list(bottom_mlp),
+        over_arch_layer_sizes=list(top_mlp),
+        dcn_num_layers=num_layers,
+        dcn_low_rank_dim=low_rank_dim,
+    )
+
+
+def _check_sizes(embedding_dim: int, bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> None:
+    if not bottom_mlp or bottom_mlp[-1] != embedding_dim:
+        raise ValueError(
+            f"model.bottom_mlp must end with embedding_dim={embedding_dim}, got {list(bottom_mlp)}"
+        )
+    if not top_mlp or top_mlp[-1] != 1:
+        raise ValueError(f"model.top_mlp must end with 1 (the logit), got {list(top_mlp)}")

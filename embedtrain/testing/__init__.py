@@ -1,0 +1,73 @@
+"""Helpers for tests: tiny synthetic data sets and random parquet files with known contents.
+
+Shipped in the package (like PyG's ``torch_geometric.testing``) so that downstream users can test
+their own tasks against the same fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedtrain.features import FeatureSpec, SparseFeature
+
+
+def tiny_ctr_dataset(out_dir: str | os.PathLike, rows: int = 4000, seed: int = 0) -> Path:
+    """A small synthetic CTR data set (``embedtrain datagen ctr``) with several row groups."""
+    from embedtrain.data.datagen import CTRDataSpec, generate_ctr
+
+    generate_ctr(CTRDataSpec(rows=rows, seed=seed, rows_per_row_group=512), out_dir, progress=False)
+    return Path(out_dir)
+
+
+def random_ctr_table(
+    rows: int,
+    seed: int = 0,
+    num_dense: int = 3,
+    vocab_sizes: tuple[int, ...] = (7, 50, 1000),
+    list_features: tuple[int, ...] = (1,),
+    max_length: int = 4,
+) -> tuple[pa.Table, FeatureSpec]:
+    """A random table in the reader's layout and its spec.
+
+    Args:
+        rows: number of rows.
+        seed: RNG seed.
+        num_dense: dense float columns ``d0..``.
+        vocab_sizes: one sparse column ``s<i>`` per entry.
+        list_features: indices of sparse columns that are lists (lengths 0..max_length).
+        max_length: longest list.
+
+    Returns:
+        ``(table, spec)``; row ``r`` of the table has label ``r % 2`` so rows stay identifiable.
+    """
+    rng = np.random.default_rng(seed)
+    columns = {"label": pa.array((np.arange(rows) % 2).astype(np.int8))}
+    for j in range(num_dense):
+        columns[f"d{j}"] = pa.array(rng.normal(size=rows).astype(np.float32))
+    sparse = []
+    for i, vocab in enumerate(vocab_sizes):
+        name = f"s{i}"
+        if i in list_features:
+            lengths = rng.integers(0, max_length + 1, size=rows)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            values = rng.integers(0, vocab, size=int(offsets[-1]))
+            columns[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            sparse.append(SparseFeature(name, vocab, multi_hot=True, max_length=max_length))
+        else:
+            columns[name] = pa.array(rng.integers(0, vocab, size=rows))
+            sparse.append(SparseFeature(name, vocab))
+    spec = FeatureSpec(label="label", dense=tuple(f"d{j}" for j in range(num_dense)), sparse=tuple(sparse))
+    return pa.table(columns), spec
+
+
+def write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: Optional[int] = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path

@@ -1,0 +1,1 @@
+"""Training: the task-agnostic Trainer loop, tasks, optimizers, checkpoints, process groups."""

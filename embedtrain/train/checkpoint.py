@@ -1,0 +1,99 @@
+"""Atomic, retained checkpoints through ``torch.distributed.checkpoint`` (DCP).
+
+A checkpoint is a directory ``checkpoints/step_00001000/`` holding DCP shards of every rank plus
+``trainer_state.json`` (step, epoch, loader position, ...). It is written under a hidden temporary
+name and renamed only once complete, so a crash mid-write leaves the previous checkpoint usable and
+no half-written one is ever picked up. Loading goes through DCP, never through pickle.
+
+Example:
+    >>> ckpts = CheckpointManager(run_dir / "checkpoints", keep=2)
+    >>> ckpts.save(100, {"model": model.state_dict()}, {"step": 100})
+    >>> path = ckpts.latest(); info = ckpts.load(path, {"model": model.state_dict()})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+STATE_FILE = "trainer_state.json"
+_NAME = re.compile(r"^step_(\d{8,})$")
+
+
+class CheckpointManager:
+    """Saves and finds checkpoints under ``root``, keeping the newest ``keep``.
+
+    Args:
+        root: the ``checkpoints/`` directory (created on first save).
+        keep: how many complete checkpoints to retain (at least 1).
+    """
+
+    def __init__(self, root: str | os.PathLike, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.keep = max(1, keep)
+
+    def save(self, step: int, state: dict[str, Any], trainer_state: dict[str, Any]) -> Path:
+        """Writes ``state`` (DCP, all ranks) and ``trainer_state`` (JSON, rank 0) as ``step``."""
+        final = self.root / f"step_{step:08d}"
+        tmp = self.root / f".tmp-step_{step:08d}"
+        leader = _rank() == 0
+        if leader:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        dcp.save(state, checkpoint_id=tmp)
+        if leader:
+            _write_json(tmp / STATE_FILE, trainer_state)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            self._prune()
+        _barrier()
+        return final
+
+    def all(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if _NAME.match(p.name) and (p / STATE_FILE).is_file()]
+        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+    def latest(self) -> Optional[Path]:
+        found = self.all()
+        return found[-1] if found else None
+
+    def load(self, path: str | os.PathLike, state: dict[str, Any]) -> dict[str, Any]:
+        """Loads into ``state`` in place (DCP) and returns the checkpoint's trainer state."""
+        path = Path(path)
+        info_file = path / STATE_FILE
+        if not info_file.is_file():
+            raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
+        dcp.load(state, checkpoint_id=path)
+        return json.loads(info_file.read_text())
+
+    def _prune(self) -> None:
+        for old in self.all()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

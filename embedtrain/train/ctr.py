@@ -1,0 +1,75 @@
+"""Click-through-rate prediction: binary cross-entropy on a DLRM-style model's logit.
+
+Metrics: AUC (exact, ``torchmetrics.classification.BinaryAUROC``), normalised entropy (NE, via
+``torchrec.metrics.ne.compute_ne``), log loss and calibration (predicted CTR / observed CTR).
+All accumulators are torchmetrics states, so ``compute()`` syncs across ranks.
+
+Example:
+    >>> task = CTRTask()
+    >>> out = task.forward(model, batch)      # out.loss, out.predictions (probabilities)
+    >>> metrics = task.new_metrics(); metrics.update(out, batch); metrics.compute()["auc"]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import SumMetric
+from torchmetrics.classification import BinaryAUROC
+from torchrec.datasets.utils import Batch
+from torchrec.metrics.ne import compute_ne
+
+from embedtrain.train.task import StepOutput
+
+_ETA = 1e-12  # torchrec's default clamp for NE
+
+
+class CTRMetrics:
+    """AUC, NE, log loss and calibration over the batches given to :meth:`update`."""
+
+    def __init__(self) -> None:
+        self.auc = BinaryAUROC(thresholds=None)  # exact: keeps all predictions of the pass
+        self.sums = {k: SumMetric() for k in ("ce", "count", "positives", "predicted")}
+
+    def update(self, output: StepOutput, batch: Batch) -> None:
+        p = output.predictions.detach().double()
+        y = batch.labels.double()
+        ce = F.binary_cross_entropy(p.clamp(_ETA, 1 - _ETA), y, reduction="sum")
+        self.auc.update(p, y.long())
+        self.sums["ce"].update(ce)
+        self.sums["count"].update(torch.tensor(float(y.numel()), dtype=torch.float64))
+        self.sums["positives"].update(y.sum())
+        self.sums["predicted"].update(p.sum())
+
+    def compute(self) -> dict[str, float]:
+        s = {k: m.compute().double() for k, m in self.sums.items()}
+        if s["count"] == 0:
+            return {}
+        # torchrec's NE normaliser is in bits; our cross-entropy sum is in nats.
+        ne = compute_ne(s["ce"] / math.log(2), s["count"], s["positives"], s["count"] - s["positives"], eta=_ETA)
+        calibration = s["predicted"] / s["positives"] if s["positives"] > 0 else torch.tensor(0.0)
+        return {
+            "auc": float(self.auc.compute()),
+            "ne": float(ne),
+            "logloss": float(s["ce"] / s["count"]),
+            "calibration": float(calibration),
+            "ctr": float(s["positives"] / s["count"]),
+        }
+
+
+class CTRTask:
+    """Binary click prediction on models mapping ``(dense, KeyedJaggedTensor)`` to one logit."""
+
+    name = "ctr"
+    main_metric = "auc"
+
+    def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
+        logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        return StepOutput(loss=loss, predictions=torch.sigmoid(logits), num_examples=logits.numel())
+
+    def new_metrics(self) -> CTRMetrics:
+        return CTRMetrics()

@@ -1,0 +1,48 @@
+"""Process-group setup: one process per device, launched by ``torchrun`` or standing alone.
+
+Training always runs under ``torch.distributed`` (a world of one when launched plainly), so the
+same ``DistributedModelParallel`` code path serves a laptop and a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group() -> tuple[int, int, torch.device]:
+    """Joins (or creates) the default process group; gloo on CPU, nccl on CUDA.
+
+    Returns:
+        ``(rank, world_size, device)`` of this process.
+    """
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # launched without torchrun: a world of one
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend=backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    return rank, world, device
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

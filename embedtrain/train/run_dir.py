@@ -1,0 +1,77 @@
+"""The run directory contract: ``metrics.jsonl``, ``summary.json`` and ``curves.png``.
+
+Users script against these names; keep them stable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CURVES_FILE = "curves.png"
+
+
+class RunDir:
+    """Writes a run's records; only the rank that owns it (rank 0) should write."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.root / METRICS_FILE, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        path = self.root / METRICS_FILE
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def truncate_metrics_after(self, step: int) -> None:
+        """On resume: drop records a crashed run wrote after its last checkpoint."""
+        kept = [r for r in self.read_metrics() if r.get("step", 0) <= step]
+        (self.root / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        path = self.root / SUMMARY_FILE
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+        return path
+
+    def plot_curves(self, main_metric: str, title: Optional[str] = None) -> Optional[Path]:
+        """Plots training/validation loss and ``main_metric`` against steps from metrics.jsonl."""
+        records = [r for r in self.read_metrics() if r.get("split") == "valid"]
+        if not records:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [r["step"] for r in records]
+        fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(10, 4))
+        train = [(r["step"], r["train_loss"]) for r in records if r.get("train_loss") is not None]
+        if train:
+            ax_loss.plot(*zip(*train), marker="o", label="train (mean since last eval)")
+        ax_loss.plot(steps, [r["loss"] for r in records], marker="o", label="valid")
+        ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+        ax_loss.legend()
+        ax_metric.plot(steps, [r.get(main_metric) for r in records], marker="o", color="C2")
+        ax_metric.set(xlabel="step", ylabel=main_metric, title=f"valid {main_metric}")
+        for ax in (ax_loss, ax_metric):
+            ax.grid(alpha=0.3)
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        path = self.root / CURVES_FILE
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path

@@ -1,0 +1,51 @@
+"""The task seam: what the trainer loop needs from a task family (CTR, extreme classification, GNN).
+
+The loop never branches on the kind of task. A task turns a batch into a loss and predictions with
+the (possibly sharded) model it is given, and makes fresh metric accumulators; a new task family
+plugs in by implementing :class:`Task`, never by editing the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+
+@dataclass
+class StepOutput:
+    """What one forward pass of a task produces."""
+
+    loss: torch.Tensor  # scalar, mean over the batch, differentiable
+    predictions: torch.Tensor  # what the metrics consume (e.g. click probabilities)
+    num_examples: int
+
+
+class Metrics(Protocol):
+    """An accumulator over evaluation batches; ``compute`` syncs across ranks if distributed."""
+
+    def update(self, output: StepOutput, batch: Any) -> None: ...
+
+    def compute(self) -> dict[str, float]: ...
+
+
+class Task(Protocol):
+    """A task family: its model's forward/loss and its metrics.
+
+    Attributes:
+        name: short name, recorded in the run's summary.
+        main_metric: the metric plotted and reported first (e.g. ``"auc"``).
+    """
+
+    name: str
+    main_metric: str
+
+    def forward(self, model: nn.Module, batch: Any) -> StepOutput:
+        """Runs ``model`` on ``batch`` and returns the mean loss and predictions."""
+        ...
+
+    def new_metrics(self) -> Metrics:
+        """A fresh accumulator for one evaluation pass."""
+        ...

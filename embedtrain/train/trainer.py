@@ -1,0 +1,244 @@
+"""One training loop for every task family: fetch batch, step, maybe evaluate, maybe checkpoint, log.
+
+The loop knows nothing of DLRM, GNN or extreme classification: the :class:`~embedtrain.train.task.Task`
+turns a batch into a loss and predictions and names its metrics. Data comes from any object with
+``iter_epoch(epoch, skip_batches)`` and ``len()`` (e.g. :class:`~embedtrain.data.ParquetBatchReader`),
+which makes a resumed run continue on exactly the batches the uninterrupted run would have seen.
+
+Example:
+    >>> trainer = Trainer(task, model, optimizer, train_data, valid_data, RunDir("runs/x"), options)
+    >>> summary = trainer.fit(test_data=test_data)       # writes metrics.jsonl, summary.json, ...
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Optional, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.optim.keyed import KeyedOptimizer
+from tqdm import tqdm
+
+from embedtrain.train.checkpoint import CheckpointManager
+from embedtrain.train.optim import init_optimizer_state
+from embedtrain.train.run_dir import RunDir
+from embedtrain.train.task import Task
+
+
+class EpochData(Protocol):
+    """A source of batches that can restart at any batch of any epoch."""
+
+    def __len__(self) -> int: ...
+
+    def iter_epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]: ...
+
+
+@dataclass
+class TrainerOptions:
+    """How long to train and how often to evaluate and checkpoint (0: only at the end)."""
+
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    eval_every: int = 500
+    eval_max_batches: Optional[int] = None
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    progress: bool = True
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved with every checkpoint as ``trainer_state.json``."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of ``epoch`` already consumed: the loader position
+    examples: int = 0  # global (all ranks)
+    train_time_s: float = 0.0  # time spent in training steps only
+    loss_sum: float = 0.0  # training loss summed since the last evaluation
+    loss_steps: int = 0
+
+
+class Trainer:
+    """Trains ``model`` on a task.
+
+    Args:
+        task: the task family (loss, predictions, metrics).
+        model: the model, usually wrapped in ``DistributedModelParallel``.
+        optimizer: a keyed optimizer over all parameters (fused sparse + dense).
+        train_data: training batches (per rank).
+        valid_data: validation batches for periodic and final evaluation.
+        run_dir: where records and checkpoints go.
+        options: schedule of the run.
+        dataset_name: recorded in ``summary.json``.
+        extra_summary: more fields for ``summary.json`` (e.g. the data set's oracle AUC).
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        model: nn.Module,
+        optimizer: KeyedOptimizer,
+        train_data: EpochData,
+        valid_data: EpochData,
+        run_dir: RunDir,
+        options: TrainerOptions,
+        dataset_name: str = "",
+        extra_summary: Optional[dict[str, Any]] = None,
+    ) -> None:
+        self.task, self.model, self.optimizer = task, model, optimizer
+        self.train_data, self.valid_data = train_data, valid_data
+        self.run_dir, self.options = run_dir, options
+        self.dataset_name = dataset_name
+        self.extra_summary = extra_summary or {}
+        self.checkpoints = CheckpointManager(run_dir.checkpoints, keep=options.keep_checkpoints)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.state = TrainState()
+        self._saved_step: Optional[int] = None
+
+    @property
+    def total_steps(self) -> int:
+        epoch_steps = self.options.epochs * len(self.train_data)
+        return min(self.options.max_steps or epoch_steps, epoch_steps)
+
+    def fit(self, test_data: Optional[EpochData] = None, resume: bool = False) -> dict[str, Any]:
+        """Trains to the end of the schedule, evaluates, checkpoints and writes the summary.
+
+        Args:
+            test_data: evaluated once at the end for ``summary.json`` (else validation is used).
+            resume: continue from the newest complete checkpoint of the run directory, if any.
+
+        Returns:
+            The summary (also written to ``summary.json``).
+        """
+        started = time.perf_counter()
+        if resume:
+            self.restore()
+        opts, st = self.options, self.state
+        bar = tqdm(total=self.total_steps, initial=st.step, disable=not opts.progress or self.rank,
+                   unit="step", dynamic_ncols=True)
+        self.model.train()
+        while st.step < self.total_steps:
+            for batch in self.train_data.iter_epoch(st.epoch, skip_batches=st.batch_in_epoch):
+                self._train_step(batch)
+                bar.update(1)
+                bar.set_postfix(loss=f"{st.loss_sum / max(st.loss_steps, 1):.4f}",
+                                ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}")
+                done = st.step >= self.total_steps
+                if opts.eval_every and st.step % opts.eval_every == 0 and not done:
+                    self._evaluate_and_log()
+                if opts.checkpoint_every and st.step % opts.checkpoint_every == 0 and not done:
+                    self.save()
+                if done:
+                    break
+            else:
+                st.epoch, st.batch_in_epoch = st.epoch + 1, 0
+        bar.close()
+        final_valid = self._evaluate_and_log(max_batches=None)
+        if self._saved_step != st.step:
+            self.save()
+        test = self.evaluate(test_data) if test_data is not None else final_valid
+        split = "test" if test_data is not None else "valid"
+        return self._write_summary(test, final_valid, split, time.perf_counter() - started)
+
+    def _train_step(self, batch: Any) -> None:
+        start = time.perf_counter()
+        out = self.task.forward(self.model, batch)
+        self.optimizer.zero_grad()
+        out.loss.backward()
+        self.optimizer.step()
+        st = self.state
+        st.loss_sum += out.loss.item()
+        st.loss_steps += 1
+        st.step += 1
+        st.batch_in_epoch += 1
+        st.examples += out.num_examples * self.world_size
+        st.train_time_s += time.perf_counter() - start
+
+    @torch.no_grad()
+    def evaluate(self, data: EpochData, max_batches: Optional[int] = None) -> dict[str, float]:
+        """Task metrics plus mean ``loss`` over ``data`` (all of it, or ``max_batches``)."""
+        was_training = self.model.training
+        self.model.eval()
+        metrics = self.task.new_metrics()
+        loss_sum, count = 0.0, 0
+        for i, batch in enumerate(data.iter_epoch(0)):
+            if max_batches is not None and i >= max_batches:
+                break
+            out = self.task.forward(self.model, batch)
+            metrics.update(out, batch)
+            loss_sum += out.loss.item() * out.num_examples
+            count += out.num_examples
+        self.model.train(was_training)
+        return {"loss": loss_sum / max(count, 1), **metrics.compute()}
+
+    def _evaluate_and_log(self, max_batches: Optional[int] = -1) -> dict[str, float]:
+        if max_batches == -1:
+            max_batches = self.options.eval_max_batches
+        st = self.state
+        result = self.evaluate(self.valid_data, max_batches)
+        train_loss = st.loss_sum / st.loss_steps if st.loss_steps else None
+        st.loss_sum, st.loss_steps = 0.0, 0
+        if self.rank == 0:
+            record = {"step": st.step, "examples": st.examples, "split": "valid",
+                      "train_loss": train_loss, **result}
+            self.run_dir.log_metrics(record)
+            main = result.get(self.task.main_metric, math.nan)
+            tqdm.write(f"step {st.step}: valid loss {result['loss']:.4f} "
+                       f"{self.task.main_metric} {main:.4f}")
+        return result
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+        }
+
+    def save(self) -> None:
+        self.checkpoints.save(self.state.step, self._checkpoint_state(), asdict(self.state))
+        self._saved_step = self.state.step
+
+    def restore(self, path: Optional[str] = None) -> bool:
+        """Loads the newest (or the given) checkpoint; returns False when there is none."""
+        ckpt = path or self.checkpoints.latest()
+        if ckpt is None:
+            return False
+        init_optimizer_state(self.optimizer)
+        state = self._checkpoint_state()
+        info = self.checkpoints.load(ckpt, state)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.state = TrainState(**info)
+        self._saved_step = self.state.step
+        if self.rank == 0:
+            self.run_dir.truncate_metrics_after(self.state.step)
+            tqdm.write(f"resumed from {ckpt} at step {self.state.step}")
+        return True
+
+    def _write_summary(self, test: dict, valid: dict, split: str, wall_s: float) -> dict[str, Any]:
+        st = self.state
+        summary = {
+            **test,
+            "split": split,
+            "dataset": self.dataset_name,
+            "task": self.task.name,
+            "steps": st.step,
+            "examples": st.examples,
+            "train_examples_per_s": st.examples / st.train_time_s if st.train_time_s else None,
+            "train_time_s": st.train_time_s,
+            "wall_time_s": wall_s,
+            "world_size": self.world_size,
+            "valid": valid,
+            **self.extra_summary,
+        }
+        if self.rank == 0:
+            self.run_dir.write_summary(summary)
+            self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name)
+        return summary

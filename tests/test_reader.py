@@ -1,0 +1,147 @@
+"""ParquetBatchReader against a slow per-row reference, plus its error messages."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from embedtrain.data.reader import DataError, ParquetBatchReader
+from embedtrain.features import DenseTransform, FeatureSpec, SparseFeature
+from embedtrain.testing import random_ctr_table, write_parquet
+
+
+def _reference_rows(table: pa.Table, spec: FeatureSpec) -> dict[float, dict]:
+    """Row contents keyed by the (unique) first dense value, built one row at a time."""
+    rows = {}
+    for r in table.to_pylist():
+        ids = {}
+        for f in spec.sparse:
+            v = r[f.name]
+            ids[f.name] = list(v) if isinstance(v, list) else [v]
+        rows[np.float32(r["d0"]).item()] = {
+            "label": float(r["label"]),
+            "dense": [np.float32(r[d]).item() for d in spec.dense],
+            "ids": ids,
+        }
+    return rows
+
+
+def _batch_rows(batch, spec: FeatureSpec) -> list[dict]:
+    per_key = batch.sparse_features.to_dict()
+    out = []
+    for i in range(batch.labels.numel()):
+        out.append({
+            "label": batch.labels[i].item(),
+            "dense": batch.dense_features[i].tolist(),
+            "ids": {f.name: per_key[f.name].to_dense()[i].tolist() for f in spec.sparse},
+        })
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [64, 100])
+def test_reader_matches_reference(tmp_path, shuffle, batch_size):
+    table, spec = random_ctr_table(rows=1000, seed=1)
+    files = [write_parquet(table.slice(0, 600), tmp_path / "a.parquet", row_group_size=128),
+             write_parquet(table.slice(600), tmp_path / "b.parquet", row_group_size=128)]
+    reader = ParquetBatchReader(files, spec, batch_size, shuffle=shuffle, seed=3,
+                                shuffle_buffer_rows=300)
+    reference = _reference_rows(table, spec)
+    seen = []
+    for batch in reader:
+        assert batch.dense_features.dtype == torch.float32
+        assert batch.sparse_features.keys() == spec.sparse_names
+        for row in _batch_rows(batch, spec):
+            key = row["dense"][0]
+            assert row == reference[key]
+            seen.append(key)
+    assert sorted(seen) == sorted(reference)  # every row exactly once
+    assert len(reader) == -(-1000 // batch_size)
+    unshuffled_order = [np.float32(v).item() for v in table.column("d0").to_pylist()]
+    assert (seen == unshuffled_order) == (not shuffle)
+
+
+def test_shuffle_is_seeded_per_epoch_and_drop_last(tmp_path):
+    table, spec = random_ctr_table(rows=500, seed=2)
+    f = write_parquet(table, tmp_path / "t.parquet", row_group_size=64)
+    reader = ParquetBatchReader([f], spec, 64, shuffle=True, seed=5, drop_last=True)
+    order = lambda epoch: torch.cat([b.dense_features[:, 0] for b in reader.iter_epoch(epoch)])
+    assert torch.equal(order(0), order(0))
+    assert not torch.equal(order(0), order(1))
+    assert len(reader) == 500 // 64 and order(0).numel() == 64 * (500 // 64)
+
+
+def test_skip_batches_resumes_exactly(tmp_path):
+    table, spec = random_ctr_table(rows=700, seed=3)
+    f = write_parquet(table, tmp_path / "t.parquet", row_group_size=100)
+    reader = ParquetBatchReader([f], spec, 50, shuffle=True, seed=1, shuffle_buffer_rows=200)
+    full = list(reader.iter_epoch(2))
+    tail = list(reader.iter_epoch(2, skip_batches=5))
+    assert len(tail) == len(full) - 5
+    for a, b in zip(full[5:], tail):
+        assert torch.equal(a.dense_features, b.dense_features)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+        assert torch.equal(a.sparse_features.lengths(), b.sparse_features.lengths())
+
+
+def test_ranks_read_disjoint_row_groups(tmp_path):
+    table, spec = random_ctr_table(rows=1000, seed=4)
+    f = write_parquet(table, tmp_path / "t.parquet", row_group_size=100)
+    keys = []
+    for rank in range(3):
+        reader = ParquetBatchReader([f], spec, 32, rank=rank, world_size=3)
+        keys.append({v for b in reader for v in b.dense_features[:, 0].tolist()})
+    assert sum(len(k) for k in keys) == 1000 and len(set().union(*keys)) == 1000
+
+
+def test_log1p_transform(tmp_path):
+    table, spec = random_ctr_table(rows=50, seed=5, num_dense=2)
+    spec = FeatureSpec(spec.label, spec.dense, spec.sparse, DenseTransform.LOG1P)
+    f = write_parquet(table, tmp_path / "t.parquet")
+    batch = next(iter(ParquetBatchReader([f], spec, 50)))
+    raw = np.stack([table.column(d).to_numpy() for d in spec.dense], 1)
+    np.testing.assert_allclose(batch.dense_features.numpy(), np.log1p(np.maximum(raw, 0)), rtol=1e-6)
+
+
+def _bad(tmp_path, table, spec, match):
+    f = write_parquet(table, tmp_path / "bad.parquet", row_group_size=40)
+    with pytest.raises(DataError, match=match) as err:
+        list(ParquetBatchReader([f], spec, 16))
+    assert "bad.parquet" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_column_is_named(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    _bad(tmp_path, table.drop_columns(["s2"]), spec, r"missing column\(s\): s2")
+
+
+def test_null_is_named_with_row(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    d1 = table.column("d1").to_pylist()
+    d1[57] = None
+    table = table.set_column(table.schema.get_field_index("d1"), "d1", pa.array(d1, pa.float32()))
+    _bad(tmp_path, table, spec, r"column d1: 1 null value\(s\) in row group 1, first at row 57")
+
+
+def test_out_of_range_id_is_named_with_row(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    s0 = table.column("s0").to_numpy().copy()
+    s0[83] = 7  # vocab of s0 is 7
+    table = table.set_column(table.schema.get_field_index("s0"), "s0", pa.array(s0))
+    _bad(tmp_path, table, spec, r"column s0: id 7 outside \[0, 7\) at row 83")
+
+
+def test_wrong_type_is_named(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    strings = pa.array([str(v) for v in table.column("s1").to_pylist()])
+    table = table.set_column(table.schema.get_field_index("s1"), "s1", strings)
+    _bad(tmp_path, table, spec, r"column s1: expected integer ids")
+
+
+def test_corrupt_file_is_named(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    f = write_parquet(table, tmp_path / "t.parquet")
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    with pytest.raises(DataError, match="t.parquet: not a readable parquet file"):
+        ParquetBatchReader([f], spec, 16)

@@ -1,0 +1,119 @@
+"""End to end through the CLI: run files, eval, config errors, and resume == uninterrupted."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from embedtrain.testing import tiny_ctr_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def embedtrain(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "embedtrain", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    data = tiny_ctr_dataset(root / "data", rows=4000)
+    config = root / "tiny.yaml"
+    config.write_text(f"""
+data: {{path: {data}, batch_size: 256, eval_batch_size: 1024}}
+model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [32, 1]}}
+train: {{epochs: 2, eval_every: 6, checkpoint_every: 5, keep_checkpoints: 3, progress: false}}
+""")
+    return root, config
+
+
+def _params(checkpoint: Path, tmp: Path) -> dict:
+    out = tmp / f"{checkpoint.parent.parent.name}.pt"
+    dcp_to_torch_save(checkpoint, out)
+    return torch.load(out, weights_only=True)
+
+
+def _assert_equal(a, b, path="") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _assert_equal(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.slow
+def test_train_eval_and_resume(tiny, tmp_path):
+    root, config = tiny
+    full = tmp_path / "full"
+    r = embedtrain("train", str(config), "--out", str(full))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "final metrics on test" in r.stdout and str(full) in r.stdout
+
+    # the run directory contract
+    assert (full / "config.yaml").read_text().startswith("task: ctr")
+    records = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [6, 12, 18, 24]
+    for rec in records:
+        assert {"step", "examples", "loss", "auc", "ne", "logloss", "calibration"} <= rec.keys()
+    assert records[-1]["examples"] == 24 * 256
+    summary = json.loads((full / "summary.json").read_text())
+    assert summary["dataset"] == "synthetic_ctr" and summary["split"] == "test"
+    assert 0.5 < summary["auc"] <= 1 and summary["train_examples_per_s"] > 0
+    assert summary["oracle_auc"] > 0.6
+    assert (full / "curves.png").stat().st_size > 10_000
+    assert sorted(p.name for p in (full / "checkpoints").iterdir()) == [
+        "step_00000015", "step_00000020", "step_00000024"]
+
+    # eval of the final checkpoint reproduces the summary's test metrics
+    r = embedtrain("eval", str(full), "--split", "test")
+    assert r.returncode == 0, r.stderr[-3000:]
+    evaluated = json.loads((full / "eval_test.json").read_text())
+    assert evaluated["step"] == 24 and evaluated["auc"] == pytest.approx(summary["auc"], abs=1e-9)
+
+    # interrupted after step 16 with its last checkpoint at 15, then resumed
+    part = tmp_path / "part"
+    r = embedtrain("train", str(config), "--out", str(part), "--set", "train.max_steps=16")
+    assert r.returncode == 0, r.stderr[-3000:]
+    shutil.rmtree(part / "checkpoints" / "step_00000016")  # as if killed before it was written
+    r = embedtrain("train", str(config), "--out", str(part), "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout + r.stderr
+
+    a = _params(full / "checkpoints" / "step_00000024", tmp_path)
+    b = _params(part / "checkpoints" / "step_00000024", tmp_path)
+    assert any("embedding_bags" in k for k in a["model"])
+    _assert_equal(a, b)  # model, fused sparse and dense optimizer state: bit for bit
+    resumed = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [6, 12, 18, 24]
+    assert resumed[-1]["auc"] == records[-1]["auc"]
+
+
+def test_config_typo_is_one_line(tiny):
+    _, config = tiny
+    bad = config.parent / "typo.yaml"
+    bad.write_text(config.read_text().replace("eval_every", "eval_evry"))
+    r = embedtrain("train", str(bad), "--out", str(config.parent / "never"))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "typo.yaml" in lines[0] and "train.eval_evry: unknown key" in lines[0]
+    assert not (config.parent / "never").exists()
+
+
+def test_missing_dataset_is_one_line(tiny, tmp_path):
+    _, config = tiny
+    r = embedtrain("train", str(config), "--set", f"data.path={tmp_path}/none", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"embedtrain train: error: {tmp_path}/none/metadata.json: data set metadata not found "
+        "(generate one with: embedtrain datagen ctr --out DIR)"]
