@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # GPU=1 installs the CUDA build of FBGEMM (fbgemm-gpu) instead of fbgemm-gpu-cpu.
 REQUIREMENTS := requirements/$(if $(GPU),gpu,cpu).txt
 STAMP := $(VENV)/.installed-$(if $(GPU),gpu,cpu)
-DEMO_ROWS ?= 1000000
+DEMO_ROWS ?= 3000000
 DEMO_DATA := data/synthetic_ctr
 
 .PHONY: install demo test test-fast bench clean

@@ -115,8 +115,10 @@ def _datagen(args: argparse.Namespace) -> int:
     from embedtrain.data.datagen import CTRDataSpec, generate_ctr
 
     meta = generate_ctr(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
-    rows = {k: v["rows"] for k, v in meta["splits"].items()}
-    print(f"wrote {args.out}: rows {rows}, oracle AUC on test {meta['oracle_auc']['test']:.4f}")
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    oracle = meta["oracle_auc"].get("test")
+    note = f", oracle AUC on test {oracle:.4f}" if oracle is not None else ""
+    print(f"wrote {args.out}: rows: {rows}{note}")
     return 0
 
 
@@ -140,6 +142,7 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     logging.getLogger().setLevel(logging.ERROR)  # torchrec's sharders warn on the root logger
     logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger("torch").setLevel(logging.ERROR)
     logging.getLogger("fbgemm_gpu").setLevel(logging.ERROR)
 
 

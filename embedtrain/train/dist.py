@@ -27,12 +27,11 @@ def init_process_group() -> tuple[int, int, torch.device]:
         ``(rank, world_size, device)`` of this process.
     """
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # launched without torchrun: a world of one
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(free_port()))
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend)
+        if "RANK" in os.environ:  # launched by torchrun: rendezvous through its env variables
+            dist.init_process_group(backend=backend)
+        else:  # launched plainly: a world of one, with an in-memory store (no port, no env)
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))

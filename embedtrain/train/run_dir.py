@@ -46,8 +46,13 @@ class RunDir:
         path.write_text(json.dumps(summary, indent=2) + "\n")
         return path
 
-    def plot_curves(self, main_metric: str, title: Optional[str] = None) -> Optional[Path]:
-        """Plots training/validation loss and ``main_metric`` against steps from metrics.jsonl."""
+    def plot_curves(
+        self, main_metric: str, title: Optional[str] = None, reference: Optional[float] = None
+    ) -> Optional[Path]:
+        """Plots training/validation loss and ``main_metric`` against steps from metrics.jsonl.
+
+        ``reference`` (e.g. a synthetic data set's oracle AUC) is drawn as a dashed line.
+        """
         records = [r for r in self.read_metrics() if r.get("split") == "valid"]
         if not records:
             return None
@@ -65,6 +70,9 @@ class RunDir:
         ax_loss.set(xlabel="step", ylabel="loss", title="loss")
         ax_loss.legend()
         ax_metric.plot(steps, [r.get(main_metric) for r in records], marker="o", color="C2")
+        if reference is not None:
+            ax_metric.axhline(reference, color="k", linestyle="--", label=f"oracle {reference:.4f}")
+            ax_metric.legend()
         ax_metric.set(xlabel="step", ylabel=main_metric, title=f"valid {main_metric}")
         for ax in (ax_loss, ax_metric):
             ax.grid(alpha=0.3)

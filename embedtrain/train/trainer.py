@@ -240,5 +240,7 @@ class Trainer:
         }
         if self.rank == 0:
             self.run_dir.write_summary(summary)
-            self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name)
+            reference = self.extra_summary.get(f"oracle_{self.task.main_metric}")
+            self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
+                                     reference=reference)
         return summary

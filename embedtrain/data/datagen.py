@@ -1,0 +1,420 @@
+"""Deterministic synthetic CTR data in the Criteo layout, with a planted click model.
+
+Rows carry a 0/1 ``label``, 13 dense counts ``I1..I13`` and 26 integer-encoded
+categorical features ``C1..C26`` (``C24..C26`` are multi-hot lists). Labels are
+drawn from a known click probability, so the metadata can report the oracle
+AUC / log loss that a perfect model would reach on each split.
+
+Example:
+    >>> from embedtrain.data.datagen import CTRDataSpec, generate_ctr
+    >>> meta = generate_ctr(CTRDataSpec(rows=20_000, seed=1), "/tmp/ctr", progress=False)
+    >>> meta["splits"]["train"]["files"]
+    ['train/part-00000.parquet']
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+DENSE_NAMES = [f"I{i}" for i in range(1, 14)]
+SPARSE_NAMES = [f"C{i}" for i in range(1, 27)]
+MULTI_HOT = ("C24", "C25", "C26")
+MAX_LENGTH = 5
+SPLITS = ("train", "valid", "test")
+_CHUNK_ROWS = 250_000
+_CALIBRATION_ROWS = 50_000
+_TARGET_CTR = 0.25
+_PART_RE = re.compile(r"part-\d{5}\.parquet")
+
+# Criteo-like counts: a share of zeros, then a log-normal body with a long tail.
+_DENSE_MU = np.array([0.5 + 0.35 * ((5 * j) % 13) for j in range(13)])
+_DENSE_SIGMA = np.array([0.9 + 0.15 * (j % 5) for j in range(13)])
+_DENSE_ZERO = np.array([0.05 + 0.1 * (j % 4) for j in range(13)])
+
+# The planted model. Every weight is the standard deviation of that term's
+# contribution to the logit under the data distribution (effect tables are
+# standardised with the Zipf frequencies), so the signal sits on ids that occur
+# often enough to be learned and the oracle AUC barely depends on the seed.
+_DENSE_LINEAR = {"I1": 0.35, "I3": 0.30, "I6": -0.25}
+_DENSE_TANH = ("I9", 0.40)                   # w * tanh(1.5 * z)
+_MAIN_EFFECTS = {"C8": 0.45, "C9": 0.40, "C13": 0.40, "C17": 0.35, "C20": 0.35, "C21": 0.30}
+_HEAD_EFFECT = ("C4", 100, 0.30)             # only the 100 most frequent ids matter
+_PAIR = ("C1", "C12", 0.45)                  # per-(id_a, id_b) table; C1, C12 have no other effect
+# z(I2) * (0.25 + slope[C23 id]), slope sd 0.15: a centred slope alone (no main
+# effect) was not picked up by a DLRM within one epoch, a modulated one is.
+_DENSE_X_CAT = ("I2", "C23", 0.25, 0.15)
+_MULTI_HOT_EFFECT = ("C24", 0.60)            # mean of per-id effects over the list
+
+
+def vocab_size(index: int) -> int:
+    """Vocabulary size of sparse feature ``C{index + 1}`` (0-based ``index``).
+
+    Sizes are log-uniform from 4 to 200,000; a fixed stride scrambles their
+    order so that neighbouring features differ widely. Total is ~569k ids.
+    """
+    rank = (7 * index + 3) % len(SPARSE_NAMES)
+    return int(round(4 * (200_000 / 4) ** (rank / (len(SPARSE_NAMES) - 1))))
+
+
+_SCHEMA = pa.schema(
+    [pa.field("label", pa.int8())] + [pa.field(n, pa.int64()) for n in DENSE_NAMES]
+    + [pa.field(n, pa.list_(pa.int64()) if n in MULTI_HOT else pa.int64()) for n in SPARSE_NAMES])
+
+
+@dataclass(frozen=True)
+class CTRDataSpec:
+    """Knobs of the synthetic data set; validated on construction (``ValueError``)."""
+
+    rows: int = 1_000_000            # total rows across splits
+    seed: int = 0
+    valid_fraction: float = 0.1
+    test_fraction: float = 0.1
+    rows_per_row_group: int = 65_536
+    rows_per_file: int = 1_000_000   # a split larger than this gets several part files
+    zipf_exponent: float = 1.1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` with a one-line message naming the first bad field."""
+        def is_int(x: Any) -> bool:
+            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+        def is_real(x: Any) -> bool:
+            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+        checks = [
+            ("rows", is_int, lambda v: v >= 10, "an integer >= 10"),
+            ("seed", is_int, lambda v: v >= 0, "a non-negative integer"),
+            ("valid_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("test_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("rows_per_row_group", is_int, lambda v: v >= 1, "an integer >= 1"),
+            ("rows_per_file", is_int, lambda v: v >= 1, "an integer >= 1"),
+            ("zipf_exponent", is_real, lambda v: 0 < v < math.inf, "positive and finite"),
+        ]
+        for name, type_ok, value_ok, want in checks:
+            v = getattr(self, name)
+            if not (type_ok(v) and value_ok(v)):
+                raise ValueError(f"CTRDataSpec.{name} must be {want}, got {v!r}")
+        if self.valid_fraction + self.test_fraction >= 1:
+            raise ValueError("CTRDataSpec.valid_fraction + test_fraction must be < 1, got "
+                             f"{self.valid_fraction + self.test_fraction!r}")
+
+
+def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Exact ROC AUC: the Mann-Whitney U statistic with average ranks for tied scores.
+
+    Args:
+        scores: predicted scores or probabilities, shape (n,).
+        labels: 0/1 (or bool) labels, shape (n,).
+
+    Returns:
+        P(score_pos > score_neg) + P(tie) / 2, or NaN if either class is absent.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(labels).astype(bool)
+    n, n_pos = len(scores), int(labels.sum())
+    n_neg = n - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    ends = np.r_[starts[1:], n]
+    ranks = np.empty(n)
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # 1-based average rank
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def log_loss(p: np.ndarray, labels: np.ndarray) -> float:
+    """Mean binary cross-entropy of probabilities ``p`` against 0/1 ``labels``; NaN if empty."""
+    if len(p) == 0:
+        return float("nan")
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
+    y = np.asarray(labels).astype(bool)
+    return float(-np.mean(np.where(y, np.log(p), np.log1p(-p))))
+
+
+@lru_cache(maxsize=1)
+def _dense_stats() -> tuple[np.ndarray, np.ndarray]:
+    # Fixed seed: the dense marginals do not depend on the spec, so neither do these.
+    d = _draw_dense(np.random.default_rng(20_240_601), 200_000)
+    z = np.log1p(d)
+    return z.mean(axis=1), z.std(axis=1)
+
+
+def _draw_dense(rng: np.random.Generator, n: int) -> np.ndarray:
+    d = np.floor(rng.lognormal(_DENSE_MU[:, None], _DENSE_SIGMA[:, None], size=(13, n)))
+    d = d.astype(np.int64)
+    d[rng.random((13, n)) < _DENSE_ZERO[:, None]] = 0
+    return d  # (13, n), one contiguous row per feature
+
+
+def _standardize(e: np.ndarray, w: np.ndarray, sd: float, support: int | None = None
+                 ) -> np.ndarray:
+    """Scale effects ``e`` so that E_w[e] = 0 and Std_w[e] = sd; ids past ``support`` get 0."""
+    e = e.astype(np.float64).ravel()
+    w = w.ravel()
+    if support is not None:
+        e[support:] = 0.0
+    k = slice(0, support)
+    e[k] -= np.dot(w[k], e[k]) / w[k].sum()
+    return sd * e / math.sqrt(np.dot(w, e * e))
+
+
+class _Chunk(NamedTuple):
+    """Raw draws for n rows; categorical values are Zipf ranks (0 = most frequent)."""
+
+    dense: np.ndarray                # (13, n) counts
+    ranks: dict[str, np.ndarray]     # per feature; flattened list elements for multi-hot
+    lengths: dict[str, np.ndarray]   # list lengths of the multi-hot features
+
+
+class _Planted:
+    """Feature distributions plus the ground-truth click model, all derived from the spec."""
+
+    def __init__(self, spec: CTRDataSpec):
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0]))
+        self.vocab = {name: vocab_size(i) for i, name in enumerate(SPARSE_NAMES)}
+        self.pmf, self.cdf, self.perm = {}, {}, {}
+        for name, v in self.vocab.items():
+            w = np.arange(1, v + 1, dtype=np.float64) ** -spec.zipf_exponent
+            self.pmf[name] = w / w.sum()
+            self.cdf[name] = np.cumsum(self.pmf[name])
+            # so that id 0 is not always the most frequent one
+            self.perm[name] = rng.permutation(v).astype(np.int64)
+        normal = rng.standard_normal
+        self.main = {c: _standardize(normal(self.vocab[c]), self.pmf[c], sd)
+                     for c, sd in _MAIN_EFFECTS.items()}
+        c, top, sd = _HEAD_EFFECT
+        self.head = _standardize(normal(self.vocab[c]), self.pmf[c], sd, support=top)
+        a, b, sd = _PAIR
+        joint = np.outer(self.pmf[a], self.pmf[b])
+        self.pair = _standardize(normal(joint.shape), joint, sd).reshape(joint.shape)
+        c, sd = _DENSE_X_CAT[1], _DENSE_X_CAT[3]
+        self.slope = _standardize(normal(self.vocab[c]), self.pmf[c], sd)
+        c, sd = _MULTI_HOT_EFFECT
+        self.multi = _standardize(normal(self.vocab[c]), self.pmf[c], sd)
+        self.dense_mean, self.dense_std = _dense_stats()
+        # The intercept is solved on a separate calibration draw so the CTR is ~25% for any seed.
+        self.bias = 0.0
+        calib = np.random.default_rng(np.random.SeedSequence([spec.seed, 1]))
+        z = self.logit(self.draw(calib, _CALIBRATION_ROWS))
+        lo, hi = -20.0, 20.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if _sigmoid(z + mid).mean() < _TARGET_CTR else (lo, mid)
+        self.bias = (lo + hi) / 2
+
+    def draw(self, rng: np.random.Generator, n: int) -> _Chunk:
+        dense = _draw_dense(rng, n)
+        ranks, lengths = {}, {}
+        for name in SPARSE_NAMES:
+            m = n
+            if name in MULTI_HOT:
+                lengths[name] = rng.binomial(MAX_LENGTH, 0.45, size=n)  # ~5% empty lists
+                m = int(lengths[name].sum())
+            # Inverse-CDF sampling of the truncated Zipf law.
+            u = rng.random(m) * self.cdf[name][-1]
+            r = np.searchsorted(self.cdf[name], u, side="right")
+            ranks[name] = np.minimum(r, self.vocab[name] - 1)  # guards float round-off at 1.0
+        return _Chunk(dense, ranks, lengths)
+
+    def _z(self, chunk: _Chunk, name: str) -> np.ndarray:
+        j = DENSE_NAMES.index(name)
+        return (np.log1p(chunk.dense[j]) - self.dense_mean[j]) / self.dense_std[j]
+
+    def logit(self, ch: _Chunk) -> np.ndarray:
+        n = ch.dense.shape[1]
+        out = np.full(n, self.bias)
+        for name, w in _DENSE_LINEAR.items():
+            out += w * self._z(ch, name)
+        out += _DENSE_TANH[1] * np.tanh(1.5 * self._z(ch, _DENSE_TANH[0]))
+        for name, eff in self.main.items():
+            out += eff[ch.ranks[name]]
+        out += self.head[ch.ranks[_HEAD_EFFECT[0]]]
+        out += self.pair[ch.ranks[_PAIR[0]], ch.ranks[_PAIR[1]]]
+        d, c, base, _ = _DENSE_X_CAT
+        out += self._z(ch, d) * (base + self.slope[ch.ranks[c]])
+        name = _MULTI_HOT_EFFECT[0]
+        length = ch.lengths[name]
+        rows = np.repeat(np.arange(n), length)
+        sums = np.bincount(rows, weights=self.multi[ch.ranks[name]], minlength=n)
+        return out + sums / np.maximum(length, 1)  # an empty list contributes 0
+
+    def table(self, ch: _Chunk, labels: np.ndarray) -> pa.Table:
+        n = ch.dense.shape[1]
+        cols = [pa.array(labels.astype(np.int8))] + [pa.array(ch.dense[j]) for j in range(13)]
+        for name in SPARSE_NAMES:
+            ids = pa.array(self.perm[name][ch.ranks[name]])
+            if name in MULTI_HOT:
+                offsets = np.zeros(n + 1, dtype=np.int32)
+                np.cumsum(ch.lengths[name], out=offsets[1:])
+                ids = pa.ListArray.from_arrays(pa.array(offsets), ids)
+            cols.append(ids)
+        return pa.Table.from_arrays(cols, schema=_SCHEMA)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free
+
+
+def planted_description() -> str:
+    """One-line human description of the planted click model."""
+    dense = " ".join(f"{w:+.2f}*z({n})" for n, w in _DENSE_LINEAR.items())
+    mains = ", ".join(f"{c}:{sd}" for c, sd in _MAIN_EFFECTS.items())
+    (t, wt), (xd, xc, xb, xs) = _DENSE_TANH, _DENSE_X_CAT
+    (hc, top, hs), (pa_, pb, ps), (mc, ms) = _HEAD_EFFECT, _PAIR, _MULTI_HOT_EFFECT
+    return (f"logit = b {dense} {wt:+.2f}*tanh(1.5*z({t})) "
+            f"+ z({xd})*({xb} + slope[{xc}] (sd {xs})) "
+            f"+ per-id effects (sd) on {mains} + effects on the top {top} ids of {hc} (sd {hs}) "
+            f"+ pairwise table {pa_}x{pb} (sd {ps}) + mean of per-id effects over the {mc} list "
+            f"(sd {ms}); z = standardised log1p(count); sds are under the data distribution; "
+            f"b gives CTR~{_TARGET_CTR}; all other features are noise")
+
+
+class _SplitWriter:
+    """Buffers rows of one split into full row groups and rolls over to a new part file."""
+
+    def __init__(self, out_dir: Path, split: str, spec: CTRDataSpec):
+        self.dir, self.split, self.spec = out_dir / split, split, spec
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.pending: list[pa.Table] = []
+        self.n_pending = self.rows = self.file_rows = 0
+        self.files: list[str] = []
+        self.writer: pq.ParquetWriter | None = None
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.n_pending += table.num_rows
+        while self.n_pending >= self._next_size():
+            self._flush(self._next_size())
+
+    def _next_size(self) -> int:
+        return min(self.spec.rows_per_row_group, self.spec.rows_per_file - self.file_rows)
+
+    def _flush(self, k: int) -> None:
+        t = pa.concat_tables(self.pending)
+        if self.writer is None:
+            name = f"part-{len(self.files):05d}.parquet"
+            self.files.append(f"{self.split}/{name}")
+            self.writer = pq.ParquetWriter(self.dir / name, _SCHEMA)
+        if k:
+            self.writer.write_table(t.slice(0, k), row_group_size=k)
+        self.pending, self.n_pending = [t.slice(k)], self.n_pending - k
+        self.rows, self.file_rows = self.rows + k, self.file_rows + k
+        if self.file_rows == self.spec.rows_per_file:
+            self.writer.close()
+            self.writer, self.file_rows = None, 0
+
+    def close(self) -> None:
+        if self.n_pending or not self.files:  # an empty split still gets one (empty) file
+            self._flush(self.n_pending)
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _clear_old(out: Path) -> None:
+    had_meta = (out / "metadata.json").exists()
+    for split in SPLITS:  # without metadata, only ever delete our own leftovers (an aborted run)
+        d = out / split
+        foreign = d.is_dir() and any(not _PART_RE.fullmatch(f.name) for f in d.iterdir())
+        if foreign and not had_meta:
+            raise FileExistsError(f"{d} holds files not written by datagen; refusing to overwrite")
+    (out / "metadata.json").unlink(missing_ok=True)
+    for split in SPLITS:
+        shutil.rmtree(out / split, ignore_errors=True)
+
+
+def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool = True) -> dict:
+    """Write ``out_dir/{train,valid,test}/part-NNNNN.parquet`` and ``out_dir/metadata.json``.
+
+    If ``out_dir`` already holds a data set (a ``metadata.json``), it is replaced:
+    the old metadata and split folders are removed first. Without a
+    ``metadata.json``, split folders holding anything but ``part-*.parquet``
+    files raise ``FileExistsError``. The same spec always gives identical data.
+
+    Args:
+        spec: size, seed, split fractions and file layout.
+        out_dir: destination folder (created if missing).
+        progress: print one progress line per chunk to stderr.
+
+    Returns:
+        The metadata dict that was written to ``metadata.json``.
+
+    Example:
+        >>> meta = generate_ctr(CTRDataSpec(rows=100_000), "/tmp/ctr", progress=False)
+        >>> round(meta["oracle_auc"]["test"], 2)  # doctest: +SKIP
+        0.79
+    """
+    spec.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _clear_old(out)
+    model = _Planted(spec)
+    writers = {s: _SplitWriter(out, s, spec) for s in SPLITS}
+    probs: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    labels: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    start, done = time.perf_counter(), 0
+    for i, lo in enumerate(range(0, spec.rows, _CHUNK_ROWS)):
+        n = min(_CHUNK_ROWS, spec.rows - lo)
+        # One generator per chunk: a data set is a prefix of a larger one with the same seed.
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 2, i]))
+        chunk = model.draw(rng, n)
+        p = _sigmoid(model.logit(chunk))
+        y = rng.random(n) < p
+        u = rng.random(n)
+        split = np.where(u < spec.test_fraction, 2,
+                         np.where(u < spec.test_fraction + spec.valid_fraction, 1, 0))
+        table = model.table(chunk, y)
+        for k, s in enumerate(SPLITS):
+            mask = split == k
+            writers[s].add(table.filter(pa.array(mask)))
+            probs[s].append(p[mask])
+            labels[s].append(y[mask])
+        done += n
+        if progress:
+            rate = done / max(time.perf_counter() - start, 1e-9)
+            print(f"datagen: {done:,}/{spec.rows:,} rows ({rate:,.0f} rows/s)",
+                  file=sys.stderr, flush=True)
+    for w in writers.values():
+        w.close()
+
+    def finite(x: float) -> float | None:  # JSON has no NaN (e.g. an empty split)
+        return None if math.isnan(x) else x
+
+    p_all = {s: np.concatenate(probs[s]) for s in SPLITS}
+    y_all = {s: np.concatenate(labels[s]) for s in SPLITS}
+    meta = {
+        "format_version": 1,
+        "name": "synthetic_ctr",
+        "label": "label",
+        "dense": DENSE_NAMES,
+        "dense_transform": "log1p",
+        "sparse": [{"name": c, "num_embeddings": model.vocab[c], "multi_hot": c in MULTI_HOT,
+                    "max_length": MAX_LENGTH if c in MULTI_HOT else 1} for c in SPARSE_NAMES],
+        "splits": {s: {"files": writers[s].files, "rows": writers[s].rows} for s in SPLITS},
+        "oracle_auc": {s: finite(roc_auc(p_all[s], y_all[s])) for s in SPLITS},
+        "oracle_logloss": {s: finite(log_loss(p_all[s], y_all[s])) for s in SPLITS},
+        "ctr": {s: finite(float(y_all[s].mean())) if len(y_all[s]) else None for s in SPLITS},
+        "generator": {"seed": int(spec.seed), "rows": int(spec.rows),
+                      "zipf_exponent": float(spec.zipf_exponent), "planted": planted_description()},
+    }
+    tmp = out / "metadata.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, out / "metadata.json")
+    return meta
