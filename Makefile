@@ -25,7 +25,7 @@ $(DEMO_DATA)/metadata.json: $(STAMP)
 	$(VENV)/bin/embedtrain datagen ctr --rows $(DEMO_ROWS) --out $(DEMO_DATA)
 
 demo: $(STAMP) $(DEMO_DATA)/metadata.json
-	$(VENV)/bin/embedtrain train configs/dlrm_synthetic.yaml --out runs/demo
+	$(VENV)/bin/embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from embedtrain.config import ConfigError, dump_config, load_config
+from embedtrain.train.run_dir import RunDir
 
 
 class UsageError(Exception):
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
     p.add_argument("--out", help="run directory (default: runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a run directory that holds an earlier run (deletes it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
 
@@ -71,10 +74,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from embedtrain.train.recipe import build_ctr_run, default_out_dir
-
     cfg = load_config(args.config, args.overrides)
-    out = Path(args.out) if args.out else default_out_dir(args.config)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    if not args.resume and RunDir(out).has_run():
+        if not args.overwrite:
+            raise UsageError(f"{out}: holds an earlier run; pass --resume to continue it, "
+                             "--overwrite to replace it, or choose another --out")
+        RunDir(out).clear()
+    from embedtrain.train.recipe import build_ctr_run  # heavy (torchrec): after input checks
+
     run = build_ctr_run(cfg, out, progress=False if args.no_progress else None)
     if run.trainer.rank == 0:
         dump_config(cfg, out / "config.yaml")

@@ -75,6 +75,10 @@ def test_train_eval_and_resume(tiny, tmp_path):
     assert sorted(p.name for p in (full / "checkpoints").iterdir()) == [
         "step_00000015", "step_00000020", "step_00000024"]
 
+    # a second run into the same directory must not clobber it silently
+    r = embedtrain("train", str(config), "--out", str(full))
+    assert r.returncode == 2 and "holds an earlier run; pass --resume" in r.stderr
+
     # eval of the final checkpoint reproduces the summary's test metrics
     r = embedtrain("eval", str(full), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -109,7 +108,3 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
     )
     test = reader("test", train=False) if "test" in meta.split_files else None
     return Run(trainer=trainer, meta=meta, test_data=test)
-
-
-def default_out_dir(config_path: str | os.PathLike) -> Path:
-    return Path("runs") / Path(config_path).stem

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +22,18 @@ class RunDir:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def has_run(self) -> bool:
+        """Whether an earlier run left records or checkpoints here."""
+        return (self.root / METRICS_FILE).exists() or (
+            self.checkpoints.is_dir() and any(self.checkpoints.iterdir())
+        )
+
+    def clear(self) -> None:
+        """Removes an earlier run's records and checkpoints (for ``--overwrite``)."""
+        for name in (METRICS_FILE, SUMMARY_FILE, CURVES_FILE):
+            (self.root / name).unlink(missing_ok=True)
+        shutil.rmtree(self.checkpoints, ignore_errors=True)
 
     @property
     def checkpoints(self) -> Path:

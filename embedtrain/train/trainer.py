@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Optional, Protocol
@@ -117,18 +118,20 @@ class Trainer:
             The summary (also written to ``summary.json``).
         """
         started = time.perf_counter()
-        if resume:
-            self.restore()
+        if resume and not self.restore() and self.rank == 0:
+            tqdm.write(f"no checkpoint in {self.checkpoints.root}: starting from step 0")
         opts, st = self.options, self.state
+        interactive = sys.stderr.isatty()  # a log file gets a line every 10 s, not every step
         bar = tqdm(total=self.total_steps, initial=st.step, disable=not opts.progress or self.rank,
-                   unit="step", dynamic_ncols=True)
+                   unit="step", dynamic_ncols=True, mininterval=0.1 if interactive else 10)
         self.model.train()
         while st.step < self.total_steps:
             for batch in self.train_data.iter_epoch(st.epoch, skip_batches=st.batch_in_epoch):
                 self._train_step(batch)
-                bar.update(1)
                 bar.set_postfix(loss=f"{st.loss_sum / max(st.loss_steps, 1):.4f}",
-                                ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}")
+                                ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}",
+                                refresh=False)
+                bar.update(1)
                 done = st.step >= self.total_steps
                 if opts.eval_every and st.step % opts.eval_every == 0 and not done:
                     self._evaluate_and_log()
