@@ -24,9 +24,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 import yaml
+
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -72,6 +75,9 @@ class DataConfig:
     eval_batch_size: int = 8192
     shuffle: bool = True
     drop_last: bool = True
+    shuffle_buffer_rows: int = 262_144  # rows mixed together before batches are cut
+    num_workers: int = 1  # background loader workers per rank (0: read in the training thread)
+    prefetch_batches: int = 8  # batches each worker may hold ready
 
 
 @dataclass
@@ -119,7 +125,7 @@ class Config:
 
 
 def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Config:
-    """Reads a YAML config file into a :class:`Config`.
+    """Reads a YAML training config file into a :class:`Config`.
 
     Args:
         path: the YAML file.
@@ -131,6 +137,17 @@ def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) 
 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
+    """
+    return load_dataclass(path, Config, overrides)
+
+
+def load_dataclass(
+    path: str | os.PathLike, cls: type[T], overrides: Optional[list[str]] = None
+) -> T:
+    """Reads a YAML file into dataclass ``cls`` (any config-like dataclass, e.g. an ingest spec).
+
+    Supported field types: ``int``, ``float``, ``bool``, ``str``, enums, ``Optional[...]``,
+    ``list[...]`` and nested dataclasses (also inside lists). Errors as in :func:`load_config`.
     """
     path = Path(path)
     if not path.is_file():
@@ -150,7 +167,7 @@ def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) 
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
     for item in overrides or []:
         _apply_override(raw, item, path)
-    return from_dict(Config, raw, source=str(path))
+    return from_dict(cls, raw, source=str(path))
 
 
 def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "") -> Any:

@@ -77,6 +77,7 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
             shuffle=cfg.data.shuffle and train,
             seed=cfg.train.seed,
             drop_last=cfg.data.drop_last and train,
+            shuffle_buffer_rows=cfg.data.shuffle_buffer_rows,
             rank=rank,
             world_size=world,
         )
