@@ -1,7 +1,10 @@
-"""The ``embedtrain`` command line: ``train``, ``eval`` and ``datagen``.
+"""The ``embedtrain`` command line: ``train``, ``eval``, ``ingest`` and ``datagen``.
 
 Examples:
     embedtrain datagen ctr --rows 1000000 --out data/synthetic_ctr
+    embedtrain datagen ctr --rows 1000000 --out data/raw_ctr --format tsv
+    embedtrain ingest configs/ingest/criteo_synthetic.yaml --input 'data/raw_ctr/*.tsv' \
+        --out data/ctr_ingested
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
     embedtrain eval runs/demo --split test
 
@@ -63,12 +66,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="checkpoint directory (default: the run's newest)")
     p.set_defaults(func=_eval)
 
+    p = sub.add_parser("ingest", help="raw logs (Criteo TSV, CSV, parquet) to a training data set")
+    p.add_argument("spec", help="ingestion spec, YAML (see configs/ingest/)")
+    p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
+                   help="input file, directory or quoted glob (repeatable)")
+    p.add_argument("--out", required=True, help="output data set directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec key, e.g. --set output.rows_per_file=500000 (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=_ingest)
+
     p = sub.add_parser("datagen", help="generate a synthetic data set")
     gen = p.add_subparsers(dest="kind", required=True)
     g = gen.add_parser("ctr", help="Criteo-layout CTR data with a planted click model")
     g.add_argument("--rows", type=int, default=1_000_000, help="total rows (default: 1,000,000)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--format", choices=["parquet", "tsv"], default="parquet",
+                   help="parquet: a split, training-ready data set (default); tsv: the same rows "
+                        "as raw Criteo-style TSV logs, for `embedtrain ingest`")
     p.set_defaults(func=_datagen)
     return parser
 
@@ -121,9 +137,34 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ingest(args: argparse.Namespace) -> int:
+    from pipelines.ingest import ingest
+    from pipelines.spec import load_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    report = ingest(spec, args.inputs, args.out, progress=not args.quiet)
+    written = ", ".join(f"{k} {v:,}" for k, v in report["rows_written"].items())
+    dropped = ", ".join(f"{k} {v:,}" for k, v in report["rows_dropped"].items()) or "none"
+    repaired = ", ".join(f"{k} {sum(v.values()):,}" for k, v in report["repairs"].items()) or "none"
+    print(f"read {report['rows_read']:,} rows from {len(report['inputs'])} file(s) in "
+          f"{report['wall_seconds']:.1f} s")
+    print(f"written: {written}")
+    print(f"dropped: {dropped}")
+    print(f"repaired values: {repaired}")
+    print(f"data set: {args.out}/ (metadata.json, ingest_report.json, train/ valid/ test/, vocab/)")
+    return 0
+
+
 def _datagen(args: argparse.Namespace) -> int:
     from embedtrain.data.datagen import CTRDataSpec, generate_ctr
 
+    if args.format == "tsv":
+        from embedtrain.data.datagen_tsv import generate_ctr_tsv
+
+        info = generate_ctr_tsv(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
+        print(f"wrote {args.out}: {info['rows']:,} rows of raw TSV in {len(info['files'])} file(s) "
+              "(ingest with configs/ingest/criteo_synthetic.yaml)")
+        return 0
     meta = generate_ctr(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
     rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
     oracle = meta["oracle_auc"].get("test")

@@ -76,8 +76,8 @@ class DataConfig:
     shuffle: bool = True
     drop_last: bool = True
     shuffle_buffer_rows: int = 262_144  # rows mixed together before batches are cut
-    num_workers: int = 1  # background loader workers per rank (0: read in the training thread)
-    prefetch_batches: int = 8  # batches each worker may hold ready
+    num_workers: int = 2  # background loader threads per rank (0: read in the training thread)
+    prefetch_batches: int = 8  # assembled batches the loader may hold ready for training
 
 
 @dataclass

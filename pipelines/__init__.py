@@ -1,5 +1,15 @@
 """Offline data jobs (Arrow/Polars): raw logs to clean, sharded parquet with metadata and reports.
 
-Nothing here runs during training. The ingestion jobs (``embedtrain ingest``) arrive with the
-pipelines issue; the synthetic generators live in ``embedtrain.data.datagen``.
+Nothing here runs during training. ``embedtrain ingest SPEC --input ... --out DIR`` runs
+:func:`pipelines.ingest.ingest` with a spec from :func:`pipelines.spec.load_spec`:
+
+- :mod:`pipelines.spec`: the typed YAML spec (input format, label, dense/sparse features, split);
+- :mod:`pipelines.sources`: input files, their cheap checks, one lazy multi-file scan;
+- :mod:`pipelines.transforms`: parse, drop reasons, split, encodings (Polars expressions);
+- :mod:`pipelines.stats`: the streaming statistics passes and vocabularies;
+- :mod:`pipelines.report`: ``metadata.json`` and ``ingest_report.json``;
+- :mod:`pipelines.hashing`: stable hashes for splits and hash buckets.
+
+The synthetic generators live in ``embedtrain.data.datagen`` (parquet) and
+``embedtrain.data.datagen_tsv`` (the same rows as raw TSV).
 """

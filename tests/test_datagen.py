@@ -185,3 +185,79 @@ def test_progress_goes_to_stderr(tmp_path, capsys):
     generate_ctr(CTRDataSpec(rows=100), tmp_path, progress=True)
     captured = capsys.readouterr()
     assert captured.out == "" and "100/100 rows" in captured.err
+
+
+# --- the raw TSV form (`embedtrain datagen ctr --format tsv`) ------------------------------------
+
+TSV_SPEC = CTRDataSpec(rows=6_000, seed=4, rows_per_file=2_500)
+
+
+@pytest.fixture(scope="module")
+def tsv_and_parquet(tmp_path_factory: pytest.TempPathFactory):
+    from embedtrain.data.datagen_tsv import generate_ctr_tsv
+
+    root = tmp_path_factory.mktemp("tsv")
+    info = generate_ctr_tsv(TSV_SPEC, root / "tsv", progress=False)
+    meta = generate_ctr(TSV_SPEC, root / "pq", progress=False)
+    return root, info, meta
+
+
+def _read_tsv(paths: list[Path]):
+    import polars as pl
+
+    names = ["label"] + DENSE_NAMES + SPARSE_NAMES
+    return pl.concat([pl.read_csv(p, has_header=False, separator="\t", new_columns=names,
+                                  infer_schema=False, quote_char=None) for p in paths])
+
+
+def test_tsv_holds_the_parquet_rows(tsv_and_parquet):
+    import polars as pl
+    from embedtrain.data.datagen import PlantedModel, iter_chunks
+    from embedtrain.data.datagen_tsv import hex_tokens
+
+    root, info, meta = tsv_and_parquet
+    assert info["files"] == ["part-00000.tsv", "part-00001.tsv", "part-00002.tsv"]
+    assert info["rows"] == TSV_SPEC.rows
+    tsv = _read_tsv([root / "tsv" / f for f in info["files"]])
+    assert tsv.height == TSV_SPEC.rows
+    split = np.concatenate([c.split for c in iter_chunks(TSV_SPEC, PlantedModel(TSV_SPEC))])
+    train_tsv = tsv.filter(pl.Series(split == 0))
+    train_pq = _read_split(root / "pq", meta, "train")
+    assert train_tsv["label"].cast(pl.Int8).to_list() == train_pq["label"].to_pylist()
+    i1 = train_tsv["I1"].cast(pl.Int64)
+    present = i1.is_not_null().to_numpy()
+    assert (i1.to_numpy()[present] == train_pq["I1"].to_numpy()[present]).all()
+    c5 = train_tsv["C5"].to_numpy()
+    present = train_tsv["C5"].is_not_null().to_numpy()
+    expected = hex_tokens(SPARSE_NAMES.index("C5"), train_pq["C5"].to_numpy()).astype(str)
+    assert (c5[present] == expected[present]).all()
+    lists = train_pq["C24"].to_pylist()
+    index = SPARSE_NAMES.index("C24")
+    joined = [",".join(hex_tokens(index, np.array(ids, dtype=np.int64)).astype(str)) or None
+              for ids in lists]
+    assert train_tsv["C24"].to_list() == joined  # an empty list is an empty field
+
+
+def test_tsv_null_rates_and_determinism(tsv_and_parquet, tmp_path):
+    from embedtrain.data.datagen_tsv import generate_ctr_tsv, null_rate
+
+    root, info, _ = tsv_and_parquet
+    tsv = _read_tsv([root / "tsv" / f for f in info["files"]])
+    assert tsv["label"].null_count() == 0
+    for name in DENSE_NAMES + [c for c in SPARSE_NAMES if c not in MULTI_HOT]:
+        assert 0.02 <= null_rate(name) <= 0.05
+        assert abs(tsv[name].null_count() / tsv.height - null_rate(name)) < 0.015, name
+    for name in MULTI_HOT:
+        assert null_rate(name) == 0.0
+    again = generate_ctr_tsv(TSV_SPEC, tmp_path / "again", progress=False)
+    for f in again["files"]:
+        assert (tmp_path / "again" / f).read_bytes() == (root / "tsv" / f).read_bytes()
+
+
+def test_hex_tokens_are_distinct_per_feature():
+    from embedtrain.data.datagen_tsv import hex_tokens
+
+    big = max(range(26), key=vocab_size)
+    tokens = hex_tokens(big, np.arange(vocab_size(big)))
+    assert tokens.dtype == np.dtype("S8") and len(set(tokens.tolist())) == vocab_size(big)
+    assert all(len(t) == 8 and int(t, 16) >= 0 for t in tokens[:100].tolist())

@@ -1,5 +1,5 @@
-"""Data: parquet readers producing TorchRec batches, and synthetic data generators."""
+"""Data: the streaming parquet loader producing TorchRec batches, and synthetic data generators."""
 
-from embedtrain.data.reader import DataError, ParquetBatchReader
+from embedtrain.data.reader import DataError, LastBatch, ParquetBatchReader
 
-__all__ = ["DataError", "ParquetBatchReader"]
+__all__ = ["DataError", "LastBatch", "ParquetBatchReader"]

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -184,7 +184,7 @@ class _Chunk(NamedTuple):
     lengths: dict[str, np.ndarray]   # list lengths of the multi-hot features
 
 
-class _Planted:
+class PlantedModel:
     """Feature distributions plus the ground-truth click model, all derived from the spec."""
 
     def __init__(self, spec: CTRDataSpec):
@@ -287,6 +287,31 @@ def planted_description() -> str:
             f"b gives CTR~{_TARGET_CTR}; all other features are noise")
 
 
+class _Rows(NamedTuple):
+    """One chunk of generated rows: raw draws, click probabilities, 0/1 labels, split ids."""
+
+    index: int            # chunk number (seeds per-chunk side draws, e.g. the TSV form's nulls)
+    draw: _Chunk
+    p: np.ndarray
+    labels: np.ndarray    # bool
+    split: np.ndarray     # 0 train, 1 valid, 2 test (datagen's own split; the TSV form ignores it)
+
+
+def iter_chunks(spec: CTRDataSpec, model: PlantedModel) -> Iterator[_Rows]:
+    """The data set's rows in chunks; every output format (parquet, TSV) draws them from here."""
+    for i, lo in enumerate(range(0, spec.rows, _CHUNK_ROWS)):
+        n = min(_CHUNK_ROWS, spec.rows - lo)
+        # One generator per chunk: a data set is a prefix of a larger one with the same seed.
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 2, i]))
+        chunk = model.draw(rng, n)
+        p = _sigmoid(model.logit(chunk))
+        y = rng.random(n) < p
+        u = rng.random(n)
+        split = np.where(u < spec.test_fraction, 2,
+                         np.where(u < spec.test_fraction + spec.valid_fraction, 1, 0))
+        yield _Rows(i, chunk, p, y, split)
+
+
 class _SplitWriter:
     """Buffers rows of one split into full row groups and rolls over to a new part file."""
 
@@ -365,28 +390,19 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _clear_old(out)
-    model = _Planted(spec)
+    model = PlantedModel(spec)
     writers = {s: _SplitWriter(out, s, spec) for s in SPLITS}
     probs: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     labels: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     start, done = time.perf_counter(), 0
-    for i, lo in enumerate(range(0, spec.rows, _CHUNK_ROWS)):
-        n = min(_CHUNK_ROWS, spec.rows - lo)
-        # One generator per chunk: a data set is a prefix of a larger one with the same seed.
-        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 2, i]))
-        chunk = model.draw(rng, n)
-        p = _sigmoid(model.logit(chunk))
-        y = rng.random(n) < p
-        u = rng.random(n)
-        split = np.where(u < spec.test_fraction, 2,
-                         np.where(u < spec.test_fraction + spec.valid_fraction, 1, 0))
-        table = model.table(chunk, y)
+    for chunk in iter_chunks(spec, model):
+        table = model.table(chunk.draw, chunk.labels)
         for k, s in enumerate(SPLITS):
-            mask = split == k
+            mask = chunk.split == k
             writers[s].add(table.filter(pa.array(mask)))
-            probs[s].append(p[mask])
-            labels[s].append(y[mask])
-        done += n
+            probs[s].append(chunk.p[mask])
+            labels[s].append(chunk.labels[mask])
+        done += len(chunk.p)
         if progress:
             rate = done / max(time.perf_counter() - start, 1e-9)
             print(f"datagen: {done:,}/{spec.rows:,} rows ({rate:,.0f} rows/s)",

@@ -1,18 +1,50 @@
-"""Parquet row groups to TorchRec batches, vectorised with Arrow and NumPy (no per-row Python).
+"""Parquet row groups to TorchRec batches, streamed by background threads (no per-row Python).
 
 A :class:`ParquetBatchReader` walks the row groups of a split's parquet files and yields
 ``torchrec.datasets.utils.Batch`` objects: ``dense_features`` (float32 ``[B, n_dense]``),
 ``sparse_features`` (a ``KeyedJaggedTensor`` with one key per sparse feature, single ids or lists)
 and ``labels`` (float32 ``[B]``).
 
-The unit of work is the row group: the reader lists ``(file, row_group)`` units, optionally
-shuffles their order and keeps a shuffle buffer of rows, and gives rank ``r`` of ``world_size`` the
-units ``r, r + world_size, ...``. Everything is a pure function of ``(seed, epoch)``, which makes
-resuming mid-epoch exact (``iter_epoch(epoch, skip_batches=k)``).
+How an epoch is made:
+
+1. Units. Every file is opened with ``pyarrow.dataset`` and split into row-group fragments; rank
+   ``r`` of ``world_size`` owns the units ``r, r + world_size, ...`` (fixed across epochs, so
+   ``len()`` is too). With ``shuffle`` their order is permuted by ``(seed, epoch)``.
+2. Workers. ``num_workers`` threads split the rank's units round-robin (worker ``w`` reads units
+   ``w, w + num_workers, ...`` of the epoch's order), validate them and convert each row group to
+   NumPy once (:class:`~embedtrain.data.batching.Rows`), its rows permuted by a generator seeded
+   with ``(seed, epoch, position)``. Each row is thus read exactly once per epoch across all ranks
+   and workers. Threads, not processes: Arrow decoding and NumPy release the GIL, and blocks reach
+   the assembler without pickling or shared-memory copies.
+3. Assembly. One more thread takes the workers' row groups round-robin, i.e. in the epoch's order
+   whatever the timing, mixes them in the shuffle buffer (``shuffle_buffer_rows``, seeded by
+   ``(seed, epoch)``) and builds ``KeyedJaggedTensor`` batches into a queue of
+   ``prefetch_batches``; training only dequeues. Batches are therefore the same for every
+   ``num_workers`` (0 does all of it in the iterating thread), which makes ``skip_batches`` resume
+   exact and lets evaluation, training and tests share one definition of an epoch.
+
+The last batch (:class:`LastBatch`): ``DROP`` a short one, ``KEEP`` it short, or ``PAD`` it by
+wrapping around to the start of this rank's data (its first row groups in this epoch's order), as
+``DistributedSampler`` pads; with ``PAD`` every rank yields ``ceil(max rows of any rank /
+batch_size)`` full batches, so all ranks run the same number of steps. With ``DROP``/``KEEP``
+ranks whose row groups hold different row counts get different ``len()``: use ``PAD`` under DDP.
+
+Validation (types, nulls, ids in ``[0, num_embeddings)``) runs on every row group as it is read and
+raises :class:`DataError` naming file, column and row, in the iterating thread. Id ranges come from
+the parquet row-group statistics where the writer recorded them; otherwise the ids are scanned.
+
+Inputs with no rows at all raise :class:`DataError` when the reader is built: an empty split is an
+ingestion mistake, and an empty epoch would let training silently do nothing. A rank that owns no
+row group (more ranks than row groups) gets an empty epoch, or a ``DataError`` with ``PAD``.
+
+Memory is bounded by the knobs, not the data set: about ``2 x (shuffle_buffer_rows + one row
+group)`` rows (the buffer, and the workers' read-ahead of one buffer's worth of row groups) plus
+``prefetch_batches x batch_size`` rows of ready batches.
 
 Example:
     >>> meta = load_dataset_meta("data/synthetic_ctr")
-    >>> reader = ParquetBatchReader(meta.files("train"), meta.features, batch_size=1024)
+    >>> reader = ParquetBatchReader(meta.files("train"), meta.features, batch_size=1024,
+    ...                             shuffle=True, num_workers=2, last_batch=LastBatch.PAD)
     >>> batch = next(iter(reader))
     >>> batch.sparse_features.keys()[:2]
     ['C1', 'C2']
@@ -20,24 +52,36 @@ Example:
 
 from __future__ import annotations
 
+import enum
+import functools
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-import torch
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embedtrain.features import DenseTransform, FeatureSpec
+from embedtrain.data.batching import Rows, SparseLayout, cut_batches, is_list_type, to_batch
+from embedtrain.data.prefetch import OrderedPrefetcher
+from embedtrain.features import FeatureSpec
 
 
 class DataError(ValueError):
     """Bad input data; the message names the file, column and (where known) row."""
+
+
+class LastBatch(enum.Enum):
+    """What happens to an epoch's last, short batch (see the module docstring)."""
+
+    DROP = "drop"
+    KEEP = "keep"
+    PAD = "pad"
 
 
 @dataclass(frozen=True)
@@ -46,60 +90,13 @@ class RowGroup:
     index: int
     num_rows: int
     first_row: int  # row number of the group's first row within its file, for error messages
-
-
-class _Columns:
-    """One shuffled chunk of rows as NumPy arrays, cheap to slice into batches."""
-
-    def __init__(self, table: pa.Table, features: FeatureSpec) -> None:
-        self.num_rows = table.num_rows
-        self.labels = table.column(features.label).to_numpy().astype(np.float32)
-        dense = [table.column(name).to_numpy() for name in features.dense]
-        self.dense = (
-            np.stack(dense, axis=1).astype(np.float32)
-            if dense
-            else np.zeros((self.num_rows, 0), np.float32)
-        )
-        if features.dense_transform is DenseTransform.LOG1P:
-            self.dense = np.log1p(np.maximum(self.dense, 0.0))
-        # Per sparse feature: ids (int64) and, for list features, row offsets into them.
-        self.ids: list[np.ndarray] = []
-        self.offsets: list[Optional[np.ndarray]] = []
-        for feat in features.sparse:
-            column = table.column(feat.name)
-            if _is_list(column.type):
-                arr = column.combine_chunks()
-                offsets = arr.offsets.to_numpy().astype(np.int64)
-                values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-                self.offsets.append(offsets - offsets[0])
-            else:
-                values = column.to_numpy()
-                self.offsets.append(None)
-            self.ids.append(values.astype(np.int64, copy=False))
-
-    def batch(self, start: int, stop: int, keys: list[str]) -> Batch:
-        values, lengths = [], []
-        for ids, offsets in zip(self.ids, self.offsets):
-            if offsets is None:
-                values.append(ids[start:stop])
-                lengths.append(np.ones(stop - start, np.int32))
-            else:
-                window = offsets[start : stop + 1]
-                values.append(ids[window[0] : window[-1]])
-                lengths.append(np.diff(window).astype(np.int32))
-        return Batch(
-            dense_features=torch.from_numpy(self.dense[start:stop]),
-            sparse_features=KeyedJaggedTensor(
-                keys=keys,
-                values=torch.from_numpy(np.concatenate(values)),
-                lengths=torch.from_numpy(np.concatenate(lengths)),
-            ),
-            labels=torch.from_numpy(self.labels[start:stop]),
-        )
+    fragment: Any = field(default=None, compare=False, repr=False)  # its pyarrow.dataset fragment
+    # (min, max) of each sparse column's ids from the file's row-group statistics, where written.
+    id_ranges: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
 
 class ParquetBatchReader:
-    """Iterates a split's parquet files as ``Batch``es.
+    """Streams a split's parquet files as ``Batch``es, prefetched by background threads.
 
     Args:
         files: parquet files of one split (same schema).
@@ -107,10 +104,23 @@ class ParquetBatchReader:
         batch_size: rows per batch (per rank).
         shuffle: shuffle row-group order and rows within a buffer, seeded by ``(seed, epoch)``.
         seed: base seed of the shuffle.
-        drop_last: drop the last partial batch of an epoch (keep it for evaluation).
+        drop_last: shorthand for ``last_batch=LastBatch.DROP`` (else ``KEEP``).
         shuffle_buffer_rows: rows mixed together before batches are cut (with ``shuffle``).
         rank: this reader's rank among ``world_size`` readers; each gets disjoint row groups.
         world_size: number of readers sharing the files.
+        last_batch: drop, keep or pad the last short batch; overrides ``drop_last``.
+        num_workers: threads reading row groups, plus one assembling batches (0: no threads,
+            everything in the iterating thread; the batches are the same either way).
+        prefetch_batches: assembled batches that may wait for the consumer.
+
+    Raises:
+        DataError: a file is missing or unreadable, lacks a column, or the files have no rows.
+
+    Example:
+        >>> reader = ParquetBatchReader(files, spec, 2048, shuffle=True, rank=r, world_size=w,
+        ...                             last_batch=LastBatch.PAD)
+        >>> for batch in reader.iter_epoch(3, skip_batches=100):  # resume epoch 3 at batch 100
+        ...     loss = step(batch)
     """
 
     def __init__(
@@ -125,32 +135,59 @@ class ParquetBatchReader:
         shuffle_buffer_rows: int = 262_144,
         rank: int = 0,
         world_size: int = 1,
+        last_batch: Optional[LastBatch] = None,
+        num_workers: int = 2,
+        prefetch_batches: int = 8,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if num_workers < 0 or prefetch_batches < 1:
+            raise ValueError(f"need num_workers >= 0 and prefetch_batches >= 1, got {num_workers} "
+                             f"and {prefetch_batches}")
         if not files:
             raise DataError("no parquet files given")
         self.features = features
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
-        self.drop_last = drop_last
+        self.last_batch = last_batch or (LastBatch.DROP if drop_last else LastBatch.KEEP)
+        self.drop_last = self.last_batch is LastBatch.DROP
         self.shuffle_buffer_rows = max(shuffle_buffer_rows, batch_size)
+        self.num_workers = num_workers
+        self.prefetch_batches = prefetch_batches
+        self.rank, self.world_size = rank, world_size
         self._keys = features.sparse_names
         self._epoch = 0
-        units = []
+        units: list[RowGroup] = []
+        layouts: list[tuple[Path, SparseLayout]] = []
         for f in map(Path, files):
-            units.extend(_row_groups(f, features))
+            file_units, layout = _row_groups(f, features)
+            if layouts and layout != layouts[0][1]:
+                raise DataError(_layout_mismatch(f, layout, *layouts[0], features))
+            units.extend(file_units)
+            layouts.append((f, layout))
+        if not units:
+            names = ", ".join(str(f) for f in files)
+            raise DataError(f"{names}: no rows (no non-empty row groups)")
+        self.layout = layouts[0][1]
         self.row_groups = units[rank::world_size]
+        # The longest rank's row count: with PAD every rank runs as many batches as that one.
+        self._max_rank_rows = max(sum(u.num_rows for u in units[r::world_size])
+                                  for r in range(world_size))
 
     @property
     def num_rows(self) -> int:
+        """Rows this rank owns (before padding)."""
         return sum(u.num_rows for u in self.row_groups)
 
     def __len__(self) -> int:
-        """Batches per epoch."""
+        """Batches per epoch (the same every epoch)."""
+        if self.last_batch is LastBatch.PAD:
+            return -(-self._max_rank_rows // self.batch_size)
         full, rest = divmod(self.num_rows, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        return full + (1 if rest and self.last_batch is LastBatch.KEEP else 0)
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = epoch
@@ -159,66 +196,141 @@ class ParquetBatchReader:
         return self.iter_epoch(self._epoch)
 
     def iter_epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Batch]:
-        """Yields the batches of ``epoch``, starting after the first ``skip_batches``."""
+        """Yields the batches of ``epoch``, starting after the first ``skip_batches``.
+
+        Args:
+            epoch: seeds the shuffle together with ``seed``.
+            skip_batches: batches to leave out from the start (resume mid-epoch); they are cut but
+                never assembled, so the rest is exactly what an uninterrupted epoch yields.
+
+        Returns:
+            An iterator; with workers, ``close()`` it (or drop it, e.g. ``break``) to stop the
+            threads early. Worker errors (e.g. :class:`DataError`) are raised by ``next()``.
+        """
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.row_groups)) if self.shuffle else range(len(self.row_groups))
-        buffer_rows = self.shuffle_buffer_rows if self.shuffle else self.batch_size
-        pending: list[pa.Table] = []
-        pending_rows = 0
-        emitted = 0
-        for i, idx in enumerate(order):
-            unit = self.row_groups[idx]
-            pending.append(_read_row_group(unit, self.features))
-            pending_rows += unit.num_rows
-            last = i == len(self.row_groups) - 1
-            if pending_rows < buffer_rows and not last:
-                continue
-            table = pa.concat_tables(pending) if len(pending) > 1 else pending[0]
-            if self.shuffle:
-                table = table.take(pa.array(rng.permutation(table.num_rows)))
-            usable = table.num_rows if last else table.num_rows - table.num_rows % self.batch_size
-            cols = _Columns(table.slice(0, usable), self.features)
-            for start in range(0, usable, self.batch_size):
-                stop = min(start + self.batch_size, usable)
-                if stop - start < self.batch_size and self.drop_last:
-                    break
-                if emitted >= skip_batches:
-                    yield cols.batch(start, stop, self._keys)
-                emitted += 1
-            pending = [table.slice(usable)] if usable < table.num_rows else []
-            pending_rows = table.num_rows - usable
+        plan = self._plan(rng)
+        # Arrow's decode threads parallelise one row group's columns; once two or more of our
+        # workers decode row groups side by side they would only oversubscribe the cores.
+        load = functools.partial(_load_rows, features=self.features, layout=self.layout,
+                                 seed=(self.seed, epoch) if self.shuffle else None,
+                                 arrow_threads=self.num_workers < 2)
+        assemble = functools.partial(
+            _assemble, layout=self.layout, keys=self._keys, batch_size=self.batch_size,
+            buffer_rows=self.shuffle_buffer_rows, rng=rng if self.shuffle else None,
+            keep_partial=self.last_batch is LastBatch.KEEP, skip=skip_batches)
+        if self.num_workers == 0 or not plan:
+            return assemble(map(load, plan))
+        # The shuffle buffer takes a buffer's worth of row groups at once, then cuts batches for a
+        # while: workers may read that far ahead, or they would idle while it cuts and it would
+        # idle while they refill it.
+        group_rows = self.num_rows / max(len(self.row_groups), 1)
+        ahead = math.ceil(self.shuffle_buffer_rows / group_rows) if self.shuffle else 1
+        workers = self.num_workers  # each also holds the row group it is reading
+        return OrderedPrefetcher(plan, load, assemble, num_workers=workers,
+                                 max_ready=self.prefetch_batches,
+                                 max_loaded=max(1, math.ceil((ahead - workers) / workers)),
+                                 name=f"loader-rank{self.rank}")
+
+    def _plan(self, rng: np.random.Generator) -> list[tuple[int, RowGroup, int]]:
+        """The epoch's ``(position, row group, rows to use from its start)`` in reading order."""
+        units = self.row_groups
+        order = rng.permutation(len(units)) if self.shuffle else range(len(units))
+        plan = [(p, units[i], units[i].num_rows) for p, i in enumerate(order)]
+        if self.last_batch is LastBatch.PAD:
+            want = len(self) * self.batch_size
+            if not plan:
+                raise DataError(f"rank {self.rank} of {self.world_size} has no row group to pad "
+                                f"from: write more, smaller row groups than ranks")
+            have, i, base = self.num_rows, 0, len(plan)
+            while have < want:  # wrap around to the start of this rank's data
+                unit = plan[i % base][1]
+                plan.append((len(plan), unit, min(unit.num_rows, want - have)))
+                have += plan[-1][2]
+                i += 1
+        return plan
 
 
-def _row_groups(path: Path, features: FeatureSpec) -> list[RowGroup]:
+def _load_rows(item: tuple[int, RowGroup, int], features: FeatureSpec, layout: SparseLayout,
+               seed: Optional[tuple[int, int]], arrow_threads: bool) -> Rows:
+    """One plan item as a block; shuffled by a generator of its own, so workers need no order."""
+    position, unit, rows = item
+    table = _read_row_group(unit, features, arrow_threads)
+    if rows < table.num_rows:
+        table = table.slice(0, rows)
+    rng = np.random.default_rng([*seed, position]) if seed is not None else None
+    return Rows.from_table(table, features, layout, rng)
+
+
+def _assemble(blocks: Iterable[Rows], layout: SparseLayout, keys: list[str], batch_size: int,
+              buffer_rows: int, rng: Optional[np.random.Generator], keep_partial: bool,
+              skip: int) -> Iterator[Batch]:
+    for parts in cut_batches(blocks, batch_size, buffer_rows, rng, keep_partial, skip):
+        yield to_batch(parts, layout, keys)
+
+
+_LOCAL = pafs.LocalFileSystem()
+_PARQUET = ds.ParquetFileFormat()
+
+
+def _row_groups(path: Path, features: FeatureSpec) -> tuple[list[RowGroup], SparseLayout]:
     if not path.is_file():
         raise DataError(f"{path}: parquet file not found")
     try:
-        pf = pq.ParquetFile(path)
+        fragment = _PARQUET.make_fragment(str(path), filesystem=_LOCAL)
+        schema = fragment.physical_schema
+        row_groups = fragment.split_by_row_group()
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: not a readable parquet file: {e}") from None
-    meta = pf.metadata
-    names = set(pf.schema_arrow.names)
-    missing = [c for c in features.columns if c not in names]
+    missing = [c for c in features.columns if c not in schema.names]
     if missing:
         raise DataError(f"{path}: missing column(s): {', '.join(missing)}")
     units, first = [], 0
-    for i in range(meta.num_row_groups):
-        n = meta.row_group(i).num_rows
-        if n:
-            units.append(RowGroup(path, i, n, first))
-        first += n
-    return units
+    for rg in row_groups:
+        info = rg.row_groups[0]
+        if info.num_rows:
+            ranges = _id_ranges(fragment.metadata.row_group(info.id), features)
+            units.append(RowGroup(path, info.id, info.num_rows, first, rg, ranges))
+        first += info.num_rows
+    return units, SparseLayout.of(schema, features)
 
 
-def _read_row_group(unit: RowGroup, features: FeatureSpec) -> pa.Table:
+def _id_ranges(row_group: Any, features: FeatureSpec) -> dict[str, tuple[int, int]]:
+    """Sparse columns' id ranges from parquet statistics (a list's one leaf for list columns).
+
+    They let validation skip a scan of every id when the writer recorded them (Arrow, Polars and
+    Spark do); a column without them, or outside its table, is scanned and the bad row named.
+    """
+    leaves: dict[str, list[Any]] = {}
+    for j in range(row_group.num_columns):
+        column = row_group.column(j)
+        leaves.setdefault(column.path_in_schema.split(".")[0], []).append(column)
+    ranges = {}
+    for feat in features.sparse:
+        found = leaves.get(feat.name, [])
+        stats = found[0].statistics if len(found) == 1 else None
+        if (stats is not None and stats.has_min_max
+                and found[0].physical_type in ("INT32", "INT64")):
+            ranges[feat.name] = (stats.min, stats.max)
+    return ranges
+
+
+def _layout_mismatch(path: Path, layout: SparseLayout, first: Path, first_layout: SparseLayout,
+                     features: FeatureSpec) -> str:
+    i = next(i for i, (a, b) in enumerate(zip(layout.is_list, first_layout.is_list)) if a != b)
+    kind = lambda is_list: "a list column" if is_list else "a single-id column"  # noqa: E731
+    return (f"{path}: column {features.sparse[i].name}: {kind(layout.is_list[i])} here but "
+            f"{kind(first_layout.is_list[i])} in {first}")
+
+
+def _read_row_group(unit: RowGroup, features: FeatureSpec, arrow_threads: bool = True) -> pa.Table:
     try:
-        table = pq.ParquetFile(unit.file).read_row_group(unit.index, columns=features.columns)
+        fragment = unit.fragment or _PARQUET.make_fragment(
+            str(unit.file), filesystem=_LOCAL, row_groups=[unit.index])
+        table = fragment.to_table(columns=features.columns, use_threads=arrow_threads)
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{unit.file}: row group {unit.index}: cannot read: {e}") from None
     _validate(table, unit, features)
     return table
-
-
 def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
     """Checks types, nulls and id ranges of one row group, naming file, column and row."""
     for name in [features.label, *features.dense]:
@@ -230,27 +342,33 @@ def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
     for feat in features.sparse:
         column = table.column(feat.name)
         _check_no_nulls(column, feat.name, unit)
-        ids = pc.list_flatten(column) if _is_list(column.type) else column
+        is_list = is_list_type(column.type)
+        ids = pc.list_flatten(column) if is_list else column
         if not pa.types.is_integer(ids.type):
-            raise DataError(f"{unit.file}: column {feat.name}: expected integer ids, got {column.type}")
+            raise DataError(
+                f"{unit.file}: column {feat.name}: expected integer ids, got {column.type}")
         if ids.null_count:
-            raise DataError(f"{unit.file}: column {feat.name}: null id inside a list")
+            row = _first_row(column, pc.is_null(ids), is_list, unit)
+            raise DataError(f"{unit.file}: column {feat.name}: null id inside a list at row {row}")
+        known = unit.id_ranges.get(feat.name)
+        if known is not None and known[0] >= 0 and known[1] < feat.num_embeddings:
+            continue  # the statistics prove the range: no need to scan the ids
         bounds = pc.min_max(ids)
         lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
         if lo is not None and (lo < 0 or hi >= feat.num_embeddings):
-            values = column if not _is_list(column.type) else None
-            row = ""
-            if values is not None:
-                bad = pc.or_(pc.less(values, 0), pc.greater_equal(values, feat.num_embeddings))
-                row = f" at row {unit.first_row + pc.index(bad, True).as_py()}"
+            bad = pc.or_(pc.less(ids, 0), pc.greater_equal(ids, feat.num_embeddings))
             raise DataError(
                 f"{unit.file}: column {feat.name}: id {lo if lo < 0 else hi} outside "
-                f"[0, {feat.num_embeddings}){row}"
+                f"[0, {feat.num_embeddings}) at row {_first_row(column, bad, is_list, unit)}"
             )
 
 
-def _is_list(tp: pa.DataType) -> bool:
-    return pa.types.is_list(tp) or pa.types.is_large_list(tp)
+def _first_row(column: pa.ChunkedArray, mask: Any, is_list: bool, unit: RowGroup) -> int:
+    """The file row of the first true ``mask`` entry (an element of the flattened lists if so)."""
+    position = pc.index(mask, True).as_py()
+    if is_list:
+        position = pc.list_parent_indices(column)[position].as_py()
+    return unit.first_row + position
 
 
 def _check_no_nulls(column: pa.ChunkedArray, name: str, unit: RowGroup) -> None:

@@ -71,3 +71,18 @@ def write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: Opti
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, row_group_size=row_group_size)
     return path
+
+
+def tiny_ctr_tsv(out_dir: str | os.PathLike, rows: int = 4000, seed: int = 0,
+                 rows_per_file: int = 1_000_000) -> list[Path]:
+    """The synthetic CTR data as raw Criteo-style TSV (``embedtrain datagen ctr --format tsv``).
+
+    Returns:
+        The TSV files written.
+    """
+    from embedtrain.data.datagen import CTRDataSpec
+    from embedtrain.data.datagen_tsv import generate_ctr_tsv
+
+    info = generate_ctr_tsv(CTRDataSpec(rows=rows, seed=seed, rows_per_file=rows_per_file),
+                            out_dir, progress=False)
+    return [Path(out_dir) / f for f in info["files"]]

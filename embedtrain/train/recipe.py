@@ -80,6 +80,8 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
             shuffle_buffer_rows=cfg.data.shuffle_buffer_rows,
             rank=rank,
             world_size=world,
+            num_workers=cfg.data.num_workers,
+            prefetch_batches=cfg.data.prefetch_batches,
         )
 
     t = cfg.train

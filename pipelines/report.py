@@ -1,0 +1,174 @@
+"""``metadata.json`` and ``ingest_report.json`` of an ingestion job, built from its statistics.
+
+``metadata.json`` is the trainer's contract (read by :func:`embedtrain.features.load_dataset_meta`):
+``format_version``, ``name``, ``label``, ``dense``, ``dense_transform: "none"`` (dense columns are
+already transformed), ``sparse`` (name, num_embeddings, multi_hot, max_length), ``splits`` (files
+relative to the data set folder, rows), plus ``vocab_sizes``, ``hash_buckets``, ``dense_stats``,
+``vocab_files``, ``split``, ``source`` and the resolved ``spec`` for serving and for reruns.
+
+``ingest_report.json`` answers "what happened to my rows": ``rows_read``, ``rows_written`` per
+split, ``rows_dropped`` by reason (and ``rows_dropped_by_column``), ``repairs`` by kind and column,
+per-feature null and out-of-vocabulary rates, the split cut-offs and the phases' timings.
+
+Example:
+    >>> report = json.load(open("data/ctr_ingested/ingest_report.json"))  # doctest: +SKIP
+    >>> report["rows_dropped"]
+    {'null_label': 12}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import polars as pl
+
+from embedtrain.config import to_dict
+from pipelines.spec import EmptyList, Encoding, IngestSpec, SparseSpec, SplitMethod
+from pipelines.stats import PassStats, finite, oov_rates
+from pipelines.transforms import SPLIT, SPLITS, Vocabulary
+
+FORMAT_VERSION = 1
+
+
+def dense_statistics(stats: PassStats, spec: IngestSpec) -> dict[str, dict]:
+    """Per dense feature: the training split's mean/std of the filled, clipped, log1p'd value.
+
+    A constant feature (std 0) is standardised with std 1, so it becomes 0 rather than NaN.
+    """
+    out = {}
+    for d in spec.dense:
+        mean = float(stats.stat("train", f"{d.name}:mean") or 0.0)
+        std = float(stats.stat("train", f"{d.name}:std") or 0.0)
+        out[d.name] = {
+            "mean": mean, "std": std if std > 0 else 1.0, "standardized": d.standardize,
+            "log1p": d.log1p, "clip_min": d.clip_min, "clip_max": d.clip_max,
+            "fill_null": d.fill_null,
+        }
+    return out
+
+
+def num_embeddings(spec_feature: SparseSpec, vocab: Optional[Vocabulary]) -> int:
+    """Table size: vocabulary + the null/unknown id 0, hash buckets, or the declared size."""
+    if spec_feature.encoding is Encoding.VOCAB:
+        return len(vocab) + 1
+    if spec_feature.encoding is Encoding.HASH:
+        return spec_feature.hash_buckets
+    return spec_feature.num_embeddings
+
+
+def _max_length(s: SparseSpec, stats: PassStats) -> int:
+    if not s.multi_hot:
+        return 1
+    observed = max(int(stats.stat(split, f"{s.name}:max_length")) for split in SPLITS)
+    if s.max_length is not None:
+        observed = min(observed, s.max_length)
+    return max(observed, 1)
+
+
+def build_metadata(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
+                   written: dict[str, list[tuple[str, int]]], vocabs: dict[str, Vocabulary],
+                   dense: dict[str, dict]) -> dict:
+    """The ``metadata.json`` dict (see the module docstring)."""
+    sparse = [{"name": s.name, "num_embeddings": num_embeddings(s, vocabs.get(s.name)),
+               "multi_hot": s.multi_hot, "max_length": _max_length(s, stats)}
+              for s in spec.sparse]
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": spec.name,
+        "label": spec.label,
+        "dense": [d.name for d in spec.dense],
+        "dense_transform": "none",
+        "sparse": sparse,
+        "splits": {split: {"files": [f for f, _ in written[split]],
+                           "rows": sum(r for _, r in written[split])} for split in SPLITS},
+        "null_id": 0,  # vocab and hash features: null and unknown values
+        "vocab_sizes": {s.name: len(vocabs[s.name]) for s in spec.sparse if s.name in vocabs},
+        "vocab_files": {name: f"vocab/{name}.parquet" for name in vocabs},
+        "hash_buckets": {s.name: s.hash_buckets for s in spec.sparse
+                         if s.encoding is Encoding.HASH},
+        "dense_stats": dense,
+        "source": {"format": spec.input.format.value, "files": [str(f) for f in files],
+                   "rows_read": stats.rows_read},
+        "spec": to_dict(spec),
+    }
+
+
+def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
+                 written: dict[str, list[tuple[str, int]]], vocabs: dict[str, Vocabulary],
+                 dense: dict[str, dict], cutoffs: Optional[tuple[float, float]],
+                 phases: list[dict], wall_seconds: float) -> dict:
+    """The ``ingest_report.json`` dict (see the module docstring)."""
+    dropped = stats.dropped()
+    kept = {split: stats.kept_rows(split) for split in SPLITS}
+    kept_total = sum(kept.values())
+    repairs: dict[str, dict[str, int]] = {
+        "dense_null_filled": {}, "dense_non_finite_filled": {}, "dense_clipped": {},
+        "categorical_null_to_id_0": {}, "list_truncated": {}, "empty_list_to_id_0": {}}
+
+    def add(kind: str, column: str, n: float) -> None:
+        if n:
+            repairs[kind][column] = int(n)
+
+    features: dict[str, dict] = {}
+    for d in spec.dense:
+        nulls = stats.total(f"{d.name}:null")
+        add("dense_null_filled", d.name, nulls)
+        add("dense_non_finite_filled", d.name, stats.total(f"{d.name}:non_finite"))
+        add("dense_clipped", d.name, stats.total(f"{d.name}:clipped"))
+        features[d.name] = {
+            "kind": "dense",
+            "null_rate": _rate(nulls, kept_total),
+            "null_rate_by_split": {s: _rate(stats.stat(s, f"{d.name}:null"), kept[s])
+                                   for s in SPLITS},
+            "train_mean": finite(dense[d.name]["mean"]), "train_std": finite(dense[d.name]["std"]),
+        }
+    for s in spec.sparse:
+        nulls = stats.total(f"{s.name}:null")
+        info: dict = {"kind": "sparse", "encoding": s.encoding.value,
+                      "num_embeddings": num_embeddings(s, vocabs.get(s.name)),
+                      "null_rate": _rate(nulls, kept_total),
+                      "null_rate_by_split": {sp: _rate(stats.stat(sp, f"{s.name}:null"), kept[sp])
+                                             for sp in SPLITS}}
+        if s.encoding is not Encoding.PRE_ENCODED and not s.multi_hot:
+            add("categorical_null_to_id_0", s.name, nulls)
+        if s.multi_hot:
+            empty = stats.total(f"{s.name}:empty")
+            info["empty_list_rate"] = _rate(empty, kept_total)
+            info["mean_length"] = _rate(stats.total(f"{s.name}:elements"), kept_total)
+            add("list_truncated", s.name, stats.total(f"{s.name}:truncated"))
+            if s.empty_list is EmptyList.OOV:
+                add("empty_list_to_id_0", s.name, nulls + empty)
+        if s.name in vocabs:
+            vocab, values = vocabs[s.name], stats.values[s.name]
+            info["vocab_size"] = len(vocab)
+            info["distinct_train_values"] = int((values[SPLIT] == "train").sum())
+            info["oov_rate"] = oov_rates(values, pl.DataFrame({"value": vocab.values}))
+        features[s.name] = info
+    split_info: dict = {"method": spec.split.method.value, "column": spec.split.column}
+    if spec.split.method is SplitMethod.TIME and cutoffs is not None:
+        split_info["valid_start"], split_info["test_start"] = (finite(c, 3) for c in cutoffs)
+    else:
+        split_info.update(valid_fraction=spec.split.valid_fraction,
+                          test_fraction=spec.split.test_fraction, seed=spec.split.seed)
+    written_rows = {split: sum(r for _, r in written[split]) for split in SPLITS}
+    return {
+        "name": spec.name,
+        "inputs": [str(f) for f in files],
+        "rows_read": stats.rows_read,
+        "rows_written": written_rows,
+        "rows_written_total": sum(written_rows.values()),
+        "rows_dropped": dropped,
+        "rows_dropped_total": sum(dropped.values()),
+        "rows_dropped_by_column": stats.dropped_by_column(),
+        "repairs": {k: v for k, v in repairs.items() if v},
+        "features": features,
+        "split": split_info,
+        "files_written": {split: len(written[split]) for split in SPLITS},
+        "phases": phases,
+        "wall_seconds": round(wall_seconds, 3),
+    }
+
+
+def _rate(n: float, total: float) -> Optional[float]:
+    return round(float(n) / total, 6) if total else None

@@ -1,0 +1,261 @@
+"""Input files: resolving paths and globs, checking each file cheaply, scanning them lazily.
+
+Every file is checked before any row is processed, from what can be read without scanning it
+(a parquet footer, a CSV header line, the first line of a Criteo TSV), so that a missing column, a
+wrong type or a truncated parquet file fails at once with the file's name.
+
+:func:`scan_inputs` returns one Polars ``LazyFrame`` over all files, a single multi-file scan (never
+read into memory here), each row tagged with ``__row``, its 0-based position in the whole input,
+for split keys and row-order splits. One scan, not one per file concatenated: Polars starts every
+scan of a concatenation at once and each buffers ~250 MB ahead (2.2 GB for 8 files of 300 MB,
+against 0.4 GB as one scan). The row number is Polars' 32-bit row index, so one job reads at most
+2**32 - 1 rows (:func:`check_row_limit`); Criteo 1TB (4.4e9 rows) takes two jobs or Polars' 64-bit
+index runtime (``polars[rt64]``).
+
+Example:
+    >>> files = resolve_inputs(["data/raw/*.tsv"], spec)
+    >>> check_inputs(files, spec)
+    >>> scan_inputs(files, spec).select(pl.len()).collect(engine="streaming")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Optional, Sequence
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.spec import CRITEO_COLUMNS, InputFormat, IngestSpec, SplitMethod, ValueType
+
+ROW = "__row"
+MAX_ROWS = 2**32 - 1  # Polars' row index is 32-bit (IdxSize) in the default runtime
+_MIN_TSV_ROW_BYTES = 40  # a Criteo line is at least 39 tabs and a newline
+_EXTENSIONS = {
+    InputFormat.CRITEO_TSV: (".tsv", ".txt"),
+    InputFormat.CSV: (".csv", ".tsv", ".txt"),
+    InputFormat.PARQUET: (".parquet",),
+}
+
+
+class IngestError(ValueError):
+    """Bad input to an ingestion job; ``str(err)`` is one line starting with the file path."""
+
+
+def resolve_inputs(patterns: Sequence[str | os.PathLike], spec: IngestSpec) -> list[Path]:
+    """Expands paths, directories and globs into a sorted, de-duplicated list of files.
+
+    A directory stands for its files with the input format's extensions (``.tsv``/``.txt`` for
+    ``criteo_tsv``, ``.parquet`` for parquet, ...). File order matters (row-order time splits,
+    and hash splits without a key column, use it), so each pattern's files are sorted with numbers
+    compared as numbers (``day_2`` before ``day_10``) and patterns keep their command-line order.
+
+    Args:
+        patterns: ``--input`` values.
+        spec: the job's spec (for the input format).
+
+    Returns:
+        The files.
+
+    Raises:
+        IngestError: a pattern matching no file.
+    """
+    files: list[Path] = []
+    for pattern in patterns:
+        pattern = str(pattern)
+        path = Path(pattern)
+        if path.is_dir():
+            found = sorted((p for p in path.iterdir()
+                            if p.is_file() and p.name.endswith(_EXTENSIONS[spec.input.format])),
+                           key=_natural_key)
+            what = f"no {'/'.join(_EXTENSIONS[spec.input.format])} files in the directory"
+        elif glob.has_magic(pattern):
+            found = sorted((Path(p) for p in glob.glob(pattern, recursive=True)
+                            if Path(p).is_file()), key=_natural_key)
+            what = "no input files match"
+        else:
+            found = [path] if path.is_file() else []
+            what = "input file not found"
+        if not found:
+            raise IngestError(f"{pattern}: {what}")
+        files.extend(p for p in found if p not in files)
+    return files
+
+
+def _natural_key(path: Path) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def input_columns(spec: IngestSpec) -> list[str]:
+    """The raw columns the job reads: label, dense, sparse, then a split column if it is extra."""
+    columns = list(spec.columns)
+    if spec.split.column is not None and spec.split.column not in columns:
+        columns.append(spec.split.column)
+    return columns
+
+
+def check_inputs(files: Sequence[Path], spec: IngestSpec) -> None:
+    """Checks every file's layout (columns present, types) from its footer or first line.
+
+    Raises:
+        IngestError: ``<file>: ...`` for the first bad file.
+    """
+    first_header: Optional[list[str]] = None
+    for path in files:
+        if spec.input.format is InputFormat.PARQUET:
+            _check_parquet(path, spec)
+        elif spec.input.format is InputFormat.CSV:
+            header = _check_csv_header(path, spec)
+            if header is not None and first_header is not None and header != first_header:
+                # one multi-file scan reads every file with the first one's columns
+                raise IngestError(f"{path}: header differs from {files[0]}'s; files of one job "
+                                  "must share their columns and their order")
+            first_header = first_header or header
+        else:
+            _check_criteo_line(path, spec)
+
+
+def check_row_limit(files: Sequence[Path], spec: IngestSpec) -> None:
+    """Refuses inputs of more than :data:`MAX_ROWS` rows before Polars' row index overflows.
+
+    Parquet footers give row counts for free; text inputs are counted (one fast pass) only when
+    their size allows that many rows (over ~170 GB of Criteo TSV).
+
+    Raises:
+        IngestError: naming the input and the limit.
+    """
+    if spec.input.format is InputFormat.PARQUET:
+        rows = sum(pq.read_metadata(f).num_rows for f in files)
+    elif sum(f.stat().st_size for f in files) > MAX_ROWS * _MIN_TSV_ROW_BYTES:
+        rows = scan_inputs(files, spec).select(pl.len()).collect(engine="streaming").item()
+    else:
+        return
+    if rows > MAX_ROWS:
+        raise IngestError(f"{files[0]}: {len(files)} input file(s) hold {rows:,} rows, over the "
+                          f"{MAX_ROWS:,} one job can number; ingest the files in several jobs or "
+                          "install Polars' 64-bit index runtime (polars[rt64])")
+
+
+def scan_inputs(files: Sequence[Path], spec: IngestSpec) -> pl.LazyFrame:
+    """One lazy frame over all files: ``__row`` and :func:`input_columns`, in file order.
+
+    Text inputs give every column as String (parsing, and counting what fails to parse, is the
+    next stage's job); parquet inputs give label/dense as Float64 and categorical values as String
+    or Int64 (or lists of them); a date/datetime split column is left for the split stage.
+    """
+    columns = input_columns(spec)
+    paths = [str(f) for f in files]
+    if spec.input.format is InputFormat.PARQUET:
+        frame = pl.scan_parquet(
+            paths, row_index_name=ROW, extra_columns="ignore",
+            # files may differ in widths (int32 here, int64 there): the parse stage casts anyway
+            cast_options=pl.ScanCastOptions(integer_cast="upcast", float_cast="upcast"))
+        return frame.select(ROW, *(_parquet_column(c, spec) for c in columns))
+    criteo = spec.input.format is InputFormat.CRITEO_TSV
+    frame = pl.scan_csv(
+        paths,
+        has_header=not criteo,
+        separator="\t" if criteo else (spec.input.separator or ","),
+        schema={c: pl.String for c in CRITEO_COLUMNS} if criteo else None,
+        infer_schema=False,  # all String: parse failures are counted, not guessed around
+        quote_char=None if criteo else '"',
+        null_values=spec.input.null_values or None,
+        row_index_name=ROW,
+        raise_if_empty=False,
+    )
+    return frame.select(ROW, *columns)
+
+
+def describe_row(spec: IngestSpec, row: int) -> str:
+    """How a user finds a row in a file: a 1-based line for text, a 0-based row for parquet."""
+    if spec.input.format is InputFormat.PARQUET:
+        return f"row {row}"
+    return f"line {row + (2 if spec.input.format is InputFormat.CSV else 1)}"
+
+
+def _parquet_column(name: str, spec: IngestSpec) -> pl.Expr:
+    col = pl.col(name)
+    sparse = {s.name: s for s in spec.sparse}
+    if name in sparse:
+        inner = pl.Int64 if sparse[name].dtype is ValueType.INTEGER else pl.String
+        return col.cast(pl.List(inner) if sparse[name].multi_hot else inner)
+    if name == spec.split.column and name not in spec.columns:
+        return col  # converted by the split stage, which knows the method
+    return col.cast(pl.Float64)
+
+
+# --- per-file checks -----------------------------------------------------------------------------
+
+def _check_parquet(path: Path, spec: IngestSpec) -> None:
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as e:
+        raise IngestError(f"{path}: not a readable parquet file (truncated or corrupt?): "
+                          f"{_first_line(e)}") from None
+    types = {f.name: f.type for f in schema}
+    missing = [c for c in input_columns(spec) if c not in types]
+    if missing:
+        raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
+                          f"(has: {', '.join(list(types)[:20])})")
+    for name in [spec.label, *(d.name for d in spec.dense)]:
+        t = types[name]
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            raise IngestError(f"{path}: column {name}: expected numbers, got {t}")
+    for s in spec.sparse:
+        t = types[s.name]
+        is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+        if is_list != s.multi_hot:
+            want = "a list column (multi_hot: true)" if s.multi_hot else "single values"
+            raise IngestError(f"{path}: column {s.name}: expected {want}, got {t}")
+        inner = t.value_type if is_list else t
+        ok = (pa.types.is_integer(inner) if s.dtype is ValueType.INTEGER
+              else pa.types.is_string(inner) or pa.types.is_large_string(inner))
+        if not ok:
+            raise IngestError(f"{path}: column {s.name}: expected {s.dtype.value} values "
+                              f"(dtype: {s.dtype.value}), got {t}")
+    column = spec.split.column
+    if column is not None and column not in spec.columns:
+        t = types[column]
+        ok = pa.types.is_integer(t) or pa.types.is_floating(t)
+        if spec.split.method is SplitMethod.TIME:
+            ok = ok or pa.types.is_temporal(t)
+        else:
+            ok = ok or pa.types.is_string(t) or pa.types.is_large_string(t)
+        if not ok:
+            raise IngestError(f"{path}: column {column}: unsupported type {t} for a "
+                              f"{spec.split.method.value} split")
+
+
+def _check_csv_header(path: Path, spec: IngestSpec) -> Optional[list[str]]:
+    if path.stat().st_size == 0:
+        return None  # no header, no rows: counted as an empty file
+    try:
+        names = pl.scan_csv(path, separator=spec.input.separator or ",", infer_schema=False,
+                            n_rows=0).collect_schema().names()
+    except pl.exceptions.PolarsError as e:
+        raise IngestError(f"{path}: cannot read the CSV header: {_first_line(e)}") from None
+    missing = [c for c in input_columns(spec) if c not in names]
+    if missing:
+        raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
+                          f"(header has: {', '.join(names[:20])})")
+    return names
+
+
+def _check_criteo_line(path: Path, spec: IngestSpec) -> None:
+    with open(path, "rb") as f:
+        line = f.readline(1 << 20)
+    if not line:
+        return
+    fields = line.rstrip(b"\r\n").count(b"\t") + 1
+    if fields != len(CRITEO_COLUMNS):
+        raise IngestError(f"{path}: line 1 has {fields} tab-separated fields; criteo_tsv expects "
+                          f"{len(CRITEO_COLUMNS)} (label, I1..I13, C1..C26)")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,270 @@
+"""Ingestion specs: what the raw input looks like and how each column becomes a model feature.
+
+A spec is YAML read with :func:`load_spec` into an :class:`IngestSpec` (typed dataclasses, loaded by
+``embedtrain.config.load_dataclass``), then checked as a whole by :func:`validate_spec`. Every
+problem is a one-line :class:`~embedtrain.config.ConfigError` naming the file and key path, e.g.
+``configs/ingest/x.yaml: sparse[3].name: column 'C1' is named twice (also sparse[0].name)``.
+
+Id conventions of the output (shared by every categorical feature): id 0 is the null/unknown
+bucket. ``vocab`` features map the training split's values seen at least ``min_frequency`` times to
+ids ``1..V`` (most frequent first), so ``num_embeddings = V + 1``; ``hash`` features map a value to
+``1 + stable_hash(value) mod (hash_buckets - 1)``, so ``num_embeddings = hash_buckets``;
+``pre_encoded`` integer features keep their ids, which must lie in ``[0, num_embeddings)``.
+
+Example:
+    >>> spec = load_spec("configs/ingest/criteo_synthetic.yaml")
+    >>> spec.input.format
+    <InputFormat.CRITEO_TSV: 'criteo_tsv'>
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from embedtrain.config import ConfigError, load_dataclass
+
+CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+
+
+class InputFormat(enum.Enum):
+    CRITEO_TSV = "criteo_tsv"  # no header, tab-separated: label, I1..I13, C1..C26
+    CSV = "csv"                # header line; separator configurable
+    PARQUET = "parquet"
+
+
+class ValueType(enum.Enum):
+    """How a categorical column's values are typed (in text inputs: how they are parsed)."""
+
+    STRING = "string"
+    INTEGER = "integer"
+
+
+class Encoding(enum.Enum):
+    VOCAB = "vocab"              # ids from a vocabulary built on the training split
+    HASH = "hash"                # stable hash into hash_buckets
+    PRE_ENCODED = "pre_encoded"  # already integer ids in [0, num_embeddings)
+
+
+class EmptyList(enum.Enum):
+    """What a list feature's empty (or null) list becomes."""
+
+    KEEP = "keep"  # an empty bag (the model pools it to zeros)
+    OOV = "oov"    # [0]: one id of the null/unknown bucket
+
+
+class SplitMethod(enum.Enum):
+    HASH = "hash"  # by a stable hash of a key column (or of file and row number)
+    TIME = "time"  # by a time column (or by row order), oldest rows train, newest test
+
+
+class OnInvalid(enum.Enum):
+    """What a row that cannot be repaired (null label, unparsable value, bad id) does."""
+
+    DROP = "drop"    # dropped and counted by reason in ingest_report.json
+    ERROR = "error"  # the job stops with the first such row's file, line and column
+
+
+@dataclass
+class InputSpec:
+    format: InputFormat = InputFormat.CRITEO_TSV
+    separator: Optional[str] = None  # csv only (default ","); criteo_tsv is always a tab
+    null_values: list[str] = field(default_factory=list)  # text inputs: extra null markers
+
+
+@dataclass
+class DenseSpec:
+    """A dense column. Applied in this order: fill nulls, clip, log1p, standardise."""
+
+    name: str
+    fill_null: float = 0.0           # a null, NaN or infinite value becomes this (counted)
+    clip_min: Optional[float] = None
+    clip_max: Optional[float] = None
+    log1p: bool = False              # log(1 + max(x, 0)), as for Criteo's counts
+    standardize: bool = False        # (x - mean) / std with the training split's mean and std
+
+
+@dataclass
+class SparseSpec:
+    """A categorical column, single-valued or a list (``multi_hot``)."""
+
+    name: str
+    dtype: ValueType = ValueType.STRING
+    encoding: Encoding = Encoding.VOCAB
+    multi_hot: bool = False
+    separator: Optional[str] = None       # text inputs: separator of a list's elements
+    max_length: Optional[int] = None      # longer lists are truncated (counted)
+    empty_list: EmptyList = EmptyList.KEEP
+    min_frequency: int = 1                # vocab: rarer training values go to bucket 0
+    max_vocab_size: Optional[int] = None  # vocab: keep only the most frequent values
+    hash_buckets: Optional[int] = None    # hash: num_embeddings, bucket 0 included
+    num_embeddings: Optional[int] = None  # pre_encoded: ids must lie in [0, num_embeddings)
+
+
+@dataclass
+class SplitSpec:
+    """How rows are split. ``column: null`` means the row's position in the input (files in order).
+
+    Time splits use ``boundaries: [valid_start, test_start]`` in the column's units (row numbers
+    for row order; Unix seconds for date/datetime columns) when given, else cut-offs at the
+    quantiles that leave ``valid_fraction`` and ``test_fraction`` of the rows to the two later
+    splits (rows sharing a time value stay together, so the fractions are approximate).
+    """
+
+    method: SplitMethod = SplitMethod.HASH
+    column: Optional[str] = None
+    valid_fraction: float = 0.1
+    test_fraction: float = 0.1
+    boundaries: Optional[list[float]] = None
+    seed: int = 0
+
+
+@dataclass
+class OutputSpec:
+    rows_per_file: int = 1_000_000
+    rows_per_row_group: int = 65_536
+    compression: str = "zstd"
+
+
+@dataclass
+class IngestSpec:
+    """A whole ingestion job: input layout, label, features, split, output layout."""
+
+    name: str = "dataset"
+    input: InputSpec = field(default_factory=InputSpec)
+    label: str = "label"
+    dense: list[DenseSpec] = field(default_factory=list)
+    sparse: list[SparseSpec] = field(default_factory=list)
+    split: SplitSpec = field(default_factory=SplitSpec)
+    output: OutputSpec = field(default_factory=OutputSpec)
+    on_invalid: OnInvalid = OnInvalid.DROP
+
+    @property
+    def columns(self) -> list[str]:
+        """Output column order: label, dense, sparse."""
+        return [self.label, *(d.name for d in self.dense), *(s.name for s in self.sparse)]
+
+    @property
+    def is_text(self) -> bool:
+        return self.input.format is not InputFormat.PARQUET
+
+
+def load_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> IngestSpec:
+    """Reads and validates an ingestion spec.
+
+    Args:
+        path: the YAML file.
+        overrides: ``key.path=value`` strings, as for training configs
+            (``output.rows_per_file=10``).
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        ConfigError: unreadable file, unknown key, wrong type, or an inconsistent spec.
+
+    Example:
+        >>> load_spec("configs/ingest/criteo.yaml").sparse[0].name
+        'C1'
+    """
+    spec = load_dataclass(path, IngestSpec, overrides)
+    validate_spec(spec, str(path))
+    return spec
+
+
+def validate_spec(spec: IngestSpec, source: str = "<spec>") -> None:
+    """Checks what the types alone cannot: unique names, encoding parameters, ranges.
+
+    Raises:
+        ConfigError: naming ``source`` and the offending key path.
+    """
+    def fail(key: str, message: str) -> None:
+        raise ConfigError(f"{source}: {key}: {message}")
+
+    seen: dict[str, str] = {}
+    keys = [("label", spec.label)]
+    keys += [(f"dense[{i}].name", d.name) for i, d in enumerate(spec.dense)]
+    keys += [(f"sparse[{i}].name", s.name) for i, s in enumerate(spec.sparse)]
+    for key, name in keys:
+        if not name:
+            fail(key, "must not be empty")
+        if name.startswith("__"):
+            fail(key, f"names starting with '__' are reserved, got {name!r}")
+        if name in seen:
+            fail(key, f"column {name!r} is named twice (also {seen[name]})")
+        seen[name] = key
+        if spec.input.format is InputFormat.CRITEO_TSV and name not in CRITEO_COLUMNS:
+            fail(key, f"{name!r} is not a Criteo column (label, I1..I13, C1..C26)")
+    if not spec.dense and not spec.sparse:
+        fail("sparse", "declare at least one dense or sparse feature")
+    if spec.input.separator is not None:
+        if spec.input.format is not InputFormat.CSV:
+            fail("input.separator", "only for format: csv (criteo_tsv is always tab-separated)")
+        if len(spec.input.separator) != 1:
+            fail("input.separator", f"must be one character, got {spec.input.separator!r}")
+    for i, d in enumerate(spec.dense):
+        if d.clip_min is not None and d.clip_max is not None and d.clip_min > d.clip_max:
+            fail(f"dense[{i}].clip_min", f"{d.clip_min} is above clip_max {d.clip_max}")
+    for i, s in enumerate(spec.sparse):
+        _validate_sparse(spec, s, f"sparse[{i}]", fail)
+    _validate_split(spec, fail)
+    if spec.output.rows_per_file < 1:
+        fail("output.rows_per_file", f"must be >= 1, got {spec.output.rows_per_file}")
+    if spec.output.rows_per_row_group < 1:
+        fail("output.rows_per_row_group", f"must be >= 1, got {spec.output.rows_per_row_group}")
+
+
+def _validate_sparse(spec: IngestSpec, s: SparseSpec, key: str, fail) -> None:
+    if s.encoding is Encoding.HASH and (s.hash_buckets is None or s.hash_buckets < 2):
+        fail(f"{key}.hash_buckets", f"hash encoding needs hash_buckets >= 2, got {s.hash_buckets}")
+    if s.encoding is not Encoding.HASH and s.hash_buckets is not None:
+        fail(f"{key}.hash_buckets", f"only for encoding: hash (this feature is {s.encoding.value})")
+    if s.encoding is Encoding.PRE_ENCODED:
+        if s.dtype is not ValueType.INTEGER:
+            fail(f"{key}.dtype", "pre_encoded ids must be dtype: integer")
+        if s.num_embeddings is None or s.num_embeddings < 1:
+            fail(f"{key}.num_embeddings", f"pre_encoded needs num_embeddings >= 1, got "
+                 f"{s.num_embeddings}")
+    elif s.num_embeddings is not None:
+        fail(f"{key}.num_embeddings", "only for encoding: pre_encoded (else it is computed)")
+    if s.min_frequency < 1:
+        fail(f"{key}.min_frequency", f"must be >= 1, got {s.min_frequency}")
+    if s.max_vocab_size is not None and s.max_vocab_size < 1:
+        fail(f"{key}.max_vocab_size", f"must be >= 1, got {s.max_vocab_size}")
+    if s.max_length is not None and (not s.multi_hot or s.max_length < 1):
+        fail(f"{key}.max_length", "only for multi_hot features, and >= 1")
+    if s.multi_hot and spec.is_text:
+        if not s.separator:
+            fail(f"{key}.separator", "a multi_hot column in a text input needs a list separator")
+        field_sep = "\t" if spec.input.format is InputFormat.CRITEO_TSV else (
+            spec.input.separator or ",")
+        if s.separator == field_sep:
+            fail(f"{key}.separator", f"{s.separator!r} is also the input's field separator")
+    elif s.separator is not None:
+        fail(f"{key}.separator", "only for multi_hot columns of text inputs")
+
+
+def _validate_split(spec: IngestSpec, fail) -> None:
+    split = spec.split
+    lists = {s.name for s in spec.sparse if s.multi_hot}
+    if split.column is not None and split.column in lists:
+        fail("split.column", f"{split.column!r} is a list column; a split needs one value per row")
+    if split.column is not None and split.column == spec.label:
+        fail("split.column", "the label cannot be the split column")
+    if (split.column is not None and spec.input.format is InputFormat.CRITEO_TSV
+            and split.column not in CRITEO_COLUMNS):
+        fail("split.column", f"{split.column!r} is not a Criteo column")
+    for key in ("valid_fraction", "test_fraction"):
+        value = getattr(split, key)
+        if not 0 <= value < 1:
+            fail(f"split.{key}", f"must be in [0, 1), got {value}")
+    if split.valid_fraction + split.test_fraction >= 1:
+        fail("split.test_fraction", "valid_fraction + test_fraction must be < 1")
+    if split.boundaries is not None:
+        if split.method is not SplitMethod.TIME:
+            fail("split.boundaries", "only for method: time")
+        b = split.boundaries
+        if len(b) != 2 or b[0] > b[1]:
+            fail("split.boundaries", f"expected [valid_start, test_start] ascending, got {b}")

@@ -1,0 +1,202 @@
+"""The statistics passes: what later stages and the report need, counted in two streaming scans.
+
+- :func:`row_statistics`: one group-by (split, drop code): row counts (rows read, rows dropped
+  by reason) and, for kept rows, null/non-finite/clipped counts and mean/std of every dense
+  feature, null/empty/truncated counts and list lengths of every sparse feature;
+- :func:`value_counts`: value counts by split of every vocab feature (the vocabulary is the
+  training split's part; the other splits' parts give their out-of-vocabulary rates).
+
+Only aggregates come back to Python, never rows: memory is bounded by the number of distinct
+categorical values, whatever the input size.
+
+Example:
+    >>> counts, kept = row_statistics(frame, spec)
+    >>> stats = PassStats(counts, kept, value_counts(frame, spec), reasons)
+    >>> stats.rows_read, stats.kept_rows("train")  # doctest: +SKIP
+    (20000, 15912)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import polars as pl
+
+from pipelines.spec import Encoding, IngestSpec, SparseSpec, ValueType
+from pipelines.transforms import DROP, SPLIT, SPLITS, DropReason, Vocabulary, dense_value, \
+    sparse_values
+
+
+@dataclass
+class PassStats:
+    """What the statistics pass returned; accessors default to 0 for a split without rows."""
+
+    counts: pl.DataFrame            # __split, __drop, rows
+    kept: pl.DataFrame              # one row per split: rows and '<feature>:<stat>' columns
+    values: dict[str, pl.DataFrame]  # vocab feature -> __split, value, count
+    reasons: list[DropReason]
+
+    @property
+    def rows_read(self) -> int:
+        return int(self.counts["rows"].sum())
+
+    def kept_rows(self, split: str) -> int:
+        return int(self.stat(split, "rows"))
+
+    def stat(self, split: str, key: str) -> float:
+        row = self.kept.filter(pl.col(SPLIT) == split)
+        if row.height == 0 or key not in row.columns or row[key][0] is None:
+            return 0
+        return row[key][0]
+
+    def total(self, key: str) -> float:
+        return sum(self.stat(s, key) for s in SPLITS)
+
+    def dropped(self) -> dict[str, int]:
+        """Dropped rows by reason (all reasons that occurred)."""
+        out: dict[str, int] = {}
+        for code, rows in self._dropped_codes():
+            reason = self.reasons[code].reason
+            out[reason] = out.get(reason, 0) + rows
+        return dict(sorted(out.items()))
+
+    def dropped_by_column(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for code, rows in self._dropped_codes():
+            r = self.reasons[code]
+            by_col = out.setdefault(r.reason, {})
+            by_col[r.column] = by_col.get(r.column, 0) + rows
+        return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
+    def _dropped_codes(self) -> list[tuple[int, int]]:
+        d = self.counts.filter(pl.col(DROP).is_not_null()).group_by(DROP).agg(pl.col("rows").sum())
+        return [(int(c), int(r)) for c, r in d.sort(DROP).iter_rows()]
+
+
+def row_statistics(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One streaming group-by (split, drop code): row counts and kept rows' feature statistics.
+
+    Args:
+        frame: the job's lazy frame (parsed, with ``__split`` and ``__drop``).
+        spec: the job's spec.
+
+    Returns:
+        ``(counts, kept)``: ``__split, __drop, rows`` for all rows, and one row per split with
+        ``rows`` and ``<feature>:<stat>`` columns for the kept rows.
+    """
+    # Aggregates of dropped rows are computed too (it keeps this one group-by) and ignored.
+    groups = frame.group_by(SPLIT, DROP).agg(_aggregates(spec)).collect(engine="streaming")
+    groups = groups.with_columns(pl.col(SPLIT).cast(pl.String))
+    return groups.select(SPLIT, DROP, "rows"), groups.filter(pl.col(DROP).is_null()).drop(DROP)
+
+
+def value_counts(frame: pl.LazyFrame, spec: IngestSpec) -> dict[str, pl.DataFrame]:
+    """Per vocab feature, ``__split, value, count`` over kept rows (one streaming group-by).
+
+    Run after :func:`row_statistics`, not with it in one ``pl.collect_all``: a shared scan feeds
+    both queries through a buffer that grows with the slower one's backlog (1.7 GB instead of
+    0.6 GB peak on 600 MB of TSV); scanning twice costs time, not memory.
+    """
+    features = [s for s in spec.sparse if s.encoding is Encoding.VOCAB]
+    if not features:
+        return {}
+    long = _value_counts(frame.filter(pl.col(DROP).is_null()), features)
+    long = long.collect(engine="streaming").with_columns(pl.col(SPLIT).cast(pl.String))
+    values = {}
+    for s in features:
+        part = long.filter(pl.col("feature") == s.name).drop("feature")
+        if s.dtype is ValueType.INTEGER:
+            part = part.with_columns(pl.col("value").cast(pl.Int64))
+        values[s.name] = part
+    return values
+
+
+def _aggregates(spec: IngestSpec) -> list[pl.Expr]:
+    aggs: list[pl.Expr] = [pl.len().cast(pl.Int64).alias("rows")]
+    for d in spec.dense:
+        x = pl.col(d.name)
+        filled = pl.when(x.is_null() | ~x.is_finite()).then(pl.lit(d.fill_null)).otherwise(x)
+        aggs += [
+            x.is_null().sum().alias(f"{d.name}:null"),
+            (x.is_nan() | x.is_infinite()).sum().alias(f"{d.name}:non_finite"),
+            dense_value(d).mean().alias(f"{d.name}:mean"),
+            dense_value(d).std(ddof=0).alias(f"{d.name}:std"),
+        ]
+        low = filled < d.clip_min if d.clip_min is not None else pl.lit(False)
+        high = filled > d.clip_max if d.clip_max is not None else pl.lit(False)
+        aggs.append((low | high).sum().alias(f"{d.name}:clipped"))
+    for s in spec.sparse:
+        x = pl.col(s.name)
+        aggs.append(x.is_null().sum().alias(f"{s.name}:null"))
+        if s.multi_hot:
+            n = x.list.len()
+            aggs += [
+                sparse_values(s).list.len().sum().alias(f"{s.name}:elements"),
+                (n == 0).sum().alias(f"{s.name}:empty"),
+                n.max().alias(f"{s.name}:max_length"),
+            ]
+            if s.max_length is not None:
+                aggs.append((n > s.max_length).sum().alias(f"{s.name}:truncated"))
+    return aggs
+
+
+def _value_counts(kept: pl.LazyFrame, features: list[SparseSpec]) -> pl.LazyFrame:
+    """``__split, feature, value, count`` of all vocab features in one long table (one query).
+
+    Values travel as text (integers too, cast back afterwards) and every feature as a list, so
+    that one unpivot + explode puts single- and multi-valued features into the same group-by.
+    """
+    columns = []
+    for s in features:
+        v = sparse_values(s)
+        if s.dtype is ValueType.INTEGER:
+            v = v.list.eval(pl.element().cast(pl.String)) if s.multi_hot else v.cast(pl.String)
+        columns.append((v if s.multi_hot else pl.concat_list(v)).alias(s.name))
+    long = kept.select(SPLIT, *columns).unpivot(index=SPLIT, variable_name="feature",
+                                               value_name="value")
+    return long.explode("value").drop_nulls("value").group_by(SPLIT, "feature", "value").agg(
+        pl.len().cast(pl.Int64).alias("count"))
+
+
+def build_vocabulary(counts: pl.DataFrame, s: SparseSpec) -> tuple[Vocabulary, pl.DataFrame]:
+    """The vocabulary of one feature from the training split's value counts.
+
+    Values seen at least ``min_frequency`` times in train get ids ``1..V`` by descending count
+    (ties by value, so the result does not depend on row order); ``max_vocab_size`` keeps the V
+    most frequent. Everything else, and null, maps to 0.
+
+    Args:
+        counts: ``__split, value, count`` from the statistics pass.
+        s: the feature's spec.
+
+    Returns:
+        ``(vocabulary, table)``; ``table`` has ``value, id, count`` (saved for serving).
+    """
+    train = counts.filter(pl.col(SPLIT) == "train").select("value", "count")
+    table = train.filter(pl.col("count") >= s.min_frequency).sort(
+        ["count", "value"], descending=[True, False])
+    if s.max_vocab_size is not None:
+        table = table.head(s.max_vocab_size)
+    table = table.with_columns(pl.int_range(1, table.height + 1, dtype=pl.Int64).alias("id"))
+    table = table.select("value", "id", "count")
+    return Vocabulary(table["value"]), table
+
+
+def oov_rates(counts: pl.DataFrame, table: pl.DataFrame) -> dict[str, float | None]:
+    """Per split: the share of non-null values (list elements) that map to the unknown bucket."""
+    known = counts.join(table.select("value", pl.lit(True).alias("known")), on="value", how="left")
+    out: dict[str, float | None] = {}
+    for split in SPLITS:
+        part = known.filter(pl.col(SPLIT) == split)
+        total = int(part["count"].sum())
+        unknown = int(part.filter(pl.col("known").is_null())["count"].sum())
+        out[split] = round(unknown / total, 6) if total else None
+    return out
+
+
+def finite(x: float | None, digits: int = 6) -> float | None:
+    """A JSON-safe float: rounded, and None for NaN/inf/missing."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return None
+    return round(float(x), digits)

@@ -1,0 +1,262 @@
+"""Row-wise stages of an ingestion job, as Polars expressions (so they run inside the streaming
+engine, one batch at a time): parse, classify rows that must be dropped, split, encode.
+
+- :func:`parse` turns raw columns into typed values and adds ``__drop``: ``null`` for a kept row,
+  else the code of the first reason it cannot be kept (:class:`DropReason`, in priority order).
+- :func:`assign_split` adds ``__split`` (train/valid/test) from a hash or a time order.
+- :func:`dense_value` / :func:`sparse_output` / :func:`dense_output` are the per-feature repairs
+  and encodings; the statistics they need (vocabularies, means) come from the statistics pass.
+
+Example:
+    >>> frame = assign_split(parse(scan_inputs(files, spec), spec)[0], spec, cutoffs=None)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import polars as pl
+
+from pipelines.hashing import splitmix64, string_hash, unit_interval
+from pipelines.sources import ROW
+from pipelines.spec import (
+    DenseSpec, EmptyList, Encoding, IngestSpec, InputFormat, SparseSpec, SplitMethod, ValueType)
+
+SPLIT, DROP = "__split", "__drop"
+SPLITS = ("train", "valid", "test")
+SPLIT_DTYPE = pl.Enum(list(SPLITS))
+
+
+@dataclass(frozen=True)
+class DropReason:
+    """Why a row was dropped (its code is the value of ``__drop``) and the column that said so.
+
+    Reasons: ``null_label``, ``label_out_of_range`` (not in [0, 1]), ``null_split_key`` (no time or
+    key to split by), ``unparsable_value`` (text that is not a number/integer), ``null_id`` and
+    ``id_out_of_range`` (pre-encoded ids).
+    """
+
+    reason: str
+    column: str
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A vocab feature's training values; ``values[i]`` has id ``i + 1`` (0 is null/unknown)."""
+
+    values: pl.Series
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def encode(self, v: pl.Expr) -> pl.Expr:
+        """Int64 ids of ``v``'s values, 0 for null and unknown values.
+
+        A cast to an Enum whose categories are the vocabulary in id order: its physical code is
+        ``id - 1`` and unknown values become null. Not ``replace_strict``: in the streaming
+        engine its memory grew with the rows processed (1.3 GB for 2M rows, against 0.5 GB).
+        """
+        categories = pl.Enum(self.values.cast(pl.String))
+        code = v.cast(pl.String).cast(categories, strict=False).to_physical().cast(pl.Int64)
+        return (code + 1).fill_null(0)
+
+
+def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[DropReason]]:
+    """Parses raw columns in place and adds the ``__drop`` code (UInt16, null when kept).
+
+    Text values that do not parse (``"abc"`` in a number column) become a drop reason, never a
+    silent null. List columns of text inputs are split on their separator; empty elements
+    (``"a,,b"``) are skipped, and so are null elements of parquet lists.
+
+    Args:
+        frame: from :func:`pipelines.sources.scan_inputs`.
+        spec: the job's spec.
+
+    Returns:
+        ``(frame, reasons)``: ``reasons[code]`` explains each ``__drop`` code.
+    """
+    text = spec.is_text
+    parsed: dict[str, pl.Expr] = {spec.label: _number(spec.label, text)}
+    parsed.update({d.name: _number(d.name, text) for d in spec.dense})
+    parsed.update({s.name: _categorical(s, text) for s in spec.sparse})
+    if spec.split.column is not None and spec.split.column not in parsed:
+        parsed[spec.split.column] = _split_key(spec, text)
+    tmp = {name: f"__p:{name}" for name in parsed}
+    frame = frame.with_columns(expr.alias(tmp[name]) for name, expr in parsed.items())
+
+    def p(name: str) -> pl.Expr:
+        return pl.col(tmp[name])
+
+    def unparsable(name: str) -> pl.Expr:
+        return pl.col(name).is_not_null() & p(name).is_null()
+
+    conditions: list[tuple[pl.Expr, DropReason]] = [
+        (pl.col(spec.label).is_null(), DropReason("null_label", spec.label))]
+    if text:
+        conditions.append((unparsable(spec.label), DropReason("unparsable_value", spec.label)))
+    y = p(spec.label)
+    conditions.append((y.is_nan() | (y < 0) | (y > 1),
+                       DropReason("label_out_of_range", spec.label)))
+    if spec.split.column is not None:
+        conditions.append((pl.col(spec.split.column).is_null(),
+                           DropReason("null_split_key", spec.split.column)))
+        if text and spec.split.method is SplitMethod.TIME and spec.split.column not in spec.columns:
+            conditions.append((unparsable(spec.split.column),
+                               DropReason("unparsable_value", spec.split.column)))
+    if text:
+        conditions += [(unparsable(d.name), DropReason("unparsable_value", d.name))
+                       for d in spec.dense]
+    for s in spec.sparse:
+        if text and s.dtype is ValueType.INTEGER:
+            bad = (p(s.name).list.eval(pl.element().is_null()).list.any() if s.multi_hot
+                   else unparsable(s.name))
+            conditions.append((bad, DropReason("unparsable_value", s.name)))
+        if s.encoding is Encoding.PRE_ENCODED:
+            if not s.multi_hot:
+                conditions.append((p(s.name).is_null(), DropReason("null_id", s.name)))
+            low, high = (p(s.name).list.min(), p(s.name).list.max()) if s.multi_hot else (
+                p(s.name), p(s.name))
+            conditions.append(((low < 0) | (high >= s.num_embeddings),
+                               DropReason("id_out_of_range", s.name)))
+    code = pl.lit(None, dtype=pl.UInt16)
+    if conditions:
+        chain = pl.when(conditions[0][0]).then(pl.lit(0, dtype=pl.UInt16))
+        for i, (cond, _) in enumerate(conditions[1:], start=1):
+            chain = chain.when(cond).then(pl.lit(i, dtype=pl.UInt16))
+        code = chain.otherwise(pl.lit(None, dtype=pl.UInt16))
+    frame = frame.with_columns(code.alias(DROP))
+    frame = frame.drop(list(tmp)).rename({v: k for k, v in tmp.items()})
+    return frame, [reason for _, reason in conditions]
+
+
+def time_value(spec: IngestSpec) -> pl.Expr:
+    """The time a time split orders rows by: the split column, or the row's input position."""
+    if spec.split.column is not None:
+        return pl.col(spec.split.column).cast(pl.Float64)
+    return pl.col(ROW).cast(pl.Float64)
+
+
+def assign_split(frame: pl.LazyFrame, spec: IngestSpec, cutoffs: Optional[tuple[float, float]]
+                 ) -> pl.LazyFrame:
+    """Adds ``__split``.
+
+    Hash splits: ``u = unit_interval(hash)`` of the key column's text (so one user's rows share a
+    split), or of the row's position in the input without one; ``u < test_fraction`` is test, the
+    next ``valid_fraction`` valid, the rest train. Time splits: ``time < cutoffs[0]`` is train,
+    ``< cutoffs[1]`` valid, the rest test.
+
+    Args:
+        frame: from :func:`parse`.
+        spec: the job's spec.
+        cutoffs: ``(valid_start, test_start)`` for a time split, else ignored.
+    """
+    split = spec.split
+    if split.method is SplitMethod.TIME:
+        assert cutoffs is not None
+        t = time_value(spec)
+        name = pl.when(t < cutoffs[0]).then(pl.lit("train")).when(t < cutoffs[1]).then(
+            pl.lit("valid")).otherwise(pl.lit("test"))
+    else:
+        if split.column is not None:
+            h = string_hash(pl.col(split.column).cast(pl.String), split.seed)
+        else:
+            h = splitmix64(pl.col(ROW), split.seed)
+        u = unit_interval(h)
+        name = pl.when(u < split.test_fraction).then(pl.lit("test")).when(
+            u < split.test_fraction + split.valid_fraction).then(pl.lit("valid")).otherwise(
+            pl.lit("train"))
+    return frame.with_columns(name.cast(SPLIT_DTYPE).alias(SPLIT))
+
+
+def dense_value(d: DenseSpec) -> pl.Expr:
+    """Fill (null, NaN, inf), clip, log1p: the value whose training mean/std standardise it."""
+    x = pl.col(d.name)
+    x = pl.when(x.is_null() | ~x.is_finite()).then(pl.lit(d.fill_null)).otherwise(x)
+    if d.clip_min is not None or d.clip_max is not None:
+        x = x.clip(d.clip_min, d.clip_max)
+    if d.log1p:
+        x = x.clip(lower_bound=0.0).log1p()  # counts: negative values (Criteo's -1) count as 0
+    return x
+
+
+def dense_output(d: DenseSpec, mean: float, std: float) -> pl.Expr:
+    """The float32 output column; ``mean``/``std`` are the training split's (ignored if not
+    standardised)."""
+    x = dense_value(d)
+    if d.standardize:
+        x = (x - mean) / std
+    return x.cast(pl.Float32).alias(d.name)
+
+
+def sparse_values(s: SparseSpec) -> pl.Expr:
+    """Parsed values after list truncation: what vocabularies count and encoders encode."""
+    x = pl.col(s.name)
+    if s.multi_hot and s.max_length is not None:
+        x = x.list.head(s.max_length)
+    return x
+
+
+def sparse_output(s: SparseSpec, vocab: Optional[Vocabulary]) -> pl.Expr:
+    """Int64 ids (or a list of them) in ``[0, num_embeddings)``; 0 is the null/unknown bucket."""
+    x = sparse_values(s)
+
+    def encode(v: pl.Expr) -> pl.Expr:
+        if s.encoding is Encoding.VOCAB:
+            assert vocab is not None
+            return vocab.encode(v)
+        if s.encoding is Encoding.HASH:
+            assert s.hash_buckets is not None
+            bucket = string_hash(v.cast(pl.String)) % pl.lit(s.hash_buckets - 1, pl.UInt64)
+            return pl.when(v.is_null()).then(pl.lit(0, pl.Int64)).otherwise(
+                (bucket + 1).cast(pl.Int64))
+        return v.cast(pl.Int64)
+
+    if not s.multi_hot:
+        return encode(x).fill_null(0).alias(s.name)
+    ids = x.list.eval(encode(pl.element()))
+    if s.empty_list is EmptyList.OOV:
+        ids = pl.when(ids.is_null() | (ids.list.len() == 0)).then(
+            pl.lit([0], dtype=pl.List(pl.Int64))).otherwise(ids)
+    else:
+        ids = ids.fill_null(pl.lit([], dtype=pl.List(pl.Int64)))
+    return ids.cast(pl.List(pl.Int64)).alias(s.name)
+
+
+def _number(name: str, text: bool) -> pl.Expr:
+    col = pl.col(name)
+    return col.str.strip_chars().cast(pl.Float64, strict=False) if text else col.cast(pl.Float64)
+
+
+def _categorical(s: SparseSpec, text: bool) -> pl.Expr:
+    col = pl.col(s.name)
+    integer = s.dtype is ValueType.INTEGER
+    if not text:
+        return col.list.drop_nulls() if s.multi_hot else col
+    if s.multi_hot:
+        items = col.str.split(s.separator).list.eval(pl.element().filter(pl.element() != ""))
+        if integer:
+            items = items.list.eval(pl.element().str.strip_chars().cast(pl.Int64, strict=False))
+        return items
+    return col.str.strip_chars().cast(pl.Int64, strict=False) if integer else col
+
+
+def _split_key(spec: IngestSpec, text: bool) -> pl.Expr:
+    col = pl.col(spec.split.column)
+    if spec.split.method is SplitMethod.HASH:
+        return col.cast(pl.String)
+    if text:
+        return col.str.strip_chars().cast(pl.Float64, strict=False)
+    return col  # numeric or temporal, converted below once its type is known
+
+
+def time_to_seconds(frame: pl.LazyFrame, spec: IngestSpec) -> pl.LazyFrame:
+    """Date/datetime split columns of parquet inputs become Unix seconds (Float64)."""
+    column = spec.split.column
+    if (spec.split.method is not SplitMethod.TIME or column is None
+            or spec.input.format is not InputFormat.PARQUET):
+        return frame
+    dtype = frame.collect_schema()[column]
+    if dtype.is_temporal():
+        return frame.with_columns(pl.col(column).dt.epoch("s").cast(pl.Float64))
+    return frame.with_columns(pl.col(column).cast(pl.Float64))

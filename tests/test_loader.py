@@ -1,0 +1,320 @@
+"""The streaming loader: ranks x workers partitioning, determinism, resume, shutdown, errors."""
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from embedtrain.data.prefetch import OrderedPrefetcher
+from embedtrain.data.reader import DataError, LastBatch, ParquetBatchReader
+from embedtrain.features import DenseTransform, FeatureSpec
+from embedtrain.testing import random_ctr_table, write_parquet
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """1,000 rows in two files, 16 row groups of uneven sizes (the last of each file is short)."""
+    root = tmp_path_factory.mktemp("loader")
+    table, spec = random_ctr_table(rows=1000, seed=7)
+    files = [write_parquet(table.slice(0, 430), root / "a.parquet", row_group_size=64),
+             write_parquet(table.slice(430), root / "b.parquet", row_group_size=64)]
+    return files, spec, table
+
+
+def keys(batch) -> list[float]:
+    """Rows are identified by their (unique, random) first dense value."""
+    return batch.dense_features[:, 0].tolist()
+
+
+def same(a, b) -> bool:
+    return (torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+            and torch.equal(a.sparse_features.values(), b.sparse_features.values())
+            and torch.equal(a.sparse_features.lengths(), b.sparse_features.lengths()))
+
+
+def wait_for_threads(baseline: int, within_s: float = 1.0) -> int:
+    deadline = time.monotonic() + within_s
+    while threading.active_count() > baseline and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threading.active_count()
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_each_row_exactly_once_over_ranks_and_workers(dataset, world_size, num_workers):
+    files, spec, table = dataset
+    seen = []
+    for rank in range(world_size):
+        reader = ParquetBatchReader(files, spec, 50, shuffle=True, seed=1, shuffle_buffer_rows=150,
+                                    rank=rank, world_size=world_size, num_workers=num_workers,
+                                    last_batch=LastBatch.KEEP)
+        batches = list(reader.iter_epoch(3))
+        assert len(batches) == len(reader)
+        seen += [k for b in batches for k in keys(b)]
+    assert len(seen) == 1000 and sorted(seen) == sorted(table.column("d0").to_pylist())
+
+
+def test_same_seed_and_epoch_give_same_batches_for_any_worker_count(dataset):
+    files, spec, _ = dataset
+    epoch = lambda w, e: list(ParquetBatchReader(  # noqa: E731
+        files, spec, 40, shuffle=True, seed=3, shuffle_buffer_rows=200, num_workers=w,
+        prefetch_batches=2).iter_epoch(e))
+    reference = epoch(0, 1)
+    for w in (1, 2, 3, 3):
+        assert all(same(a, b) for a, b in zip(reference, epoch(w, 1), strict=True))
+    assert [keys(b) for b in epoch(2, 2)] != [keys(b) for b in reference]
+    # Shuffling mixes rows of different row groups inside one batch.
+    row_group = {k: i // 64 for i, k in enumerate(dataset[2].column("d0").to_pylist())}
+    assert max(len({row_group[k] for k in keys(b)}) for b in reference) > 1
+
+
+def test_skip_batches_resumes_exactly_with_workers(dataset):
+    files, spec, _ = dataset
+    reader = ParquetBatchReader(files, spec, 30, shuffle=True, seed=5, shuffle_buffer_rows=100,
+                                num_workers=2, last_batch=LastBatch.KEEP)
+    full = list(reader.iter_epoch(4))
+    for skip in (1, 7, len(full) - 1, len(full)):
+        tail = list(reader.iter_epoch(4, skip_batches=skip))
+        assert len(tail) == len(full) - skip
+        assert all(same(a, b) for a, b in zip(full[skip:], tail))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_workers_match_the_synchronous_path(dataset, shuffle):
+    files, spec, _ = dataset
+    def make(num_workers: int) -> ParquetBatchReader:
+        return ParquetBatchReader(files, spec, 64, shuffle=shuffle, num_workers=num_workers)
+
+    sync, threaded = list(make(0)), list(make(2))
+    assert len(sync) == len(threaded) == len(make(0))
+    assert all(same(a, b) for a, b in zip(sync, threaded, strict=True))
+    if not shuffle:  # in file order, batch after batch
+        flat = [k for b in sync for k in keys(b)]
+        assert flat == [np.float32(v).item() for v in dataset[2].column("d0").to_pylist()]
+
+
+def test_kjt_carries_consistent_offsets_and_per_key_lengths(dataset):
+    files, spec, _ = dataset
+    batch = next(iter(ParquetBatchReader(files, spec, 100, shuffle=True, num_workers=1)))
+    kjt = batch.sparse_features
+    lengths = kjt.lengths().long()
+    assert torch.equal(kjt.offsets().long(), torch.cat([torch.zeros(1).long(), lengths.cumsum(0)]))
+    assert kjt.stride() == 100
+    assert kjt.length_per_key() == lengths.view(len(kjt.keys()), -1).sum(1).tolist()
+    assert kjt.offset_per_key()[-1] == kjt.values().numel()
+
+
+def test_early_stop_ends_the_threads(dataset):
+    files, spec, _ = dataset
+    reader = ParquetBatchReader(files, spec, 16, shuffle=True, num_workers=3, prefetch_batches=2)
+    baseline = threading.active_count()
+    for i, _ in enumerate(reader.iter_epoch(0)):  # what the trainer does at max_steps
+        if i == 1:
+            break
+    assert wait_for_threads(baseline) == baseline
+    it = reader.iter_epoch(1)  # abandoned without being iterated or closed
+    next(it)
+    assert threading.active_count() > baseline
+    del it
+    gc.collect()
+    assert wait_for_threads(baseline) == baseline
+
+
+def test_abandoned_iterator_does_not_hang_exit(tmp_path):
+    # The prefetcher module alone (no torch import), in a child that exits while threads block.
+    script = textwrap.dedent(f"""
+        import importlib.util, time
+        spec = importlib.util.spec_from_file_location(
+            "prefetch", {str(Path(__file__).parents[1] / "embedtrain/data/prefetch.py")!r})
+        prefetch = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(prefetch)
+        slow = lambda i: (time.sleep(0.01), i)[1]
+        kept = prefetch.OrderedPrefetcher(range(10_000), slow, lambda xs: xs, num_workers=2,
+                                          max_ready=1)
+        print(next(kept))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=20)
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr
+
+
+def test_worker_error_is_raised_in_consumer_with_its_message(tmp_path):
+    table, spec = random_ctr_table(rows=600)
+    s0 = table.column("s0").to_numpy().copy()
+    s0[530] = 7  # vocab of s0 is 7; row group 8 of 10
+    table = table.set_column(table.schema.get_field_index("s0"), "s0", pa.array(s0))
+    f = write_parquet(table, tmp_path / "bad.parquet", row_group_size=64)
+    baseline = threading.active_count()
+    reader = ParquetBatchReader([f], spec, 16, shuffle=False, num_workers=3)
+    got = []
+    message = r"bad.parquet: column s0: id 7 outside \[0, 7\) at row 530$"
+    with pytest.raises(DataError, match=message):
+        for batch in reader:
+            got.append(batch)
+    assert len(got) == 512 // 16  # every batch before the bad row group came out first
+    assert wait_for_threads(baseline) == baseline
+
+
+def test_prefetcher_reraises_the_original_exception():
+    def load(i: int) -> int:
+        if i == 5:
+            raise KeyError(f"item {i}")
+        return i
+
+    it = OrderedPrefetcher(range(10), load, lambda xs: (x * 10 for x in xs), num_workers=2)
+    assert [next(it) for _ in range(5)] == [0, 10, 20, 30, 40]
+    with pytest.raises(KeyError, match="item 5"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_last_batch_drop_keep_pad(dataset):
+    files, spec, _ = dataset
+    world, batch = 3, 48
+    per_rank = {}
+    for mode in LastBatch:
+        per_rank[mode] = []
+        for rank in range(world):
+            reader = ParquetBatchReader(files, spec, batch, rank=rank, world_size=world,
+                                        last_batch=mode, num_workers=2)
+            batches = list(reader)
+            assert len(batches) == len(reader)
+            per_rank[mode].append((reader.num_rows, [keys(b) for b in batches]))
+    for (rows, drop), (_, keep) in zip(per_rank[LastBatch.DROP], per_rank[LastBatch.KEEP]):
+        assert len(drop) == rows // batch and all(len(b) == batch for b in drop)
+        assert len(keep) == -(-rows // batch) and sum(map(len, keep)) == rows
+        assert drop == keep[: len(drop)]
+    longest = max(rows for rows, _ in per_rank[LastBatch.KEEP])
+    for (rows, pad), (_, keep) in zip(per_rank[LastBatch.PAD], per_rank[LastBatch.KEEP]):
+        assert len(pad) == -(-longest // batch)  # every rank runs the same number of steps
+        assert all(len(b) == batch for b in pad)
+        flat, own = sum(pad, []), sum(keep, [])
+        assert flat[:rows] == own  # this rank's data, then ...
+        assert flat[rows:] == (own * 3)[: len(flat) - rows]  # ... wrapped around to its start
+
+
+def test_pad_reaches_the_same_length_when_shuffled(dataset):
+    files, spec, table = dataset
+    lengths, seen = set(), []
+    for rank in range(3):
+        reader = ParquetBatchReader(files, spec, 40, shuffle=True, rank=rank, world_size=3,
+                                    last_batch=LastBatch.PAD, num_workers=1)
+        batches = list(reader.iter_epoch(2))
+        lengths.add(len(batches))
+        assert all(b.labels.numel() == 40 for b in batches)
+        seen += [k for b in batches for k in keys(b)]
+    assert len(lengths) == 1 and set(seen) == set(table.column("d0").to_pylist())
+
+
+def test_empty_input_is_an_error_and_an_empty_rank_an_empty_epoch(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    empty = write_parquet(table.slice(0, 0), tmp_path / "empty.parquet")
+    with pytest.raises(DataError, match=r"empty.parquet: no rows"):
+        ParquetBatchReader([empty], spec, 16)
+    one_group = write_parquet(table, tmp_path / "one.parquet")
+    idle = ParquetBatchReader([empty, one_group], spec, 16, rank=1, world_size=2, num_workers=2)
+    assert len(idle) == 0 and list(idle) == []
+    with pytest.raises(DataError, match="rank 1 of 2 has no row group"):
+        list(ParquetBatchReader([one_group], spec, 16, rank=1, world_size=2,
+                                last_batch=LastBatch.PAD))
+
+
+def test_list_and_single_columns_must_agree_across_files(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    a = write_parquet(table, tmp_path / "a.parquet")
+    lists = pa.array([[v] for v in table.column("s0").to_pylist()])
+    b = write_parquet(table.set_column(table.schema.get_field_index("s0"), "s0", lists),
+                      tmp_path / "b.parquet")
+    with pytest.raises(DataError, match=r"b.parquet: column s0: a list column here but a single"):
+        ParquetBatchReader([a, b], spec, 16)
+
+
+def test_bad_id_inside_a_list_is_named_with_row(tmp_path):
+    table, spec = random_ctr_table(rows=100)  # s1 is the list feature (vocab 50)
+    lists = table.column("s1").to_pylist()
+    lists[71] = [1, 50]
+    table = table.set_column(table.schema.get_field_index("s1"), "s1", pa.array(lists))
+    f = write_parquet(table, tmp_path / "t.parquet", row_group_size=30)
+    with pytest.raises(DataError, match=r"t.parquet: column s1: id 50 outside \[0, 50\) at row 71"):
+        list(ParquetBatchReader([f], spec, 16, num_workers=2))
+
+
+def test_peak_memory_follows_the_buffers_not_the_data(tmp_path):
+    def peak(rows: int) -> int:
+        table, spec = random_ctr_table(rows=rows, seed=rows)
+        f = write_parquet(table, tmp_path / f"{rows}.parquet", row_group_size=500)
+        reader = ParquetBatchReader([f], spec, 100, shuffle=True, shuffle_buffer_rows=1000,
+                                    num_workers=2, prefetch_batches=2)
+        del table
+        tracemalloc.start()
+        for _ in reader:
+            pass
+        size = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return size
+
+    small, large = peak(20_000), peak(80_000)  # both long enough for the read-ahead to fill
+    assert large < 1.25 * small, (small, large)
+
+
+def test_log1p_of_integer_counts_matches_numpy(tmp_path):
+    # Counts take the table-lookup path: negatives, the table's edge and values past it.
+    counts = np.array([-5, 0, 1, 2, 7, 65_534, 65_535, 65_536, 10**7, 3], np.int64)
+    table, spec = random_ctr_table(rows=len(counts), num_dense=2)
+    table = table.set_column(table.schema.get_field_index("d1"), "d1", pa.array(counts))
+    spec = FeatureSpec(spec.label, spec.dense, spec.sparse, DenseTransform.LOG1P)
+    f = write_parquet(table, tmp_path / "counts.parquet")
+    expected = np.log1p(np.maximum(counts, 0).astype(np.float64))
+    for shuffle in (False, True):
+        batch = next(iter(ParquetBatchReader([f], spec, 16, shuffle=shuffle, num_workers=0)))
+        got = batch.dense_features[:, 1].numpy()
+        if shuffle:
+            got, expected = np.sort(got), np.sort(expected)
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+def test_id_ranges_come_from_statistics_or_a_scan(tmp_path, statistics):
+    table, spec = random_ctr_table(rows=100)
+    good = tmp_path / "good.parquet"
+    pq.write_table(table, good, row_group_size=30, write_statistics=statistics)
+    units = ParquetBatchReader([good], spec, 16).row_groups
+    assert set(units[0].id_ranges) == ({"s0", "s1", "s2"} if statistics else set())
+    s2 = table.column("s2").to_numpy().copy()
+    s2[44] = 1000  # vocab of s2 is 1000
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("s2"), "s2", pa.array(s2)), bad,
+                   row_group_size=30, write_statistics=statistics)
+    message = r"bad.parquet: column s2: id 1000 outside \[0, 1000\) at row 44"
+    with pytest.raises(DataError, match=message):
+        list(ParquetBatchReader([bad], spec, 16))
+
+
+def test_tiny_row_groups_and_unusual_layouts(tmp_path):
+    # 3-row groups: a batch spans dozens of blocks (concatenated before assembly).
+    table, spec = random_ctr_table(rows=500, seed=9)
+    f = write_parquet(table, tmp_path / "tiny.parquet", row_group_size=3)
+    batches = list(ParquetBatchReader([f], spec, 100, shuffle=True, shuffle_buffer_rows=200))
+    assert sorted(k for b in batches for k in keys(b)) == sorted(table.column("d0").to_pylist())
+    # No dense column, only list features; and only single-id features.
+    for kwargs in ({"num_dense": 0, "list_features": (0, 1, 2)}, {"list_features": ()}):
+        table, spec = random_ctr_table(rows=300, seed=1, **kwargs)
+        f = write_parquet(table, tmp_path / "layout.parquet", row_group_size=70)
+        batches = list(ParquetBatchReader([f], spec, 64, shuffle=True, num_workers=2))
+        assert sum(b.labels.numel() for b in batches) == 300
+        for b in batches:
+            kjt = b.sparse_features
+            assert b.dense_features.shape == (b.labels.numel(), len(spec.dense))
+            assert kjt.lengths().sum().item() == kjt.values().numel()
+            assert kjt.length_per_key() == kjt.lengths().view(len(spec.sparse), -1).sum(1).tolist()
