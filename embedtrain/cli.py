@@ -121,15 +121,7 @@ def _eval(args: argparse.Namespace) -> int:
     run = build_ctr_run(cfg, run_dir, progress=False)
     if not run.trainer.restore(args.checkpoint):
         raise UsageError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
-    if args.split == "test" and run.test_data is not None:
-        data = run.test_data
-    else:
-        data = run.trainer.valid_data if args.split == "valid" else None
-        if data is None:
-            from embedtrain.data.reader import ParquetBatchReader
-
-            data = ParquetBatchReader(run.meta.files(args.split), run.meta.features,
-                                      cfg.data.eval_batch_size)
+    data = run.eval_reader(args.split)
     result = {"split": args.split, "step": run.trainer.state.step, **run.trainer.evaluate(data)}
     if run.trainer.rank == 0:
         (run_dir / f"eval_{args.split}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ class Run:
     trainer: Trainer
     meta: DatasetMeta
     test_data: Optional[ParquetBatchReader]
+    eval_reader: Callable[[str], ParquetBatchReader]  # evaluation reader of any split, cfg.data knobs
 
 
 def ctr_model(cfg: Config, meta: DatasetMeta, device: Optional[torch.device] = None) -> nn.Module:
@@ -110,4 +111,5 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
         extra_summary=extra,
     )
     test = reader("test", train=False) if "test" in meta.split_files else None
-    return Run(trainer=trainer, meta=meta, test_data=test)
+    return Run(trainer=trainer, meta=meta, test_data=test,
+               eval_reader=lambda split: reader(split, train=False))
