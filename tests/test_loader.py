@@ -42,11 +42,17 @@ def same(a, b) -> bool:
             and torch.equal(a.sparse_features.lengths(), b.sparse_features.lengths()))
 
 
-def wait_for_threads(baseline: int, within_s: float = 1.0) -> int:
+def new_threads(before: set) -> set:
+    """Threads alive now that were not alive at ``before`` (other tests' threads may come and go)."""
+    return {t for t in threading.enumerate() if t not in before}
+
+
+def wait_for_threads(before: set, within_s: float = 5.0) -> set:
+    """Waits until the threads started since ``before`` have ended; returns those still alive."""
     deadline = time.monotonic() + within_s
-    while threading.active_count() > baseline and time.monotonic() < deadline:
+    while new_threads(before) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return threading.active_count()
+    return new_threads(before)
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
@@ -117,17 +123,17 @@ def test_kjt_carries_consistent_offsets_and_per_key_lengths(dataset):
 def test_early_stop_ends_the_threads(dataset):
     files, spec, _ = dataset
     reader = ParquetBatchReader(files, spec, 16, shuffle=True, num_workers=3, prefetch_batches=2)
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     for i, _ in enumerate(reader.iter_epoch(0)):  # what the trainer does at max_steps
         if i == 1:
             break
-    assert wait_for_threads(baseline) == baseline
+    assert not wait_for_threads(before)
     it = reader.iter_epoch(1)  # abandoned without being iterated or closed
     next(it)
-    assert threading.active_count() > baseline
+    assert new_threads(before)
     del it
     gc.collect()
-    assert wait_for_threads(baseline) == baseline
+    assert not wait_for_threads(before)
 
 
 def test_abandoned_iterator_does_not_hang_exit(tmp_path):
@@ -154,7 +160,7 @@ def test_worker_error_is_raised_in_consumer_with_its_message(tmp_path):
     s0[530] = 7  # vocab of s0 is 7; row group 8 of 10
     table = table.set_column(table.schema.get_field_index("s0"), "s0", pa.array(s0))
     f = write_parquet(table, tmp_path / "bad.parquet", row_group_size=64)
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     reader = ParquetBatchReader([f], spec, 16, shuffle=False, num_workers=3)
     got = []
     message = r"bad.parquet: column s0: id 7 outside \[0, 7\) at row 530$"
@@ -162,7 +168,7 @@ def test_worker_error_is_raised_in_consumer_with_its_message(tmp_path):
         for batch in reader:
             got.append(batch)
     assert len(got) == 512 // 16  # every batch before the bad row group came out first
-    assert wait_for_threads(baseline) == baseline
+    assert not wait_for_threads(before)
 
 
 def test_prefetcher_reraises_the_original_exception():
