@@ -1,4 +1,4 @@
-"""The ``embedtrain`` command line: ``train``, ``eval``, ``ingest`` and ``datagen``.
+"""The ``embedtrain`` command line: ``train``, ``eval``, ``plan``, ``ingest`` and ``datagen``.
 
 Examples:
     embedtrain datagen ctr --rows 1000000 --out data/synthetic_ctr
@@ -7,6 +7,7 @@ Examples:
         --out data/ctr_ingested
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
     embedtrain eval runs/demo --split test
+    embedtrain plan configs/dlrm.yaml --cluster configs/clusters/h100-16x8.yaml --out plans/dlrm
 
 Bad input (a config typo, a missing file, a malformed data set) ends with one line naming the
 file and key or column, and exit status 2.
@@ -22,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from embedtrain.config import ConfigError, dump_config, load_config
+from embedtrain.config import ConfigError, dump_config, load_cluster, load_config
 from embedtrain.train.run_dir import RunDir
 
 
@@ -65,6 +66,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="data split to evaluate (default: test)")
     p.add_argument("--checkpoint", help="checkpoint directory (default: the run's newest)")
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser("plan", help="dry-run sharding plan of a config on a target cluster")
+    p.add_argument("config", help="training config, YAML (see configs/)")
+    p.add_argument("--cluster", required=True, help="cluster description, YAML (configs/clusters/)")
+    p.add_argument("--out", help="report directory (default: plans/<config>-<cluster>)")
+    p.add_argument("--format", default="md,json,html",
+                   help="comma-separated report formats: md, json, html (default: all three)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set sharding.forward_comm_precision=fp16")
+    p.add_argument("--budget", type=int, help="partitions the local search may try "
+                   "(default: sharding.search_budget)")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("ingest", help="raw logs (Criteo TSV, CSV, parquet) to a training data set")
     p.add_argument("spec", help="ingestion spec, YAML (see configs/ingest/)")
@@ -126,6 +139,43 @@ def _eval(args: argparse.Namespace) -> int:
     if run.trainer.rank == 0:
         (run_dir / f"eval_{args.split}.json").write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    cluster = load_cluster(args.cluster)
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    unknown = sorted(set(formats) - {"md", "json", "html"})
+    if unknown or not formats:
+        raise UsageError(f"--format: unknown {', '.join(unknown) or '(empty)'} (use md, json, html)")
+    if args.budget is not None:
+        cfg.sharding.search_budget = args.budget
+    out = Path(args.out) if args.out else Path("plans") / f"{Path(args.config).stem}-{cluster.name}"
+    from embedtrain.sharding.report import write_report
+    from embedtrain.train.recipe import plan_ctr
+
+    result = plan_ctr(cfg, cluster)
+    report = result.report
+    report["model"]["config"] = str(args.config)
+    paths = write_report(report, out, formats)
+    s = report["summary"]
+    tier = s["memory_tier"].upper()
+    print(f"plan of {args.config} on {cluster.name} ({cluster.world_size} ranks, "
+          f"{cluster.device.value}): {s['tables']} tables, "
+          f"{(s['embedding_weight_bytes'] + s['embedding_optimizer_bytes']) / 2**30:.2f} GiB "
+          f"of weights and optimizer state")
+    for w in report["warnings"]:
+        print(f"  warning: {w}")
+    print(f"  sharding: {', '.join(f'{k} x{v}' for k, v in s['sharding_types'].items())}")
+    print(f"  slowest rank {s['embedding_max_rank_ms']:.3f} ms of embedding work per step "
+          f"(mean {s['embedding_mean_rank_ms']:.3f}, imbalance {s['imbalance']:.2f}); "
+          f"dense all-reduce {s['dense_allreduce_ms']:.3f} ms")
+    print(f"  peak {tier} per rank {s['peak_rank_memory_bytes'] / 2**30:.2f} of "
+          f"{s['rank_memory_capacity_bytes'] / 2**30:.2f} GiB")
+    print(f"  planned in {report['planner']['seconds']:.2f} s "
+          f"({report['planner']['partitions']} partitions)")
+    print(f"report: {', '.join(str(p) for p in paths)}")
     return 0
 
 

@@ -113,6 +113,61 @@ class TrainConfig:
     progress: bool = True
 
 
+class ShardingType(enum.Enum):
+    """How one embedding table (or class head) is split across ranks (TorchRec's names)."""
+
+    TABLE_WISE = "table_wise"
+    ROW_WISE = "row_wise"
+    COLUMN_WISE = "column_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+    DATA_PARALLEL = "data_parallel"
+
+
+class ComputeKernel(enum.Enum):
+    """Where a shard's rows live and which kernel looks them up (TorchRec's names)."""
+
+    DENSE = "dense"  # plain tensor; only for data_parallel
+    FUSED = "fused"  # FBGEMM TBE with the optimizer fused, rows in device memory (HBM)
+    FUSED_UVM = "fused_uvm"  # rows in host memory (UVM), read over PCIe
+    FUSED_UVM_CACHING = "fused_uvm_caching"  # rows in host memory, hot rows cached in HBM
+
+
+class CommPrecision(enum.Enum):
+    """Precision of the embedding all-to-all (TorchRec qcomms); lower halves the bytes sent."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+@dataclass
+class TableConstraint:
+    """Constraints for the tables whose names match ``tables`` (names or globs, e.g. ``t_C*``).
+
+    Empty lists mean "no constraint"; ``pooling_factor`` overrides the one measured from data.
+    """
+
+    tables: list[str] = field(default_factory=list)
+    sharding_types: list[ShardingType] = field(default_factory=list)
+    compute_kernels: list[ComputeKernel] = field(default_factory=list)
+    cache_load_factor: Optional[float] = None  # fraction of rows cached in HBM (uvm_caching)
+    pooling_factor: Optional[float] = None  # mean ids per example for this table
+
+
+@dataclass
+class ShardingConfig:
+    """What the planner may choose from, and how the embedding all-to-all is encoded."""
+
+    sharding_types: list[ShardingType] = field(default_factory=list)  # empty: all
+    compute_kernels: list[ComputeKernel] = field(default_factory=list)  # empty: all
+    tables: list[TableConstraint] = field(default_factory=list)
+    forward_comm_precision: CommPrecision = CommPrecision.FP32
+    backward_comm_precision: CommPrecision = CommPrecision.FP32
+    pooling_factors_from_data: bool = True  # measure mean ids per example from the train split
+    search_budget: int = 48  # extra partitions the planner's local search may try
+
+
 @dataclass
 class Config:
     """The whole training config: one section per concern."""
@@ -122,6 +177,54 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+
+
+class DeviceKind(enum.Enum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+@dataclass
+class ClusterConfig:
+    """A target cluster for planning and training (``configs/clusters/*.yaml``).
+
+    Memory sizes are GiB per device; bandwidths are GB/s (1 GB = 2^30 bytes, as TorchRec's
+    planner counts), so a 25 Gbit/s network is ``inter_host_gb_per_s: 2.9``.
+    """
+
+    name: str = "local"
+    hosts: int = 1
+    devices_per_host: int = 1
+    device: DeviceKind = DeviceKind.CUDA
+    hbm_gb: float = 80.0  # device memory per GPU (unused for cpu)
+    ddr_gb: float = 128.0  # host memory per device (per rank)
+    hbm_bandwidth_gb_per_s: float = 897.0  # device memory bandwidth
+    ddr_bandwidth_gb_per_s: float = 51.0  # host memory bandwidth
+    intra_host_gb_per_s: float = 600.0  # between devices of one host (NVLink)
+    inter_host_gb_per_s: float = 12.5  # between hosts, per device (network)
+    batch_size_per_rank: int = 512
+    reserved_fraction: float = 0.1  # device memory kept free: allocator, activations, context
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts * self.devices_per_host
+
+
+def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> ClusterConfig:
+    """Reads a cluster description (``configs/clusters/*.yaml``); errors as in :func:`load_config`."""
+    cluster = load_dataclass(path, ClusterConfig, overrides)
+    for key in ("hosts", "devices_per_host", "batch_size_per_rank"):
+        if getattr(cluster, key) <= 0:
+            raise ConfigError(f"{path}: {key}: must be positive, got {getattr(cluster, key)}")
+    for key in ("hbm_gb", "ddr_gb", "hbm_bandwidth_gb_per_s", "ddr_bandwidth_gb_per_s",
+                "intra_host_gb_per_s", "inter_host_gb_per_s"):
+        if getattr(cluster, key) <= 0:
+            raise ConfigError(f"{path}: {key}: must be positive, got {getattr(cluster, key)}")
+    if not 0 <= cluster.reserved_fraction < 1:
+        raise ConfigError(f"{path}: reserved_fraction: must be in [0, 1), got "
+                          f"{cluster.reserved_fraction}")
+    return cluster
 
 
 def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Config:

@@ -23,6 +23,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embedtrain.features import FeatureSpec
 
 
+def table_name(feature: str) -> str:
+    """The embedding table of sparse feature ``feature``."""
+    return f"t_{feature}"
+
+
 def embedding_bag_collection(
     spec: FeatureSpec, embedding_dim: int, device: Optional[torch.device] = None
 ) -> EmbeddingBagCollection:
@@ -38,7 +43,7 @@ def embedding_bag_collection(
     """
     tables = [
         EmbeddingBagConfig(
-            name=f"t_{feat.name}",
+            name=table_name(feat.name),
             embedding_dim=embedding_dim,
             num_embeddings=feat.num_embeddings,
             feature_names=[feat.name],

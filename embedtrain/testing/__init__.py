@@ -86,3 +86,29 @@ def tiny_ctr_tsv(out_dir: str | os.PathLike, rows: int = 4000, seed: int = 0,
     info = generate_ctr_tsv(CTRDataSpec(rows=rows, seed=seed, rows_per_file=rows_per_file),
                             out_dir, progress=False)
     return [Path(out_dir) / f for f in info["files"]]
+
+
+def random_embedding_tables(
+    n: int,
+    seed: int = 0,
+    log10_rows: tuple[float, float] = (3.0, 8.0),
+    dims: tuple[int, ...] = (32, 64, 128, 256),
+) -> list:
+    """``n`` TorchRec table configs with log-uniform row counts and dims drawn from ``dims``.
+
+    With the defaults this is the planner benchmark's model (and ``../shared/anchors``'s).
+    """
+    import random
+
+    from torchrec import EmbeddingBagConfig
+
+    rng = random.Random(seed)
+    return [
+        EmbeddingBagConfig(
+            name=f"t{i}",
+            embedding_dim=rng.choice(dims),
+            num_embeddings=int(10 ** rng.uniform(*log10_rows)),
+            feature_names=[f"f{i}"],
+        )
+        for i in range(n)
+    ]

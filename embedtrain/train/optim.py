@@ -37,6 +37,11 @@ _DENSE = {
 }
 
 
+def dense_optimizer_slots(kind: DenseOptimizer) -> int:
+    """Values of optimizer state per dense parameter (for memory planning)."""
+    return {DenseOptimizer.ADAM: 2, DenseOptimizer.ADAGRAD: 1, DenseOptimizer.SGD: 0}[kind]
+
+
 def fuse_sparse_optimizer(model: nn.Module, kind: SparseOptimizer, lr: float) -> int:
     """Marks every embedding table of ``model`` for an optimizer fused into its backward.
 

@@ -21,13 +21,19 @@ import torch
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from embedtrain.config import Config, Interaction
+from embedtrain.config import ClusterConfig, Config, Interaction
 from embedtrain.data.reader import ParquetBatchReader
+from embedtrain.data.stats import measure_pooling_factors
 from embedtrain.features import DatasetMeta, load_dataset_meta
-from embedtrain.models.dlrm import dcn, dlrm
+from embedtrain.models.dlrm import dcn, dlrm, table_name
+from embedtrain.sharding.planner import PlanResult, plan_sharding
 from embedtrain.train.ctr import CTRTask
 from embedtrain.train.dist import init_process_group
-from embedtrain.train.optim import combined_optimizer, fuse_sparse_optimizer
+from embedtrain.train.optim import (
+    combined_optimizer,
+    dense_optimizer_slots,
+    fuse_sparse_optimizer,
+)
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.trainer import Trainer, TrainerOptions
 
@@ -49,6 +55,33 @@ def ctr_model(cfg: Config, meta: DatasetMeta, device: Optional[torch.device] = N
         return dcn(meta.features, m.embedding_dim, m.bottom_mlp, m.top_mlp,
                    m.dcn_num_layers, m.dcn_low_rank_dim, device=device)
     return dlrm(meta.features, m.embedding_dim, m.bottom_mlp, m.top_mlp, device=device)
+
+
+def plan_ctr(cfg: Config, cluster: ClusterConfig) -> PlanResult:
+    """Dry-run plan of ``cfg``'s model on ``cluster``: built on ``meta``, no memory, no GPU.
+
+    Pooling factors are measured from the training split when the data set has one and
+    ``cfg.sharding.pooling_factors_from_data`` is set; otherwise every table counts 1 id.
+    """
+    meta = load_dataset_meta(cfg.data.path)
+    model = ctr_model(cfg, meta, device=torch.device("meta"))
+    fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
+    measured = cfg.sharding.pooling_factors_from_data and bool(meta.split_files.get("train"))
+    pooling = measure_pooling_factors(meta) if measured else {}
+    result = plan_sharding(
+        model,
+        cluster,
+        cfg.sharding,
+        pooling_factors={table_name(f): v for f, v in pooling.items()},
+        dense_optimizer_slots=dense_optimizer_slots(cfg.optim.dense),
+    )
+    result.report["model"] = {
+        "task": cfg.task.value,
+        "dataset": meta.name,
+        "dataset_path": str(meta.root),
+        "pooling_factors": "measured from the train split" if measured else "1.0 (no data)",
+    }
+    return result
 
 
 def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None) -> Run:

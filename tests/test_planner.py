@@ -1,0 +1,270 @@
+"""The sharding planner on ``meta``, with no GPU: exact estimates, constraints, failures, CLI."""
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+
+from embedtrain.cli import main
+from embedtrain.config import (
+    ClusterConfig,
+    CommPrecision,
+    ComputeKernel,
+    DeviceKind,
+    ShardingConfig,
+    ShardingType,
+    TableConstraint,
+    load_cluster,
+)
+from embedtrain.sharding.cluster import topology
+from embedtrain.sharding.enumerator import CompactEnumerator
+from embedtrain.sharding.planner import PlanError, plan_sharding
+from embedtrain.testing import random_embedding_tables, tiny_ctr_dataset
+
+ROOT = Path(__file__).parent.parent
+CLUSTERS = sorted((ROOT / "configs" / "clusters").glob("*.yaml"))
+MULTI_HOST = ClusterConfig(name="test-2x4", hosts=2, devices_per_host=4, hbm_gb=16)
+CPU2 = ClusterConfig(name="test-cpu", hosts=1, devices_per_host=2, device=DeviceKind.CPU, ddr_gb=4)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def model(n=6, seed=0, log10_rows=(3, 6), dims=(16, 32, 64)):
+    tables = random_embedding_tables(n, seed=seed, log10_rows=log10_rows, dims=dims)
+    return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)
+def test_shipped_clusters_load(path):
+    cluster = load_cluster(path)
+    assert cluster.name == path.stem
+    assert topology(cluster).world_size == cluster.world_size
+
+
+def test_cluster_typo_names_key(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("hosts: 2\ndevices_per_hosts: 8\n")
+    with pytest.raises(ValueError, match=r"c.yaml: devices_per_hosts: unknown key \(did you mean"):
+        load_cluster(bad)
+    bad.write_text("hosts: 0\n")
+    with pytest.raises(ValueError, match="hosts: must be positive"):
+        load_cluster(bad)
+
+
+def test_compact_estimates_equal_stock_enumerator():
+    """Every shard of every option: the same perf and storage as TorchRec's enumerator."""
+    m = model(5, seed=1)
+    topo = topology(MULTI_HOST)
+    sharders = [EmbeddingBagCollectionSharder()]
+    ours = CompactEnumerator(topo, 512, max_data_parallel_bytes=1 << 62,
+                             offload_tables=[f"t{i}" for i in range(5)])
+    compact = ours.enumerate(m, sharders)
+    stock = {(o.fqn, o.sharding_type, o.compute_kernel): o
+             for o in EmbeddingEnumerator(topology=topo, batch_size=512).enumerate(m, sharders)}
+    assert len(compact) == len(stock)
+    assert ours.num_estimated_shards < sum(len(o.shards) for o in stock.values())
+    for option in compact:
+        full = ours.expand(option)
+        ref = stock[(option.fqn, option.sharding_type, option.compute_kernel)]
+        assert [(s.size, s.offset) for s in full.shards] == [(s.size, s.offset) for s in ref.shards]
+        assert [s.perf for s in full.shards] == [s.perf for s in ref.shards]
+        assert [s.storage for s in full.shards] == [s.storage for s in ref.shards]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_plan_as_fast_as_stock_planner(seed):
+    """The search finds a plan whose slowest rank is no slower than TorchRec's default planner's."""
+    m = model(8, seed=seed, log10_rows=(3, 7), dims=(32, 64, 128, 256))
+    topo = topology(MULTI_HOST)
+    stock = EmbeddingShardingPlanner(topology=topo, batch_size=512)
+    stock.plan(m, [EmbeddingBagCollectionSharder()])
+    stock_rating = NoopPerfModel(topo).rate(stock._best_plan)
+    ours = plan_sharding(m, MULTI_HOST).report["summary"]["embedding_max_rank_ms"]
+    assert ours <= stock_rating * 1.0001
+
+
+def test_multi_host_plan_on_meta_is_complete():
+    m = model(8)
+    result = plan_sharding(m, MULTI_HOST)
+    world = MULTI_HOST.world_size
+    names = {f"t{i}" for i in range(8)}
+    module_plan = result.sharding_plan.plan["" if "" in result.sharding_plan.plan else next(iter(result.sharding_plan.plan))]
+    assert set(module_plan) == names
+    report = result.report
+    assert {t["name"] for t in report["tables"]} == names
+    for t in report["tables"]:
+        rows = sum(s["size"][0] for s in t["shards"]) if t["sharding_type"] in ("row_wise", "table_row_wise") else t["rows"]
+        assert rows == t["rows"]
+        assert all(0 <= s["rank"] < world for s in t["shards"])
+        if t["sharding_type"] == "row_wise":
+            assert sorted(s["rank"] for s in t["shards"]) == list(range(world))
+        if t["sharding_type"] == "table_row_wise":
+            assert len({s["rank"] // 4 for s in t["shards"]}) == 1  # one host
+    ranks = report["ranks"]
+    assert len(ranks) == world and [r["host"] for r in ranks] == [r // 4 for r in range(world)]
+    # Per-rank weights add up to the tables' weights (data-parallel ones count on every rank).
+    weights = sum(r["memory"]["hbm"]["embedding_params"] for r in ranks)
+    expected = sum(t["weight_bytes"] * (world if t["sharding_type"] == "data_parallel" else 1)
+                   for t in report["tables"])
+    assert weights == expected
+    slowest = max(r["time_ms"]["embedding_total"] for r in ranks)
+    assert report["summary"]["embedding_max_rank_ms"] == pytest.approx(slowest)
+
+
+def test_report_schema_is_stable():
+    report = plan_sharding(model(3), MULTI_HOST).report
+    assert json.loads(json.dumps(report)) == report
+    assert set(report) == {"schema_version", "cluster", "sharding", "summary", "warnings",
+                           "planner", "tables", "ranks"}
+    assert set(report["summary"]) == {
+        "tables", "embedding_weight_bytes", "embedding_optimizer_bytes", "dense_parameter_bytes",
+        "embedding_max_rank_ms", "embedding_mean_rank_ms", "imbalance", "slowest_rank",
+        "peak_memory_rank", "dense_allreduce_ms",
+        "step_estimate_ms", "memory_tier", "peak_rank_memory_bytes", "rank_memory_capacity_bytes",
+        "sharding_types"}
+    assert set(report["tables"][0]) == {
+        "name", "rows", "dim", "pooling_factor", "sharding_type", "compute_kernel", "ranks",
+        "weight_bytes", "optimizer_bytes", "perf_ms_all_shards", "slowest_shard_ms", "shards"}
+    assert set(report["tables"][0]["shards"][0]) == {"rank", "offset", "size", "hbm_bytes",
+                                                     "ddr_bytes", "perf_ms"}
+    rank = report["ranks"][0]
+    assert set(rank) == {"rank", "host", "memory", "time_ms"}
+    assert set(rank["memory"]["hbm"]) == {
+        "embedding_params", "embedding_optimizer", "io_and_cache", "dense_model",
+        "dense_gradients", "dense_optimizer", "kjt_buffers", "reserved", "total", "capacity"}
+    assert set(rank["time_ms"]) == {"fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms",
+                                    "prefetch", "embedding_total", "dense_allreduce", "total"}
+
+
+def test_optimizer_state_is_counted():
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    plain = plan_sharding(model(3), MULTI_HOST).report
+    m = model(3)
+    apply_optimizer_in_backward(torch.optim.Adam, m.parameters(), {"lr": 0.1})
+    adam = plan_sharding(m, MULTI_HOST).report
+    m = model(3)
+    apply_optimizer_in_backward(RowWiseAdagrad, m.parameters(), {"lr": 0.1})
+    rowwise = plan_sharding(m, MULTI_HOST).report
+    weights = plain["summary"]["embedding_weight_bytes"]
+    assert plain["summary"]["embedding_optimizer_bytes"] == 0
+    assert adam["summary"]["embedding_optimizer_bytes"] == 2 * weights
+    # Row-wise Adagrad keeps one value per row.
+    rows = sum(t["rows"] * 4 for t in rowwise["tables"])
+    assert rowwise["summary"]["embedding_optimizer_bytes"] == pytest.approx(rows, rel=0.01)
+
+
+def test_impossible_model_says_by_how_much_and_which_tables():
+    huge = EmbeddingBagCollection(
+        tables=random_embedding_tables(3, log10_rows=(8.5, 9), dims=(256,)),
+        device=torch.device("meta"))
+    with pytest.raises(PlanError) as err:
+        plan_sharding(huge, MULTI_HOST)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("does not fit:") and "short by" in msg and "HBM" in msg
+    biggest = max(huge.embedding_bag_configs(), key=lambda c: c.num_embeddings * c.embedding_dim)
+    assert f"largest tables: {biggest.name} (" in msg
+
+
+def test_constraints_are_honoured():
+    sharding = ShardingConfig(
+        sharding_types=[ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE],
+        tables=[TableConstraint(tables=["t0", "t1"], sharding_types=[ShardingType.ROW_WISE]),
+                TableConstraint(tables=["t2"], compute_kernels=[ComputeKernel.FUSED_UVM_CACHING],
+                                cache_load_factor=0.3, pooling_factor=7.5)])
+    report = plan_sharding(model(5), MULTI_HOST, sharding).report
+    by = {t["name"]: t for t in report["tables"]}
+    assert by["t0"]["sharding_type"] == by["t1"]["sharding_type"] == "row_wise"
+    assert by["t2"]["compute_kernel"] == "fused_uvm_caching"
+    assert by["t2"]["pooling_factor"] == 7.5
+    assert {by[n]["sharding_type"] for n in ("t2", "t3", "t4")} <= {"table_wise", "column_wise"}
+
+
+def test_inconsistent_constraints_are_named():
+    sharding = ShardingConfig(tables=[TableConstraint(
+        tables=["t1"], sharding_types=[ShardingType.DATA_PARALLEL],
+        compute_kernels=[ComputeKernel.FUSED])])
+    with pytest.raises(PlanError, match=r"table t1: compute kernel\(s\) fused cannot do sharding "
+                                        r"type\(s\) data_parallel on cuda \(data_parallel takes dense\)"):
+        plan_sharding(model(3), MULTI_HOST, sharding)
+    typo = ShardingConfig(tables=[TableConstraint(tables=["t_C*"])])
+    with pytest.raises(PlanError, match=r"sharding.tables\[0\].tables: 't_C\*' matches no table"):
+        plan_sharding(model(3), MULTI_HOST, typo)
+
+
+@pytest.mark.parametrize("kind", [ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE])
+def test_row_wise_offered_on_cpu(kind):
+    """TorchRec's stock sharders refuse row-wise on cpu; embedtrain's plan it."""
+    sharding = ShardingConfig(sharding_types=[kind])
+    report = plan_sharding(model(3), CPU2, sharding).report
+    assert {t["sharding_type"] for t in report["tables"]} == {kind.value}
+    assert report["summary"]["memory_tier"] == "ddr"
+    assert report["ranks"][0]["memory"]["ddr"]["embedding_params"] > 0
+    assert report["ranks"][0]["memory"]["hbm"]["total"] == 0
+
+
+def test_qcomms_halve_the_estimated_all_to_all():
+    fixed = dict(sharding_types=[ShardingType.TABLE_WISE])
+    fp32 = plan_sharding(model(4), MULTI_HOST, ShardingConfig(**fixed)).report
+    fp16 = plan_sharding(model(4), MULTI_HOST, ShardingConfig(
+        **fixed, forward_comm_precision=CommPrecision.FP16,
+        backward_comm_precision=CommPrecision.BF16)).report
+
+    def comms(r):
+        return sum(x["time_ms"]["fwd_comms"] + x["time_ms"]["bwd_comms"] for x in r["ranks"])
+
+    assert comms(fp16) < 0.75 * comms(fp32)
+    assert fp16["sharding"]["forward_comm_precision"] == "fp16"
+
+
+def test_cli_plan_writes_reports(tmp_path, capsys):
+    out = tmp_path / "plan"
+    rc = main(["plan", str(ROOT / "configs/dlrm.yaml"),
+               "--cluster", str(ROOT / "configs/clusters/h100-16x8.yaml"), "--out", str(out)])
+    assert rc == 0
+    assert sorted(p.name for p in out.iterdir()) == ["plan.html", "plan.json", "plan.md"]
+    report = json.loads((out / "plan.json").read_text())
+    assert report["cluster"]["world_size"] == 128 and report["summary"]["tables"] == 26
+    printed = capsys.readouterr().out
+    assert "slowest rank" in printed and "plan.html" in printed
+
+
+def test_cli_plan_failure_is_one_line(tmp_path, capsys):
+    small = tmp_path / "tiny.yaml"
+    small.write_text("name: tiny\nhosts: 1\ndevices_per_host: 2\nhbm_gb: 8\nddr_gb: 1\n")
+    rc = main(["plan", str(ROOT / "configs/dlrm.yaml"), "--cluster", str(small),
+               "--out", str(tmp_path / "p"), "--format", "json"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert "does not fit" in err and "t_C20" in err and "short by" in err
+    rc = main(["plan", str(ROOT / "configs/dlrm.yaml"), "--cluster", str(small), "--format", "pdf"])
+    assert rc == 2 and "--format: unknown pdf" in capsys.readouterr().err
+
+
+def test_pooling_factors_measured_from_data(tmp_path):
+    from embedtrain.config import Config, DataConfig
+    from embedtrain.train.recipe import plan_ctr
+
+    data = tiny_ctr_dataset(tmp_path / "data", rows=3000)
+    cfg = Config(data=DataConfig(path=str(data)))
+    report = plan_ctr(cfg, CPU2).report
+    by = {t["name"]: t["pooling_factor"] for t in report["tables"]}
+    assert by["t_C1"] == 1.0
+    assert 1.5 < by["t_C24"] < 3.5  # lists of 0..5 ids
+    assert report["model"]["pooling_factors"].startswith("measured")
