@@ -35,16 +35,6 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bytes(value) -> int:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    if isinstance(value, ShardedTensor):
-        return sum(s.tensor.numel() * s.tensor.element_size() for s in value.local_shards())
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    return 0
-
-
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -56,6 +46,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     from embedtrain.config import load_cluster, load_config
     from embedtrain.data.reader import ParquetBatchReader
     from embedtrain.features import load_dataset_meta
+    from embedtrain.sharding.measure import measure_embedding_bytes
     from embedtrain.sharding.sharders import embedding_sharders
     from embedtrain.train.optim import fuse_sparse_optimizer
     from embedtrain.train.recipe import ctr_model, plan_ctr
@@ -83,19 +74,10 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         opt.step()
         opt.zero_grad()
 
-    weights = optimizer = 0
-    for key, value in dmp.state_dict().items():
-        if "embedding_bags" in key:
-            weights += _bytes(value)
-    for state in dmp.fused_optimizer.state_dict()["state"].values():
-        optimizer += sum(_bytes(v) for v in state.values())
     data_parallel = {t["name"] for t in plan.report["tables"]
                      if t["sharding_type"] == "data_parallel"}
-    for name, param in dmp.named_parameters():  # their optimizers run in backward, unfused
-        if name.split(".")[-2] in data_parallel:
-            for o in getattr(param, "_in_backward_optimizers", []):
-                optimizer += sum(_bytes(v) for st in o.state.values() for v in st.values()
-                                 if isinstance(v, torch.Tensor) and v.dim() > 0)
+    held = measure_embedding_bytes(dmp, data_parallel)
+    weights, optimizer = held["weights"], held["optimizer"]
     estimate = plan.report["ranks"][rank]["memory"][plan.report["summary"]["memory_tier"]]
     result = {"rank": rank, "measured_weights": weights, "measured_optimizer": optimizer,
               "estimated_weights": estimate["embedding_params"],

@@ -6,6 +6,8 @@ Examples:
     embedtrain ingest configs/ingest/criteo_synthetic.yaml --input 'data/raw_ctr/*.tsv' \
         --out data/ctr_ingested
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
+    embedtrain train configs/dlrm_synthetic.yaml --out runs/two --nproc 2   # 2 ranks via torchrun
+    torchrun --nproc-per-node 2 -m embedtrain train configs/dlrm_synthetic.yaml --out runs/two
     embedtrain eval runs/demo --split test
     embedtrain plan configs/dlrm.yaml --cluster configs/clusters/h100-16x8.yaml --out plans/dlrm
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -33,13 +36,15 @@ class UsageError(Exception):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     _quiet_libraries()
     try:
         return args.func(args)
     except (ConfigError, UsageError, ValueError, FileNotFoundError) as e:
         # ValueError covers DatasetError/DataError and model size checks, all one-line messages.
-        print(f"embedtrain {args.command}: error: {e}", file=sys.stderr)
+        print(f"embedtrain {args.command}:{_rank_tag()} error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"embedtrain {args.command}: interrupted", file=sys.stderr)
@@ -59,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in a run directory that holds an earlier run (deletes it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--cluster", help="cluster description (configs/clusters/) whose plan to train "
+                   "with; its world size must match (default: this machine)")
+    p.add_argument("--nproc", type=int, help="launch this many processes on this machine through "
+                   "torchrun (gloo on CPU, nccl on GPUs)")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="with --nproc: restarts torchrun may make after a rank dies; a restarted "
+                        "job resumes from the last checkpoint")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("eval", help="evaluate a run's checkpoint on a split")
@@ -102,25 +114,65 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rank_tag() -> str:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return f" [rank {os.environ.get('RANK', '0')}/{world}]" if world > 1 else ""
+
+
+def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Re-runs this command under ``torchrun`` with ``--nproc`` processes on this machine."""
+    from embedtrain.train.dist import free_port
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc: must be at least 1, got {args.nproc}")
+    rest, skip = [], False
+    for a in argv:  # drop --nproc N / --max-restarts K (and their = forms)
+        if skip:
+            skip = False
+            continue
+        if a in ("--nproc", "--max-restarts"):
+            skip = True
+            continue
+        if a.startswith(("--nproc=", "--max-restarts=")):
+            continue
+        rest.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
+           f"--max-restarts={args.max_restarts}", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "embedtrain", *rest]
+    print(f"launching {args.nproc} processes: torchrun --nproc-per-node={args.nproc} "
+          f"--max-restarts={args.max_restarts} -m embedtrain {' '.join(rest)}", file=sys.stderr)
+    import subprocess
+
+    return subprocess.call(cmd)
+
+
 def _train(args: argparse.Namespace) -> int:
+    if args.nproc is not None and "LOCAL_RANK" not in os.environ:
+        return _launch(args, args.argv)
     cfg = load_config(args.config, args.overrides)
+    cluster = load_cluster(args.cluster) if args.cluster else None
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
-    if not args.resume and RunDir(out).has_run():
+    # torchrun restarts the workers after a rank dies: they continue from the last checkpoint.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    resume = args.resume or restarted
+    rank = int(os.environ.get("RANK", "0"))
+    if not resume and RunDir(out).has_run():
         if not args.overwrite:
             raise UsageError(f"{out}: holds an earlier run; pass --resume to continue it, "
                              "--overwrite to replace it, or choose another --out")
-        RunDir(out).clear()
+        if rank == 0:
+            RunDir(out).clear()
     from embedtrain.train.recipe import build_ctr_run  # heavy (torchrec): after input checks
 
-    run = build_ctr_run(cfg, out, progress=False if args.no_progress else None)
+    run = build_ctr_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
     if run.trainer.rank == 0:
         dump_config(cfg, out / "config.yaml")
         print(f"data: {run.meta.name} ({run.meta.root}), train rows: "
               f"{run.trainer.train_data.num_rows:,}, steps: {run.trainer.total_steps:,}",
               file=sys.stderr)
-    summary = run.trainer.fit(test_data=run.test_data, resume=args.resume)
+    summary = run.trainer.fit(test_data=run.test_data, resume=resume)
     if run.trainer.rank == 0:
         _print_summary(summary, out)
     return 0

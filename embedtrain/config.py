@@ -60,6 +60,25 @@ class DenseOptimizer(enum.Enum):
     ADAM = "adam"
     ADAGRAD = "adagrad"
     SGD = "sgd"
+    LAMB = "lamb"  # Adam with a layer-wise trust ratio, for large batches
+    LARS = "lars"  # SGD-momentum with a layer-wise trust ratio, for large batches
+
+
+class LRDecay(enum.Enum):
+    """Learning-rate decay after the linear warmup."""
+
+    NONE = "none"
+    COSINE = "cosine"
+    STEP = "step"
+
+
+class DenseAllReduce(enum.Enum):
+    """How the dense gradients are all-reduced (DDP communication hooks)."""
+
+    FP32 = "fp32"  # plain all-reduce
+    BF16 = "bf16"  # compress to bfloat16 for the wire (half the bytes)
+    FP16 = "fp16"  # compress to float16
+    POWERSGD = "powersgd"  # low-rank PowerSGD compression (with error feedback)
 
 
 @dataclass
@@ -99,6 +118,12 @@ class OptimConfig:
     dense: DenseOptimizer = DenseOptimizer.ADAM
     dense_lr: float = 1e-3
     weight_decay: float = 0.0
+    momentum: float = 0.9  # sgd and lars
+    warmup_steps: int = 0  # linear warmup of the dense learning rate
+    lr_decay: LRDecay = LRDecay.NONE
+    lr_step_size: int = 1000  # steps between decays (lr_decay: step)
+    lr_gamma: float = 0.1  # factor per decay (lr_decay: step)
+    min_lr_ratio: float = 0.0  # floor of the cosine decay, as a fraction of dense_lr
 
 
 @dataclass
@@ -111,6 +136,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     progress: bool = True
+    grad_accumulation: int = 1  # micro-batches per dense optimizer step
+    bf16_dense: bool = False  # run the dense part under bfloat16 autocast
+    pipeline: bool = True  # TorchRec's TrainPipelineSparseDist where the device supports it
 
 
 class ShardingType(enum.Enum):
@@ -165,6 +193,8 @@ class ShardingConfig:
     forward_comm_precision: CommPrecision = CommPrecision.FP32
     backward_comm_precision: CommPrecision = CommPrecision.FP32
     pooling_factors_from_data: bool = True  # measure mean ids per example from the train split
+    dense_allreduce: DenseAllReduce = DenseAllReduce.FP32
+    powersgd_rank: int = 2  # matrix rank of PowerSGD's approximation
     search_budget: int = 48  # extra partitions the planner's local search may try
 
 

@@ -132,6 +132,7 @@ def test_report_schema_is_stable():
                            "planner", "tables", "ranks"}
     assert set(report["summary"]) == {
         "tables", "embedding_weight_bytes", "embedding_optimizer_bytes", "dense_parameter_bytes",
+        "dense_allreduce_bytes",
         "embedding_max_rank_ms", "embedding_mean_rank_ms", "imbalance", "slowest_rank",
         "peak_memory_rank", "dense_allreduce_ms",
         "step_estimate_ms", "memory_tier", "peak_rank_memory_bytes", "rank_memory_capacity_bytes",

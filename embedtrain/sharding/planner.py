@@ -33,7 +33,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 import torchrec.optim as trec_optim
 
-from embedtrain.config import ClusterConfig, ShardingConfig, to_dict
+from embedtrain.config import ClusterConfig, DenseAllReduce, ShardingConfig, to_dict
 from embedtrain.sharding.cluster import GIB, device_memory_tier, topology
 from embedtrain.sharding.enumerator import OFFLOAD_KERNELS, CompactEnumerator, _shardable_modules
 from embedtrain.sharding.reservation import ExplicitStorageReservation
@@ -261,6 +261,26 @@ def _optimizer_slots(param: torch.Tensor) -> float:
     return 1.0
 
 
+def dense_allreduce_bytes(shapes: list[tuple[int, ...]], mode: DenseAllReduce,
+                          powersgd_rank: int = 2) -> int:
+    """Bytes each rank all-reduces per step for the dense gradients (fp32 values, compressed).
+
+    bf16/fp16 halve them; PowerSGD sends rank-``r`` factors ``P (n x r)`` and ``Q (m x r)`` of
+    every matrix instead of its ``n x m`` values (vectors go uncompressed).
+    """
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        if mode is DenseAllReduce.POWERSGD and len(shape) > 1:
+            n = shape[0]
+            total += 4 * min(numel, powersgd_rank * (n + numel // n))
+        elif mode in (DenseAllReduce.BF16, DenseAllReduce.FP16):
+            total += 2 * numel
+        else:
+            total += 4 * numel
+    return total
+
+
 def _report(result: SearchResult, cluster: ClusterConfig, sharding: ShardingConfig,
             reservation: ExplicitStorageReservation, tables: dict[str, _Table],
             constraints: dict[str, ParameterConstraints], tier: str, seconds: float,
@@ -314,8 +334,10 @@ def _report(result: SearchResult, cluster: ClusterConfig, sharding: ShardingConf
 
     dense = reservation.breakdown
     dense_bytes = dense["dense_model"]
+    wire = dense_allreduce_bytes(reservation.dense_shapes, sharding.dense_allreduce,
+                                 sharding.powersgd_rank)
     bw = cluster.inter_host_gb_per_s if cluster.hosts > 1 else cluster.intra_host_gb_per_s
-    allreduce_ms = (2 * (world - 1) / world * dense_bytes / (bw * GIB) * 1000) if world > 1 else 0.0
+    allreduce_ms = (2 * (world - 1) / world * wire / (bw * GIB) * 1000) if world > 1 else 0.0
     ranks = []
     for r in range(world):
         mem = memory[r]
@@ -369,6 +391,7 @@ def _report(result: SearchResult, cluster: ClusterConfig, sharding: ShardingConf
             "embedding_weight_bytes": sum(t["weight_bytes"] for t in table_rows),
             "embedding_optimizer_bytes": sum(t["optimizer_bytes"] for t in table_rows),
             "dense_parameter_bytes": dense_bytes,
+            "dense_allreduce_bytes": wire,
             "embedding_max_rank_ms": max(emb),
             "embedding_mean_rank_ms": mean,
             "imbalance": imbalance,

@@ -51,6 +51,7 @@ class ExplicitStorageReservation(StorageReservation):
         self.dense_optimizer_slots = dense_optimizer_slots
         self.pipeline_batches = pipeline_batches
         self.breakdown: dict[str, int] = {}
+        self.dense_shapes: list[tuple[int, ...]] = []  # of the data-parallel dense parameters
         self.tier = "hbm"
         self._last: Optional[Topology] = None
 
@@ -74,7 +75,9 @@ class ExplicitStorageReservation(StorageReservation):
             for name in sharder.shardable_parameters(m):
                 c = (constraints or {}).get(name)
                 pooling.append(sum(c.pooling_factors) if c and c.pooling_factors else POOLING_FACTOR)
-        dense = sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in sharded)
+        dense_params = [p for p in module.parameters() if id(p) not in sharded]
+        self.dense_shapes = [tuple(p.shape) for p in dense_params]
+        dense = sum(p.numel() * p.element_size() for p in dense_params)
         kjt = int(batch_size * (sum(pooling) * ID_BYTES + len(pooling) * LENGTH_BYTES)
                   * self.pipeline_batches)
         self.tier = "ddr" if topology.compute_device == "cpu" else "hbm"

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
@@ -39,8 +40,12 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep = max(1, keep)
 
-    def save(self, step: int, state: dict[str, Any], trainer_state: dict[str, Any]) -> Path:
-        """Writes ``state`` (DCP, all ranks) and ``trainer_state`` (JSON, rank 0) as ``step``."""
+    def save(self, step: int, state: dict[str, Any], trainer_state: dict[str, Any],
+             rank_state: Optional[dict[str, torch.Tensor]] = None) -> Path:
+        """Writes ``state`` (DCP, all ranks) and ``trainer_state`` (JSON, rank 0) as ``step``.
+
+        ``rank_state`` (tensors that differ per rank, e.g. RNG states) goes to one file per rank.
+        """
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".tmp-step_{step:08d}"
         leader = _rank() == 0
@@ -48,7 +53,9 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        dcp.save(state, checkpoint_id=tmp)
+        if rank_state is not None:
+            torch.save(rank_state, tmp / _rank_file(_rank()))
+        dcp.save(state, checkpoint_id=tmp)  # returns once every rank's shards are written
         if leader:
             _write_json(tmp / STATE_FILE, trainer_state)
             if final.exists():
@@ -78,9 +85,21 @@ class CheckpointManager:
         dcp.load(state, checkpoint_id=path)
         return json.loads(info_file.read_text())
 
+    def load_rank_state(self, path: str | os.PathLike) -> dict[str, torch.Tensor]:
+        """This rank's ``rank_state`` (rank 0's when saved by fewer ranks; {} when none)."""
+        path = Path(path)
+        for candidate in (path / _rank_file(_rank()), path / _rank_file(0)):
+            if candidate.is_file():
+                return torch.load(candidate, weights_only=True)
+        return {}
+
     def _prune(self) -> None:
         for old in self.all()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
 
 
 def _write_json(path: Path, obj: Any) -> None:

@@ -8,13 +8,18 @@ into one keyed optimizer whose ``state_dict`` checkpoints through DCP.
 Example:
     >>> fuse_sparse_optimizer(model, SparseOptimizer.ROWWISE_ADAGRAD, lr=0.05)
     >>> dmp = DistributedModelParallel(model, device=torch.device("cpu"))
-    >>> opt = combined_optimizer(dmp, DenseOptimizer.ADAM, lr=1e-3)
+    >>> opt, dense = combined_optimizer(dmp, OptimConfig(dense=DenseOptimizer.LAMB))
+    >>> schedule = dense_lr_schedule(dense, OptimConfig(warmup_steps=100), total_steps=10_000)
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Callable, Optional
+
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim import RowWiseAdagrad
@@ -22,7 +27,9 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from embedtrain.config import DenseOptimizer, SparseOptimizer
+from embedtrain.config import DenseAllReduce, DenseOptimizer, OptimConfig, SparseOptimizer
+
+logger = logging.getLogger(__name__)
 
 _SPARSE = {
     SparseOptimizer.ROWWISE_ADAGRAD: RowWiseAdagrad,
@@ -30,16 +37,12 @@ _SPARSE = {
     SparseOptimizer.SGD: torch.optim.SGD,
     SparseOptimizer.ADAM: torch.optim.Adam,
 }
-_DENSE = {
-    DenseOptimizer.ADAM: torch.optim.Adam,
-    DenseOptimizer.ADAGRAD: torch.optim.Adagrad,
-    DenseOptimizer.SGD: torch.optim.SGD,
-}
 
 
 def dense_optimizer_slots(kind: DenseOptimizer) -> int:
     """Values of optimizer state per dense parameter (for memory planning)."""
-    return {DenseOptimizer.ADAM: 2, DenseOptimizer.ADAGRAD: 1, DenseOptimizer.SGD: 0}[kind]
+    return {DenseOptimizer.ADAM: 2, DenseOptimizer.ADAGRAD: 1, DenseOptimizer.SGD: 1,
+            DenseOptimizer.LAMB: 2, DenseOptimizer.LARS: 1}[kind]
 
 
 def fuse_sparse_optimizer(model: nn.Module, kind: SparseOptimizer, lr: float) -> int:
@@ -59,15 +62,91 @@ def fuse_sparse_optimizer(model: nn.Module, kind: SparseOptimizer, lr: float) ->
     return len(tables)
 
 
+def dense_optimizer_factory(cfg: OptimConfig) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+    """Builds ``cfg.dense`` over a list of parameters (what ``KeyedOptimizerWrapper`` calls).
+
+    LAMB and LARS leave 1-D parameters (biases) out of weight decay and of the trust ratio, as
+    the large-batch papers do.
+    """
+    lr, wd = cfg.dense_lr, cfg.weight_decay
+    kind = cfg.dense
+    if kind is DenseOptimizer.ADAM:
+        return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    if kind is DenseOptimizer.ADAGRAD:
+        return lambda params: torch.optim.Adagrad(params, lr=lr, weight_decay=wd)
+    if kind is DenseOptimizer.SGD:
+        return lambda params: torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=wd)
+    from embedtrain.train import large_batch
+
+    def groups(params: list[torch.Tensor]) -> list[dict]:
+        matrices = [p for p in params if p.dim() > 1]
+        vectors = [p for p in params if p.dim() <= 1]
+        out = [{"params": matrices}] if matrices else []
+        if vectors:
+            out.append({"params": vectors, "weight_decay": 0.0, "exclude_from_adaptation": True})
+        return out
+
+    if kind is DenseOptimizer.LAMB:
+        return lambda params: large_batch.LAMB(groups(params), lr=lr, weight_decay=wd)
+    return lambda params: large_batch.LARS(groups(params), lr=lr, momentum=cfg.momentum,
+                                           weight_decay=wd)
+
+
 def combined_optimizer(
-    model: DistributedModelParallel, kind: DenseOptimizer, lr: float, weight_decay: float = 0.0
-) -> CombinedOptimizer:
-    """The sharded model's fused sparse optimizer plus ``kind`` over the dense parameters."""
+    model: DistributedModelParallel, cfg: OptimConfig
+) -> tuple[CombinedOptimizer, KeyedOptimizerWrapper]:
+    """The sharded model's fused sparse optimizer plus ``cfg.dense`` over the dense parameters.
+
+    Returns:
+        The combined optimizer (what the trainer steps and checkpoints) and its dense part (what
+        the learning-rate schedule drives).
+    """
     dense = dict(in_backward_optimizer_filter(model.named_parameters(), include=False))
-    dense_opt = KeyedOptimizerWrapper(
-        dense, lambda params: _DENSE[kind](params, lr=lr, weight_decay=weight_decay)
-    )
-    return CombinedOptimizer([("sparse", model.fused_optimizer), ("dense", dense_opt)])
+    dense_opt = KeyedOptimizerWrapper(dense, dense_optimizer_factory(cfg))
+    combined = CombinedOptimizer([("sparse", model.fused_optimizer), ("dense", dense_opt)])
+    return combined, dense_opt
+
+
+def dense_lr_schedule(dense: torch.optim.Optimizer, cfg: OptimConfig,
+                      total_steps: int) -> Optional[torch.optim.lr_scheduler.LambdaLR]:
+    """Linear warmup then cosine/step decay of the dense learning rate (None: constant)."""
+    from embedtrain.config import LRDecay
+
+    if cfg.warmup_steps == 0 and cfg.lr_decay is LRDecay.NONE:
+        return None
+    from embedtrain.train.large_batch import lr_schedule
+
+    return lr_schedule(dense, warmup_steps=cfg.warmup_steps, total_steps=max(total_steps, 1),
+                       decay=cfg.lr_decay.value, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma,
+                       min_lr_ratio=cfg.min_lr_ratio)
+
+
+def register_dense_allreduce(model: nn.Module, mode: DenseAllReduce, powersgd_rank: int = 2) -> int:
+    """Installs a DDP communication hook compressing the dense gradients' all-reduce.
+
+    ``DistributedModelParallel`` wraps the dense part in ``DistributedDataParallel``; its
+    all-reduce is what a slow inter-host link pays for every step. Returns the number of DDP
+    modules hooked (0 in a world of one, where there is nothing to reduce).
+    """
+    if mode is DenseAllReduce.FP32:
+        return 0
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    hooked = 0
+    for module in model.modules():
+        if not isinstance(module, DistributedDataParallel):
+            continue
+        if mode is DenseAllReduce.BF16:
+            module.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        elif mode is DenseAllReduce.FP16:
+            module.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        else:
+            state = powerSGD_hook.PowerSGDState(process_group=None,
+                                                matrix_approximation_rank=powersgd_rank,
+                                                start_powerSGD_iter=2)
+            module.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        hooked += 1
+    return hooked
 
 
 def init_optimizer_state(optimizer: KeyedOptimizer) -> None:

@@ -1,9 +1,14 @@
 """Wiring: a resolved :class:`~embedtrain.config.Config` into a ready :class:`Trainer`.
 
 This is the only place where config sections meet library objects: the data set's metadata sizes
-the tables, the model is built on ``meta`` and handed to ``DistributedModelParallel`` (a world of
-one on a laptop, many ranks under ``torchrun``), the sparse optimizer is fused into the tables'
-backward and the dense one wraps the rest.
+the tables, the model is built on ``meta``, planned by embedtrain's planner for the cluster (the
+same plan ``embedtrain plan`` prints for that cluster file) and handed to
+``DistributedModelParallel`` (a world of one on a laptop, many ranks under ``torchrun``); the sparse
+optimizer is fused into the tables' backward and the dense one wraps the rest, with its schedule
+and the dense all-reduce's compression.
+
+``data.batch_size`` is the global batch: each of the ``world_size`` ranks reads
+``batch_size / world_size`` examples per step from its own share of the data.
 
 Example:
     >>> cfg = load_config("configs/dlrm_synthetic.yaml")
@@ -13,26 +18,36 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ShardingEnv
 
-from embedtrain.config import ClusterConfig, Config, Interaction
-from embedtrain.data.reader import ParquetBatchReader
+from embedtrain.config import ClusterConfig, Config, DeviceKind, Interaction
+from embedtrain.data.reader import LastBatch, ParquetBatchReader
 from embedtrain.data.stats import measure_pooling_factors
 from embedtrain.features import DatasetMeta, load_dataset_meta
 from embedtrain.models.dlrm import dcn, dlrm, table_name
+from embedtrain.sharding.measure import measure_embedding_bytes, plan_vs_measured
 from embedtrain.sharding.planner import PlanResult, plan_sharding
+from embedtrain.sharding.report import write_report
+from embedtrain.sharding.sharders import embedding_sharders
 from embedtrain.train.ctr import CTRTask
 from embedtrain.train.dist import init_process_group
 from embedtrain.train.optim import (
     combined_optimizer,
+    dense_lr_schedule,
     dense_optimizer_slots,
     fuse_sparse_optimizer,
+    register_dense_allreduce,
 )
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.trainer import Trainer, TrainerOptions
@@ -57,15 +72,36 @@ def ctr_model(cfg: Config, meta: DatasetMeta, device: Optional[torch.device] = N
     return dlrm(meta.features, m.embedding_dim, m.bottom_mlp, m.top_mlp, device=device)
 
 
-def plan_ctr(cfg: Config, cluster: ClusterConfig) -> PlanResult:
+def local_cluster(world_size: int, device: torch.device, batch_size_per_rank: int) -> ClusterConfig:
+    """The machine(s) this run is on, as a cluster description (used when none is given)."""
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    ram_gb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    cuda = device.type == "cuda"
+    return ClusterConfig(
+        name="local",
+        hosts=max(1, world_size // per_host),
+        devices_per_host=per_host,
+        device=DeviceKind.CUDA if cuda else DeviceKind.CPU,
+        hbm_gb=torch.cuda.get_device_properties(device).total_memory / 2**30 if cuda else 0.0,
+        ddr_gb=ram_gb / per_host,
+        batch_size_per_rank=batch_size_per_rank,
+    )
+
+
+def _ctr_model_for_planning(cfg: Config, meta: DatasetMeta) -> nn.Module:
+    model = ctr_model(cfg, meta, device=torch.device("meta"))
+    fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
+    return model
+
+
+def plan_ctr(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module] = None) -> PlanResult:
     """Dry-run plan of ``cfg``'s model on ``cluster``: built on ``meta``, no memory, no GPU.
 
     Pooling factors are measured from the training split when the data set has one and
     ``cfg.sharding.pooling_factors_from_data`` is set; otherwise every table counts 1 id.
     """
     meta = load_dataset_meta(cfg.data.path)
-    model = ctr_model(cfg, meta, device=torch.device("meta"))
-    fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
+    model = model if model is not None else _ctr_model_for_planning(cfg, meta)
     measured = cfg.sharding.pooling_factors_from_data and bool(meta.split_files.get("train"))
     pooling = measure_pooling_factors(meta) if measured else {}
     result = plan_sharding(
@@ -84,38 +120,90 @@ def plan_ctr(cfg: Config, cluster: ClusterConfig) -> PlanResult:
     return result
 
 
-def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None) -> Run:
+def shard_model(cfg: Config, model: nn.Module, cluster: ClusterConfig, device: torch.device,
+                out_dir: Optional[str | os.PathLike] = None) -> DistributedModelParallel:
+    """Plans ``model`` on rank 0 (broadcast to all) and wraps it in ``DistributedModelParallel``.
+
+    With ``out_dir``, rank 0 writes the plan used (``plan.json``, ``plan.md``) and, after
+    sharding, ``plan_vs_measured.json``: the planner's per-rank embedding bytes against what each
+    rank holds.
+    """
+    world = dist.get_world_size()
+    if cluster.world_size != world:
+        raise ValueError(f"cluster {cluster.name} has {cluster.world_size} ranks "
+                         f"({cluster.hosts} x {cluster.devices_per_host}) but this run has {world}")
+    sharding_plan, report = invoke_on_rank_and_broadcast_result(
+        dist.GroupMember.WORLD, 0, _plan_for_broadcast, cfg, cluster, model)
+    dmp = DistributedModelParallel(model, device=device, plan=sharding_plan,
+                                   sharders=embedding_sharders(cfg.sharding),
+                                   env=ShardingEnv.from_process_group(dist.GroupMember.WORLD))
+    replicated = {t["name"] for t in report["tables"] if t["sharding_type"] == "data_parallel"}
+    held = measure_embedding_bytes(dmp, replicated)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, held)
+    if out_dir is not None and dist.get_rank() == 0:
+        write_report(report, out_dir, ("json", "md"))
+        comparison = plan_vs_measured(report, gathered)
+        with open(os.path.join(out_dir, "plan_vs_measured.json"), "w") as f:
+            json.dump(comparison, f, indent=2)
+    return dmp
+
+
+def _plan_for_broadcast(cfg: Config, cluster: ClusterConfig, model: nn.Module):
+    result = plan_ctr(cfg, cluster, model)
+    return result.sharding_plan, result.report
+
+
+def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None,
+                  cluster: Optional[ClusterConfig] = None) -> Run:
     """Builds the sharded model, optimizers, readers and trainer of a CTR run.
 
     Args:
         cfg: the resolved config.
         out_dir: the run directory.
         progress: overrides ``cfg.train.progress``.
+        cluster: the cluster this run is on (its world size must match); default: this machine.
 
     Returns:
         The run; call ``run.trainer.fit(test_data=run.test_data)``.
     """
     rank, world, device = init_process_group()
+    d = cfg.data
+    for key in ("batch_size", "eval_batch_size"):
+        if getattr(d, key) % world:
+            raise ValueError(f"data.{key}: {getattr(d, key)} (the global batch) does not split "
+                             f"evenly over {world} ranks")
+    local_batch, local_eval_batch = d.batch_size // world, d.eval_batch_size // world
+    if cluster is None:
+        cluster = local_cluster(world, device, local_batch)
+    else:
+        cluster = dataclasses.replace(cluster, batch_size_per_rank=local_batch)
     torch.manual_seed(cfg.train.seed)
-    meta = load_dataset_meta(cfg.data.path)
-    model = ctr_model(cfg, meta, device=torch.device("meta"))
-    fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
-    dmp = DistributedModelParallel(model, device=device)
-    optimizer = combined_optimizer(dmp, cfg.optim.dense, cfg.optim.dense_lr, cfg.optim.weight_decay)
+    meta = load_dataset_meta(d.path)
+    model = _ctr_model_for_planning(cfg, meta)
+    os.makedirs(out_dir, exist_ok=True)
+    dmp = shard_model(cfg, model, cluster, device, out_dir)
+    register_dense_allreduce(dmp, cfg.sharding.dense_allreduce, cfg.sharding.powersgd_rank)
+    optimizer, dense = combined_optimizer(dmp, cfg.optim)
+
+    # Under several ranks every rank must run the same number of steps: the last batch of each
+    # rank is padded from the start of its data (DistributedSampler-style) instead of dropped.
+    train_last = (LastBatch.PAD if world > 1
+                  else LastBatch.DROP if d.drop_last else LastBatch.KEEP)
 
     def reader(split: str, train: bool) -> ParquetBatchReader:
         return ParquetBatchReader(
             meta.files(split),
             meta.features,
-            batch_size=cfg.data.batch_size if train else cfg.data.eval_batch_size,
-            shuffle=cfg.data.shuffle and train,
+            batch_size=local_batch if train else local_eval_batch,
+            shuffle=d.shuffle and train,
             seed=cfg.train.seed,
-            drop_last=cfg.data.drop_last and train,
-            shuffle_buffer_rows=cfg.data.shuffle_buffer_rows,
+            last_batch=train_last if train else LastBatch.KEEP,
+            shuffle_buffer_rows=d.shuffle_buffer_rows,
             rank=rank,
             world_size=world,
-            num_workers=cfg.data.num_workers,
-            prefetch_batches=cfg.data.prefetch_batches,
+            num_workers=d.num_workers,
+            prefetch_batches=d.prefetch_batches,
         )
 
     t = cfg.train
@@ -127,22 +215,31 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
         checkpoint_every=t.checkpoint_every,
         keep_checkpoints=t.keep_checkpoints,
         progress=t.progress if progress is None else progress,
+        grad_accumulation=t.grad_accumulation,
+        bf16_dense=t.bf16_dense,
     )
     extra: dict[str, Any] = {}
     oracle = meta.extra.get("oracle_auc", {})
     if isinstance(oracle, dict) and "test" in oracle:
         extra["oracle_auc"] = oracle["test"]
+    train_data = reader("train", train=True)
     trainer = Trainer(
         CTRTask(),
         dmp,
         optimizer,
-        reader("train", train=True),
+        train_data,
         reader("valid", train=False),
         RunDir(out_dir),
         options,
         dataset_name=meta.name,
         extra_summary=extra,
+        lr_scheduler=dense_lr_schedule(dense, cfg.optim, _total_steps(t, len(train_data))),
     )
     test = reader("test", train=False) if "test" in meta.split_files else None
     return Run(trainer=trainer, meta=meta, test_data=test,
                eval_reader=lambda split: reader(split, train=False))
+
+
+def _total_steps(t, batches_per_epoch: int) -> int:
+    steps = t.epochs * batches_per_epoch
+    return min(t.max_steps or steps, steps)

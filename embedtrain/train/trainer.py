@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import Any, Iterator, Optional, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.optim.keyed import KeyedOptimizer
 from tqdm import tqdm
 
@@ -49,6 +51,8 @@ class TrainerOptions:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     progress: bool = True
+    grad_accumulation: int = 1  # micro-batches per dense optimizer step
+    bf16_dense: bool = False  # forward under bfloat16 autocast (TorchRec's kernels stay fp32)
 
 
 @dataclass
@@ -77,6 +81,12 @@ class Trainer:
         options: schedule of the run.
         dataset_name: recorded in ``summary.json``.
         extra_summary: more fields for ``summary.json`` (e.g. the data set's oracle AUC).
+        lr_scheduler: stepped after every dense optimizer step, checkpointed with the run.
+
+    Every rank runs the loop; only rank 0 shows progress and writes records. Ranks must get
+    the same number of training batches (``LastBatch.PAD``); evaluation copes with ranks holding
+    different numbers of batches (the ones that run out repeat a forward pass without counting
+    it, so the sharded model's collectives stay matched).
     """
 
     def __init__(
@@ -90,6 +100,7 @@ class Trainer:
         options: TrainerOptions,
         dataset_name: str = "",
         extra_summary: Optional[dict[str, Any]] = None,
+        lr_scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
@@ -99,8 +110,12 @@ class Trainer:
         self.checkpoints = CheckpointManager(run_dir.checkpoints, keep=options.keep_checkpoints)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.lr_scheduler = lr_scheduler
         self.state = TrainState()
         self._saved_step: Optional[int] = None
+        self._ddp = [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
+        param = next(model.parameters(), None)
+        self._device_type = param.device.type if param is not None else "cpu"
 
     @property
     def total_steps(self) -> int:
@@ -142,6 +157,8 @@ class Trainer:
             else:
                 st.epoch, st.batch_in_epoch = st.epoch + 1, 0
         bar.close()
+        if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
+            self._optimizer_step()
         final_valid = self._evaluate_and_log(max_batches=None)
         if self._saved_step != st.step:
             self.save()
@@ -151,10 +168,18 @@ class Trainer:
 
     def _train_step(self, batch: Any) -> None:
         start = time.perf_counter()
-        out = self.task.forward(self.model, batch)
-        self.optimizer.zero_grad()
-        out.loss.backward()
-        self.optimizer.step()
+        accumulate = self.options.grad_accumulation
+        completes = (self.state.step + 1) % accumulate == 0  # this micro-batch ends a dense step
+        with contextlib.ExitStack() as stack:
+            if not completes:  # no dense all-reduce until the last micro-batch
+                for ddp in self._ddp:
+                    stack.enter_context(ddp.no_sync())
+            with torch.autocast(self._device_type, dtype=torch.bfloat16,
+                                enabled=self.options.bf16_dense):
+                out = self.task.forward(self.model, batch)
+            (out.loss / accumulate if accumulate > 1 else out.loss).backward()
+        if completes:
+            self._optimizer_step()
         st = self.state
         st.loss_sum += out.loss.item()
         st.loss_steps += 1
@@ -163,20 +188,45 @@ class Trainer:
         st.examples += out.num_examples * self.world_size
         st.train_time_s += time.perf_counter() - start
 
+    def _optimizer_step(self) -> None:
+        """The dense step (the fused sparse one happened in backward), then the schedule."""
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
     @torch.no_grad()
     def evaluate(self, data: EpochData, max_batches: Optional[int] = None) -> dict[str, float]:
-        """Task metrics plus mean ``loss`` over ``data`` (all of it, or ``max_batches``)."""
+        """Task metrics plus mean ``loss`` over ``data`` (all of it, or ``max_batches``), all ranks."""
         was_training = self.model.training
         self.model.eval()
         metrics = self.task.new_metrics()
         loss_sum, count = 0.0, 0
-        for i, batch in enumerate(data.iter_epoch(0)):
-            if max_batches is not None and i >= max_batches:
-                break
-            out = self.task.forward(self.model, batch)
-            metrics.update(out, batch)
-            loss_sum += out.loss.item() * out.num_examples
-            count += out.num_examples
+        local = len(data) if max_batches is None else min(len(data), max_batches)
+        steps = _max_over_ranks(local) if self.world_size > 1 else local
+        batches = data.iter_epoch(0)
+        last = None
+        try:
+            for _ in range(steps):
+                batch = next(batches, None)
+                if batch is None:  # this rank ran out: keep the collectives matched, count nothing
+                    if last is None:
+                        raise ValueError(f"rank {self.rank} has no evaluation batch")
+                    self.task.forward(self.model, last)
+                    continue
+                last = batch
+                out = self.task.forward(self.model, batch)
+                metrics.update(out, batch)
+                loss_sum += out.loss.item() * out.num_examples
+                count += out.num_examples
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        if self.world_size > 1:
+            totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
+            dist.all_reduce(totals)
+            loss_sum, count = float(totals[0]), int(totals[1])
         self.model.train(was_training)
         return {"loss": loss_sum / max(count, 1), **metrics.compute()}
 
@@ -204,7 +254,11 @@ class Trainer:
         }
 
     def save(self) -> None:
-        self.checkpoints.save(self.state.step, self._checkpoint_state(), asdict(self.state))
+        info = {**asdict(self.state), "world_size": self.world_size}
+        if self.lr_scheduler is not None:
+            info["lr_scheduler"] = self.lr_scheduler.state_dict()
+        self.checkpoints.save(self.state.step, self._checkpoint_state(), info,
+                              rank_state={"torch_rng": torch.get_rng_state()})
         self._saved_step = self.state.step
 
     def restore(self, path: Optional[str] = None) -> bool:
@@ -217,8 +271,20 @@ class Trainer:
         info = self.checkpoints.load(ckpt, state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
+        rank_state = self.checkpoints.load_rank_state(ckpt)
+        torch.set_rng_state(rank_state.get("torch_rng", state["rng"]["torch"]))
+        saved_world = info.pop("world_size", self.world_size)
+        schedule = info.pop("lr_scheduler", None)
+        if self.lr_scheduler is not None and schedule is not None:
+            self.lr_scheduler.load_state_dict(schedule)
         self.state = TrainState(**info)
+        if saved_world != self.world_size:
+            # Resharded: the model and optimizer state were redistributed by DCP; the loader
+            # position is kept in global batches, over this world's split of the data.
+            self.state.batch_in_epoch = min(self.state.batch_in_epoch, len(self.train_data))
+            if self.rank == 0:
+                tqdm.write(f"checkpoint written by {saved_world} rank(s), loaded on "
+                           f"{self.world_size}: tables resharded")
         self._saved_step = self.state.step
         if self.rank == 0:
             self.run_dir.truncate_metrics_after(self.state.step)
@@ -247,3 +313,9 @@ class Trainer:
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
                                      reference=reference)
         return summary
+
+
+def _max_over_ranks(value: int) -> int:
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
