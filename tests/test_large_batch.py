@@ -20,6 +20,16 @@ from embedtrain.train.large_batch import (
 # --------------------------------------------------------------------------- helpers
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only add overhead (several x on a busy 2-core box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
 def _mlp(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.LayerNorm(8), nn.Linear(8, 3))
@@ -131,6 +141,25 @@ def test_lars_matches_reference(split, nesterov):
               kw["eps"], split, nesterov)
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_mixed_dtypes_in_one_group(cls):
+    torch.manual_seed(0)
+    mixed = [nn.Parameter(torch.randn(4, 3)), nn.Parameter(torch.randn(5, dtype=torch.float64)),
+             nn.Parameter(torch.randn(2, 2))]
+    alone = [nn.Parameter(p.detach().clone()) for p in mixed]
+    opts = [cls(mixed, lr=0.1, weight_decay=0.01)] + [cls([p], lr=0.1, weight_decay=0.01)
+                                                       for p in alone]
+    for t in range(3):
+        for p, q in zip(mixed, alone):
+            p.grad = torch.sin(p.detach() * (t + 1))
+            q.grad = p.grad.clone()
+        for o in opts:
+            o.step()
+    for p, q in zip(mixed, alone):
+        assert p.dtype == q.dtype
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
 def test_split_decay_groups():

@@ -7,12 +7,17 @@ SGD, load the weights of an unsharded reference, and take one step on their half
 batch. The parent reassembles the updated tables from the ranks' shards and compares them with
 the reference after one SGD step on the whole batch.
 
-Gradient reduction (checked here, not assumed): a sharded table (table/row/column-wise) receives
-the *sum* of both ranks' gradients through the backward all-to-all / reduce-scatter, so it moves
-like the reference with loss = sum over the global batch. A ``data_parallel`` table is
-replicated, and TorchRec wraps its lookup in DDP; DDP's in-backward-optimizer comm hook
-all-reduces and then *divides by the world size* (``optimizer_overlap_hooks.py``), so each
-replica steps with the *mean* gradient: the reference's step is divided by the world size.
+Gradient reduction (measured, then pinned here): every table steps with the *mean* of the
+ranks' gradients, i.e. like the reference after one step of SGD(lr / world_size) on
+loss = sum over the global batch. For sharded tables (table/row/column-wise) this is TorchRec's
+``comm_ops.GRADIENT_DIVISION`` (default True): the backward all-to-all / reduce-scatter divides
+the summed gradient by the world size. A ``data_parallel`` table is replicated and its dense
+lookup wrapped in DDP, which all-reduces and averages. But the fused optimizer does *not* reach
+``data_parallel`` tables: their DDP-wrapped lookup owns fresh parameters without
+``_in_backward_optimizers``, so backward leaves them unchanged with a ``.grad``, and it is the
+dense optimizer (``in_backward_optimizer_filter(..., include=False)``, as
+``embedtrain.train.optim.combined_optimizer`` does) that steps them; this test does the same,
+with SGD(lr), and asserts that the fused step left them alone.
 
 Column-wise on CPU: with no ``min_partition`` constraint (embedtrain sets none) TorchRec cuts
 columns into blocks of 128 (``MIN_CW_DIM``) when the dim allows, else keeps the table whole. So
@@ -38,7 +43,7 @@ ATOL = 1e-5
 
 
 def _inputs(seed: int = SEED):
-    """The global batch (ids per feature per example, lengths 0..4), loss weights, initial tables."""
+    """The global batch (ids per feature per example, lengths 0..4), loss weights, tables."""
     g = torch.Generator().manual_seed(seed)
     batch = WORLD * LOCAL_BATCH
     ids = [[torch.randint(0, rows, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g)
@@ -214,18 +219,35 @@ def test_sharded_step_matches_unsharded(ranks: list[dict], sharding_type: str) -
     assert res[0]["sharding_types"] == [sharding_type]
     _check_layout(sharding_type, [res[r]["loaded"] for r in range(WORLD)])
 
+    _, _, initial = _inputs()
+    for r in range(WORLD):  # the reference's weights were loaded into every shard
+        for i in range(len(TABLES)):
+            for offsets, t in res[r]["loaded"][f"t{i}"]:
+                (r0, c0) = (0, 0) if offsets == "replica" else offsets
+                assert torch.equal(t, initial[i][r0:r0 + t.shape[0], c0:c0 + t.shape[1]]), \
+                    f"t{i}: shard at {offsets} on rank {r} not loaded"
+    dp = sharding_type == "data_parallel"
+    for r in range(WORLD):  # only data_parallel tables are left to the dense optimizer
+        assert res[r]["dense_params"] == (sorted(f"t{i}" for i in range(len(TABLES))) if dp
+                                          else []), f"rank {r}: {res[r]['dense_params']}"
+        if dp:
+            for i in range(len(TABLES)):
+                assert torch.equal(res[r]["after_backward"][f"t{i}"][0][1], initial[i]), \
+                    f"t{i}: the fused optimizer moved a data_parallel table on rank {r}"
+
     for r in range(WORLD):  # forward on each rank's half of the batch
+        assert set(res[r]["forward"]) == set(res[r]["ref_forward"]) == {
+            f"f{i}" for i in range(len(TABLES))}
         for f, expected in res[r]["ref_forward"].items():
             torch.testing.assert_close(res[r]["forward"][f], expected, rtol=0, atol=ATOL,
                                        msg=lambda m: f"rank {r} forward {f}: {m}")
 
-    _, _, initial = _inputs()
     for i, (rows, dim) in enumerate(TABLES):
         name = f"t{i}"
         expected = res[0]["ref_updated"][i]
         assert (expected - initial[i]).abs().max() > 100 * ATOL, f"{name}: reference did not move"
         per_rank = [res[r]["updated"][name] for r in range(WORLD)]
-        if sharding_type == "data_parallel":  # every replica took the same step
+        if dp:  # every replica took the same step
             for r in range(WORLD):
                 torch.testing.assert_close(per_rank[r][0][1], expected, rtol=0, atol=ATOL,
                                            msg=lambda m: f"{name} replica on rank {r}: {m}")

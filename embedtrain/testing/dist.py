@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -45,20 +46,39 @@ class RankError(RuntimeError):
 def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, out_dir: str,
               timeout: float, args: tuple) -> None:
     out = Path(out_dir)
+    failed = False
     try:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        try:
-            result = fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
-        torch.save(result, out / f"rank{rank}.tmp")
+        torch.save(fn(rank, world_size, *args), out / f"rank{rank}.tmp")
         os.replace(out / f"rank{rank}.tmp", out / f"rank{rank}.pt")
     except BaseException:
-        (out / f"rank{rank}.err").write_text(traceback.format_exc())
+        failed = True  # recorded before the group goes down and the peers fail in turn
+        when = time.monotonic()  # one clock for all processes: orders the failures
+        summary = traceback.format_exception_only(*sys.exc_info()[:2])[0].strip().splitlines()[0]
+        (out / f"rank{rank}.err.tmp").write_text(f"{when}\n{summary}\n{traceback.format_exc()}")
+        os.replace(out / f"rank{rank}.err.tmp", out / f"rank{rank}.err")  # whole or absent
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if failed:
         raise SystemExit(1)
+
+
+def _failure_report(procs: list, out: Path) -> str:
+    """The first failure in full (a crash without traceback, else the oldest traceback): the
+    others are usually peers noticing it ("Connection closed by peer")."""
+    errors = {r: (out / f"rank{r}.err").read_text().split("\n", 2)
+              for r in range(len(procs)) if (out / f"rank{r}.err").exists()}
+    crashed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+    first, *others = crashed + sorted(errors, key=lambda r: float(errors[r][0]))
+    text = errors[first][2] if first in errors else (
+        f"(died with exit code {procs[first].exitcode}, no traceback: killed or crashed)\n")
+    also = "".join(f"rank {r} also failed: {errors[r][1] if r in errors else 'died'}\n"
+                   for r in others)
+    return f"rank {first} of {len(procs)} failed:\n{text}{also}"
 
 
 def spawn(fn: Callable[..., Any], world_size: int = 2, *args: Any,
@@ -90,16 +110,11 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *args: Any,
             for p in procs:
                 p.start()
             while True:
-                failed = [r for r, p in enumerate(procs)
-                          if (out / f"rank{r}.err").exists() or (p.exitcode not in (None, 0))]
-                if failed:
+                if any((out / f"rank{r}.err").exists() or p.exitcode not in (None, 0)
+                       for r, p in enumerate(procs)):
                     for p in procs:  # fail fast: the others may wait in a collective forever
-                        p.join(timeout=1.0 if p.exitcode is None else None)
-                    r = failed[0]
-                    err = out / f"rank{r}.err"
-                    text = err.read_text() if err.exists() else (
-                        f"(exit code {procs[r].exitcode}, no traceback: killed or crashed)")
-                    raise RankError(f"rank {r} of {world_size} failed:\n{text}")
+                        p.join(timeout=1.0)
+                    raise RankError(_failure_report(procs, out))
                 if all(p.exitcode == 0 for p in procs):
                     break
                 if time.monotonic() > deadline:

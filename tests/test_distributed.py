@@ -1,0 +1,143 @@
+"""Two gloo ranks through torchrun: restart after SIGKILL, and checkpoints across world sizes.
+
+Each test launches real processes (``embedtrain train --nproc 2`` runs torchrun), so they are
+slow-ish (~20-30 s per launch on 2 cores) and marked ``slow``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from embedtrain.testing import tiny_ctr_dataset
+from embedtrain.train.dist import free_port
+from test_train_cli import _assert_equal, _params
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "embedtrain", *args]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def embedtrain(*args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(*args), capture_output=True, text=True, env=_env(), cwd=ROOT,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    data = tiny_ctr_dataset(root / "data", rows=12000)
+    config = root / "tiny.yaml"
+    config.write_text(f"""
+data: {{path: {data}, batch_size: 128, eval_batch_size: 1024, num_workers: 1}}
+model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [32, 1]}}
+train: {{epochs: 3, eval_every: 100, checkpoint_every: 10, keep_checkpoints: 50, progress: false}}
+""")
+    two = root / "two"
+    r = embedtrain("train", str(config), "--out", str(two), "--nproc", "2")
+    assert r.returncode == 0, r.stderr[-4000:]
+    return root, config, two
+
+
+def _summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def _rank_pids(run_dir: Path, rank: int) -> list[int]:
+    """Worker processes of a torchrun job writing to ``run_dir``, by their RANK variable."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmd and f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_two_ranks_train_with_the_plan(setup):
+    _, _, two = setup
+    s = _summary(two)
+    assert s["world_size"] == 2 and s["steps"] > 100
+    plan = json.loads((two / "plan.json").read_text())
+    assert plan["cluster"]["world_size"] == 2 and plan["cluster"]["device"] == "cpu"
+    measured = json.loads((two / "plan_vs_measured.json").read_text())
+    assert len(measured["ranks"]) == 2
+    assert measured["max_abs_deviation"] < 0.10  # the planner's per-rank embedding bytes
+    assert len(list((two / "checkpoints").glob("step_*/rank_0000[01].pt"))) >= 2
+
+
+def test_sigkill_restart_equals_uninterrupted(setup, tmp_path):
+    _, config, two = setup
+    run = tmp_path / "killed"
+    job = subprocess.Popen(_cmd("train", str(config), "--out", str(run), "--nproc", "2",
+                                "--max-restarts", "1"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=_env(), cwd=ROOT)
+    killed = None
+    deadline = time.time() + 300
+    while time.time() < deadline and job.poll() is None:
+        if (run / "checkpoints" / "step_00000010" / "trainer_state.json").exists():
+            pids = _rank_pids(run, 1)
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed = pids[0]
+                break
+        time.sleep(0.02)
+    out, _ = job.communicate(timeout=400)
+    assert killed is not None, out[-3000:]
+    assert job.returncode == 0, out[-4000:]
+    assert "resumed from" in out  # the restarted workers continued from the last checkpoint
+    a = _params(sorted((two / "checkpoints").glob("step_*"))[-1], tmp_path)
+    b = _params(sorted((run / "checkpoints").glob("step_*"))[-1], tmp_path)
+    _assert_equal(a["model"], b["model"])
+    _assert_equal(a["optimizer"], b["optimizer"])
+    assert _summary(run)["auc"] == _summary(two)["auc"]
+
+
+def test_checkpoint_of_two_ranks_loads_on_one(setup, tmp_path):
+    _, _, two = setup
+    r = embedtrain("eval", str(two), "--split", "test")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((two / "eval_test.json").read_text())
+    final = _summary(two)
+    assert result["step"] == final["steps"]
+    assert result["auc"] == pytest.approx(final["auc"], abs=1e-9)
+    assert result["logloss"] == pytest.approx(final["logloss"], rel=1e-6)
+
+
+def test_checkpoint_of_one_rank_loads_on_two_and_resumes(setup, tmp_path):
+    _, config, _ = setup
+    one = tmp_path / "one"
+    r = embedtrain("train", str(config), "--out", str(one), "--set", "train.max_steps=40")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--rdzv-backend=c10d",
+         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "embedtrain", "eval", str(one), "--split", "test"],
+        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((one / "eval_test.json").read_text())
+    assert result["step"] == 40
+    assert result["auc"] == pytest.approx(_summary(one)["auc"], abs=1e-9)
+    # Training continues on two ranks from the one-rank checkpoint (optimizer state resharded).
+    r = embedtrain("train", str(config), "--out", str(one), "--resume", "--nproc", "2",
+                   "--set", "train.max_steps=60")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "loaded on 2" in r.stdout + r.stderr
+    assert _summary(one)["steps"] == 60 and _summary(one)["world_size"] == 2
