@@ -42,6 +42,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from embedtrain.config import load_cluster, load_config
     from embedtrain.data.reader import ParquetBatchReader
@@ -63,8 +64,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     reader = ParquetBatchReader(meta.files("train"), meta.features,
                                 batch_size=cluster.batch_size_per_rank, rank=rank,
                                 world_size=world, num_workers=0)
-    dense = [p for n, p in dmp.named_parameters() if "embedding_bags" not in n]
-    opt = torch.optim.Adam(dense, lr=1e-3)
+    # Dense parameters, data-parallel tables included (no fused optimizer on them), as in training.
+    dense = dict(in_backward_optimizer_filter(dmp.named_parameters(), include=False))
+    opt = torch.optim.Adam(list(dense.values()), lr=1e-3)
     for step, batch in enumerate(reader.iter_epoch(0)):
         if step >= args.steps:
             break
@@ -74,12 +76,17 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         opt.step()
         opt.zero_grad()
 
-    data_parallel = {t["name"] for t in plan.report["tables"]
-                     if t["sharding_type"] == "data_parallel"}
-    held = measure_embedding_bytes(dmp, data_parallel)
-    weights, optimizer = held["weights"], held["optimizer"]
+    held = measure_embedding_bytes(dmp)
+    replicated = [n for n, p in dmp.named_parameters()
+                  if any(f".{t['name']}." in n for t in plan.report["tables"]
+                         if t["sharding_type"] == "data_parallel")]
+    state = opt.state_dict()["state"]
+    # Data-parallel tables are stepped by the dense optimizer: count its state for them.
+    dp_state = sum(v.numel() * v.element_size() for i, n in enumerate(dense) if n in replicated
+                   for v in state.get(i, {}).values() if isinstance(v, torch.Tensor) and v.dim())
     estimate = plan.report["ranks"][rank]["memory"][plan.report["summary"]["memory_tier"]]
-    result = {"rank": rank, "measured_weights": weights, "measured_optimizer": optimizer,
+    result = {"rank": rank, "measured_weights": held["weights"],
+              "measured_optimizer": held["optimizer"] + dp_state,
               "estimated_weights": estimate["embedding_params"],
               "estimated_optimizer": estimate["embedding_optimizer"],
               "sharding_types": plan.report["summary"]["sharding_types"]}

@@ -137,8 +137,8 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
             continue
         rest.append(a)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
-           f"--max-restarts={args.max_restarts}", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "embedtrain", *rest]
+           f"--max-restarts={args.max_restarts}", "--master-addr=127.0.0.1",
+           f"--master-port={free_port()}", "-m", "embedtrain", *rest]
     print(f"launching {args.nproc} processes: torchrun --nproc-per-node={args.nproc} "
           f"--max-restarts={args.max_restarts} -m embedtrain {' '.join(rest)}", file=sys.stderr)
     import subprocess

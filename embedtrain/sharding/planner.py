@@ -197,6 +197,7 @@ def plan_sharding(
 
     sharding_plan = to_sharding_plan(result.plan, topo)
     report = _report(result, cluster, sharding, reservation, tables, constraints, tier,
+                     dense_optimizer_slots,
                      seconds=time.perf_counter() - start, estimated_shards=enum.num_estimated_shards,
                      num_options=len(options), offloaded=offloaded)
     return PlanResult(sharding_plan=sharding_plan, options=result.plan, report=report)
@@ -283,7 +284,8 @@ def dense_allreduce_bytes(shapes: list[tuple[int, ...]], mode: DenseAllReduce,
 
 def _report(result: SearchResult, cluster: ClusterConfig, sharding: ShardingConfig,
             reservation: ExplicitStorageReservation, tables: dict[str, _Table],
-            constraints: dict[str, ParameterConstraints], tier: str, seconds: float,
+            constraints: dict[str, ParameterConstraints], tier: str, dense_slots: int,
+            seconds: float,
             estimated_shards: int, num_options: int, offloaded: bool) -> dict[str, Any]:
     world = cluster.world_size
     per_host = cluster.devices_per_host
@@ -295,7 +297,10 @@ def _report(result: SearchResult, cluster: ClusterConfig, sharding: ShardingConf
     for option in sorted(result.plan or [], key=lambda o: _natural(o.name)):
         param = tables[option.name].param
         elem = param.element_size()
-        slots = _optimizer_slots(param)
+        # A data-parallel table is replicated and stepped by the dense optimizer (TorchRec's DP
+        # lookup is a DDP module whose parameters carry no fused optimizer).
+        dp = option.sharding_type == "data_parallel"
+        slots = float(dense_slots) if dp else _optimizer_slots(param)
         home = "ddr" if option.compute_kernel in OFFLOAD_KERNELS or tier == "ddr" else "hbm"
         shards = []
         for s in option.shards:

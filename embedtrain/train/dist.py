@@ -29,7 +29,14 @@ def init_process_group() -> tuple[int, int, torch.device]:
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if "RANK" in os.environ:  # launched by torchrun: rendezvous through its env variables
-            dist.init_process_group(backend=backend)
+            from torch.distributed.rendezvous import rendezvous
+
+            store, rank, world = next(rendezvous("env://"))
+            # torchrun keeps its store across restarts: without a key prefix per attempt, gloo
+            # of a restarted job can read the dead workers' addresses and fail to connect.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"embedtrain/attempt_{attempt}", store)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
         else:  # launched plainly: a world of one, with an in-memory store (no port, no env)
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -137,8 +137,7 @@ def shard_model(cfg: Config, model: nn.Module, cluster: ClusterConfig, device: t
     dmp = DistributedModelParallel(model, device=device, plan=sharding_plan,
                                    sharders=embedding_sharders(cfg.sharding),
                                    env=ShardingEnv.from_process_group(dist.GroupMember.WORLD))
-    replicated = {t["name"] for t in report["tables"] if t["sharding_type"] == "data_parallel"}
-    held = measure_embedding_bytes(dmp, replicated)
+    held = measure_embedding_bytes(dmp)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, held)
     if out_dir is not None and dist.get_rank() == 0:
