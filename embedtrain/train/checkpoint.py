@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
 
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d{8,})$")
@@ -76,14 +77,39 @@ class CheckpointManager:
         found = self.all()
         return found[-1] if found else None
 
-    def load(self, path: str | os.PathLike, state: dict[str, Any]) -> dict[str, Any]:
-        """Loads into ``state`` in place (DCP) and returns the checkpoint's trainer state."""
-        path = Path(path)
-        info_file = path / STATE_FILE
+    def info(self, path: str | os.PathLike) -> dict[str, Any]:
+        """The checkpoint's trainer state (``trainer_state.json``)."""
+        info_file = Path(path) / STATE_FILE
         if not info_file.is_file():
             raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
-        dcp.load(state, checkpoint_id=path)
         return json.loads(info_file.read_text())
+
+    def load(self, path: str | os.PathLike, state: dict[str, Any],
+             missing_ok: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Loads into ``state`` in place (DCP) and returns the checkpoint's trainer state.
+
+        Args:
+            path: a complete checkpoint directory.
+            state: the state dict to fill; sharded entries are resharded to this run's layout.
+            missing_ok: key prefixes that may be absent from the checkpoint (they keep their
+                current values): e.g. optimizer state of a table whose sharding moved to or from
+                ``data_parallel``, whose state belongs to another optimizer.
+
+        Returns:
+            The trainer state, plus ``"missing_keys"``: the entries left as they were.
+        """
+        path = Path(path)
+        info = self.info(path)
+        missing: list[str] = []
+        if missing_ok:
+            saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+            missing = [k for k in _flat_keys(state) if k not in saved]
+            bad = [k for k in missing if not k.startswith(missing_ok)]
+            if bad:
+                raise ValueError(f"{path}: checkpoint lacks {bad[0]} (and {len(bad) - 1} more)")
+        planner = DefaultLoadPlanner(allow_partial_load=bool(missing))
+        dcp.load(state, checkpoint_id=path, planner=planner)
+        return {**info, "missing_keys": missing}
 
     def load_rank_state(self, path: str | os.PathLike) -> dict[str, torch.Tensor]:
         """This rank's ``rank_state`` (rank 0's when saved by fewer ranks; {} when none)."""
@@ -96,6 +122,13 @@ class CheckpointManager:
     def _prune(self) -> None:
         for old in self.all()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _flat_keys(state: dict[str, Any]) -> list[str]:
+    """The fully qualified names DCP stores a nested state dict under."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    return list(flatten_state_dict(state)[0])
 
 
 def _rank_file(rank: int) -> str:

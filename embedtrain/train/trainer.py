@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -170,14 +169,12 @@ class Trainer:
         start = time.perf_counter()
         accumulate = self.options.grad_accumulation
         completes = (self.state.step + 1) % accumulate == 0  # this micro-batch ends a dense step
-        with contextlib.ExitStack() as stack:
-            if not completes:  # no dense all-reduce until the last micro-batch
-                for ddp in self._ddp:
-                    stack.enter_context(ddp.no_sync())
-            with torch.autocast(self._device_type, dtype=torch.bfloat16,
-                                enabled=self.options.bf16_dense):
-                out = self.task.forward(self.model, batch)
-            (out.loss / accumulate if accumulate > 1 else out.loss).backward()
+        # Every micro-batch's dense gradients are all-reduced (DDP's no_sync trips an internal
+        # assert with TorchRec's data-parallel table lookups); the sum is the same.
+        with torch.autocast(self._device_type, dtype=torch.bfloat16,
+                            enabled=self.options.bf16_dense):
+            out = self.task.forward(self.model, batch)
+        (out.loss / accumulate if accumulate > 1 else out.loss).backward()
         if completes:
             self._optimizer_step()
         st = self.state
@@ -268,7 +265,11 @@ class Trainer:
             return False
         init_optimizer_state(self.optimizer)
         state = self._checkpoint_state()
-        info = self.checkpoints.load(ckpt, state)
+        resharding = self.checkpoints.info(ckpt).get("world_size", self.world_size) != self.world_size
+        # On another world size the planner may choose other sharding types; a table moving to or
+        # from data_parallel changes which optimizer (fused or dense) holds its state.
+        info = self.checkpoints.load(ckpt, state, missing_ok=("optimizer.",) if resharding else ())
+        missing = info.pop("missing_keys")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         rank_state = self.checkpoints.load_rank_state(ckpt)
@@ -277,14 +278,19 @@ class Trainer:
         schedule = info.pop("lr_scheduler", None)
         if self.lr_scheduler is not None and schedule is not None:
             self.lr_scheduler.load_state_dict(schedule)
+            for group, lr in zip(self.lr_scheduler.optimizer.param_groups,
+                                 self.lr_scheduler.get_last_lr()):
+                group["lr"] = lr  # the schedule's, not the construction-time warmup value
         self.state = TrainState(**info)
         if saved_world != self.world_size:
             # Resharded: the model and optimizer state were redistributed by DCP; the loader
             # position is kept in global batches, over this world's split of the data.
             self.state.batch_in_epoch = min(self.state.batch_in_epoch, len(self.train_data))
             if self.rank == 0:
+                fresh = f"; {len(missing)} optimizer state entries start fresh (tables that " \
+                        f"moved to or from data_parallel)" if missing else ""
                 tqdm.write(f"checkpoint written by {saved_world} rank(s), loaded on "
-                           f"{self.world_size}: tables resharded")
+                           f"{self.world_size}: tables resharded{fresh}")
         self._saved_step = self.state.step
         if self.rank == 0:
             self.run_dir.truncate_metrics_after(self.state.step)
