@@ -21,7 +21,9 @@ torch's default (one per core) and each of the 2 ranks uses 1: both runs use all
 the fair comparison of what a user gets; ``1 rank, 1 thread`` isolates the per-rank cost at equal
 threads. The thread counts each launch gets are measured by probes launched the same way
 (``torch.get_num_threads()``) and recorded. Loader threads (``data.num_workers``, per rank) come
-on top and are recorded too.
+on top and are recorded too. On a machine shared with other jobs the default 2 threads of the
+1-rank run can collapse (seen here: 3-12k ex/s at load average 3-6, against 32-42k at ~2), while 1
+thread per process degrades gently; every run records the 1-minute load average before and after.
 
 Rounds alternate the configurations (round-robin, the order rotated every round) so machine noise
 hits them alike; each figure is the median over ``--rounds``. Unless ``--eval-rows 0``, the runs

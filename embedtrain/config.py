@@ -187,7 +187,9 @@ class TableConstraint:
 class ShardingConfig:
     """What the planner may choose from, and how the embedding all-to-all is encoded."""
 
-    sharding_types: list[ShardingType] = field(default_factory=list)  # empty: all
+    # Empty: all but data_parallel, which is used only where listed (globally or per table): it
+    # replicates the table, all-reduces its gradient every step and hands it to the dense optimizer.
+    sharding_types: list[ShardingType] = field(default_factory=list)
     compute_kernels: list[ComputeKernel] = field(default_factory=list)  # empty: all
     tables: list[TableConstraint] = field(default_factory=list)
     forward_comm_precision: CommPrecision = CommPrecision.FP32

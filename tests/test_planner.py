@@ -26,7 +26,7 @@ from embedtrain.config import (
 )
 from embedtrain.sharding.cluster import topology
 from embedtrain.sharding.enumerator import CompactEnumerator
-from embedtrain.sharding.planner import PlanError, plan_sharding
+from embedtrain.sharding.planner import PlanError, plan_sharding, table_constraints
 from embedtrain.testing import random_embedding_tables, tiny_ctr_dataset
 
 ROOT = Path(__file__).parent.parent
@@ -70,11 +70,13 @@ def test_compact_estimates_equal_stock_enumerator():
     m = model(5, seed=1)
     topo = topology(MULTI_HOST)
     sharders = [EmbeddingBagCollectionSharder()]
-    ours = CompactEnumerator(topo, 512, max_data_parallel_bytes=1 << 62,
-                             offload_tables=[f"t{i}" for i in range(5)])
+    everything = table_constraints([f"t{i}" for i in range(5)],
+                                   ShardingConfig(sharding_types=list(ShardingType)))
+    ours = CompactEnumerator(topo, 512, everything, offload_tables=[f"t{i}" for i in range(5)])
     compact = ours.enumerate(m, sharders)
     stock = {(o.fqn, o.sharding_type, o.compute_kernel): o
-             for o in EmbeddingEnumerator(topology=topo, batch_size=512).enumerate(m, sharders)}
+             for o in EmbeddingEnumerator(topology=topo, batch_size=512,
+                                          constraints=everything).enumerate(m, sharders)}
     assert len(compact) == len(stock)
     assert ours.num_estimated_shards < sum(len(o.shards) for o in stock.values())
     for option in compact:
@@ -269,3 +271,15 @@ def test_pooling_factors_measured_from_data(tmp_path):
     assert by["t_C1"] == 1.0
     assert 1.5 < by["t_C24"] < 3.5  # lists of 0..5 ids
     assert report["model"]["pooling_factors"].startswith("measured")
+
+
+def test_data_parallel_only_where_listed():
+    """Replicating a table changes its optimizer (TorchRec steps it with the dense one)."""
+    tiny = model(4, log10_rows=(1, 2))  # tables of 10-100 rows: cheap to replicate
+    default = plan_sharding(tiny, CPU2).report
+    assert "data_parallel" not in {t["sharding_type"] for t in default["tables"]}
+    listed = ShardingConfig(tables=[TableConstraint(tables=["t1"],
+                                                    sharding_types=[ShardingType.DATA_PARALLEL])])
+    by = {t["name"]: t for t in plan_sharding(tiny, CPU2, listed).report["tables"]}
+    assert by["t1"]["sharding_type"] == "data_parallel" and by["t1"]["ranks"] == [0, 1]
+    assert by["t0"]["sharding_type"] != "data_parallel"

@@ -14,8 +14,9 @@ estimates (a test compares them shard by shard) at a fraction of the cost:
   (``fused_uvm``, ``fused_uvm_caching``) are only offered for tables named in
   ``offload_tables`` (the planner adds the largest tables there when the model does not fit in
   device memory; slower than ``fused`` otherwise), and ``data_parallel`` only for tables whose
-  replica stays below ``max_data_parallel_bytes`` (a replicated table's gradient is all-reduced
-  every step, which no large table can afford).
+  constraints list it: a replicated table costs an all-reduce of its whole gradient every step,
+  and TorchRec hands it to the *dense* optimizer (its lookup is a DDP module), so choosing it
+  silently would change how the table trains.
 * **No deep copy** of the search space (the stock enumerator caches one; most of its time).
 
 Options come out in a deterministic order (the stock enumerator iterates over sets of strings,
@@ -80,7 +81,6 @@ class CompactEnumerator(EmbeddingEnumerator):
         topology: the target cluster.
         batch_size: examples per rank per step.
         constraints: TorchRec per-table constraints (sharding types, kernels, pooling factors).
-        max_data_parallel_bytes: largest table (bytes of weights) offered ``data_parallel``.
         offload_tables: tables also offered host-memory kernels (``fused_uvm*``).
     """
 
@@ -89,11 +89,9 @@ class CompactEnumerator(EmbeddingEnumerator):
         topology: Topology,
         batch_size: int,
         constraints: Optional[dict[str, ParameterConstraints]] = None,
-        max_data_parallel_bytes: int = 0,
         offload_tables: Iterable[str] = (),
     ) -> None:
         super().__init__(topology=topology, batch_size=batch_size, constraints=constraints)
-        self.max_data_parallel_bytes = max_data_parallel_bytes
         self.offload_tables = set(offload_tables)
         self._layouts: dict[OptionKey, list[tuple[list[int], list[int]]]] = {}
         self.num_estimated_shards = 0
@@ -121,13 +119,11 @@ class CompactEnumerator(EmbeddingEnumerator):
          key_value_params) = _extract_constraints_for_param(self._constraints, name)
         if device_group and device_group != self._compute_device:
             return []
-        table_bytes = param.numel() * param.element_size()
         types = self._filter_sharding_types(
             name, sharder.sharding_types(self._compute_device), sharder_key)
         options = []
         for sharding_type in _ordered(types, SHARDING_TYPE_ORDER):
             if (sharding_type == ShardingType.DATA_PARALLEL.value
-                    and table_bytes > self.max_data_parallel_bytes
                     and not self._explicit(name, "sharding_types", sharding_type)):
                 continue
             kernels = self._filter_compute_kernels(

@@ -41,7 +41,6 @@ from embedtrain.sharding.search import SearchResult, search_plan
 from embedtrain.sharding.sharders import embedding_sharders
 
 SCHEMA_VERSION = 1
-DATA_PARALLEL_MAX_FRACTION = 0.01  # tables above 1% of device memory are never replicated
 
 
 class PlanError(ValueError):
@@ -177,9 +176,7 @@ def plan_sharding(
         raise PlanError(f"does not fit: the dense model, its optimizer, input buffers and the "
                         f"{cluster.reserved_fraction:.0%} reserve need {need:.2f} GiB of {tier.upper()} "
                         f"per rank, more than the {_capacity(cluster, tier) / GIB:.2f} GiB a rank has")
-    device_bytes = _capacity(cluster, tier)
-    enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints,
-                             max_data_parallel_bytes=int(device_bytes * DATA_PARALLEL_MAX_FRACTION))
+    enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints)
     options = enum.enumerate(model, sharders)
     budget = sharding.search_budget if budget is None else budget
     result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier)
@@ -187,7 +184,6 @@ def plan_sharding(
     if result.plan is None and topo.compute_device == "cuda":
         # Allow host-memory kernels for every table and search again.
         enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints,
-                                 max_data_parallel_bytes=int(device_bytes * DATA_PARALLEL_MAX_FRACTION),
                                  offload_tables=list(tables))
         options = enum.enumerate(model, sharders)
         result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier)
