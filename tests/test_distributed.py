@@ -89,18 +89,22 @@ def test_sigkill_restart_equals_uninterrupted(setup, tmp_path):
     job = subprocess.Popen(_cmd("train", str(config), "--out", str(run), "--nproc", "2",
                                 "--max-restarts", "1"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=_env(), cwd=ROOT)
+                           env=_env(), cwd=ROOT, start_new_session=True)
     killed = None
-    deadline = time.time() + 300
-    while time.time() < deadline and job.poll() is None:
-        if (run / "checkpoints" / "step_00000010" / "trainer_state.json").exists():
-            pids = _rank_pids(run, 1)
-            if pids:
-                os.kill(pids[0], signal.SIGKILL)
-                killed = pids[0]
-                break
-        time.sleep(0.02)
-    out, _ = job.communicate(timeout=400)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and job.poll() is None:
+            if (run / "checkpoints" / "step_00000010" / "trainer_state.json").exists():
+                pids = _rank_pids(run, 1)
+                if pids:
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed = pids[0]
+                    break
+            time.sleep(0.02)
+        out, _ = job.communicate(timeout=400)
+    finally:
+        if job.poll() is None:  # never leave a hung job behind
+            os.killpg(job.pid, signal.SIGKILL)
     assert killed is not None, out[-3000:]
     assert job.returncode == 0, out[-4000:]
     assert "resumed from" in out  # the restarted workers continued from the last checkpoint

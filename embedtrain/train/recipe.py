@@ -178,6 +178,13 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
             raise ValueError(f"data.{key}: {getattr(d, key)} (the global batch) does not split "
                              f"evenly over {world} ranks")
     local_batch, local_eval_batch = d.batch_size // world, d.eval_batch_size // world
+    k = cfg.train.grad_accumulation
+    if k < 1:
+        raise ValueError(f"train.grad_accumulation: must be at least 1, got {k}")
+    if k > 1 and cfg.train.checkpoint_every % k:
+        # A checkpoint between micro-batches would lose the gradients accumulated so far.
+        raise ValueError(f"train.checkpoint_every: {cfg.train.checkpoint_every} is not a multiple "
+                         f"of train.grad_accumulation ({k})")
     if cluster is None:
         cluster = local_cluster(world, device, local_batch)
     else:
