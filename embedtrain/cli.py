@@ -197,14 +197,16 @@ def _eval(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     cluster = load_cluster(args.cluster)
+    from embedtrain.sharding.report import FORMATS, write_report
+
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    unknown = sorted(set(formats) - {"md", "json", "html"})
-    if unknown or not formats:
-        raise UsageError(f"--format: unknown {', '.join(unknown) or '(empty)'} (use md, json, html)")
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:  # checked before planning, which can take a while
+        raise UsageError(f"--format: unknown {', '.join(unknown) or '(empty)'} "
+                         f"(use {', '.join(FORMATS)})")
     if args.budget is not None:
         cfg.sharding.search_budget = args.budget
     out = Path(args.out) if args.out else Path("plans") / f"{Path(args.config).stem}-{cluster.name}"
-    from embedtrain.sharding.report import write_report
     from embedtrain.train.recipe import plan_ctr
 
     result = plan_ctr(cfg, cluster)

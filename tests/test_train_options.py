@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from embedtrain.config import (
     Config,
@@ -124,7 +125,8 @@ def _hooked_grads(rank, world, data, modes):
             out.loss.backward()
             grads.append({k: p.grad.clone() for k, p in trainer.model.named_parameters()
                           if p.grad is not None and "over_arch" in k})
-        results[mode] = {"grads": grads, "hooked": len(trainer._ddp)}
+        ddp = [m for m in trainer.model.modules() if isinstance(m, DistributedDataParallel)]
+        results[mode] = {"grads": grads, "hooked": len(ddp)}
     return results
 
 

@@ -25,13 +25,13 @@ from typing import Any, Optional
 import torch
 from torch import nn
 from torchrec.distributed.planner.planners import to_sharding_plan
+from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipler
 from torchrec.distributed.planner.types import (
     CacheParams,
     ParameterConstraints,
     ShardingOption,
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
-import torchrec.optim as trec_optim
 
 from embedtrain.config import ClusterConfig, DenseAllReduce, ShardingConfig, to_dict
 from embedtrain.sharding.cluster import GIB, device_memory_tier, topology
@@ -247,15 +247,9 @@ def _no_fit_message(options, enum, left, cluster: ClusterConfig, tier: str, tabl
 
 
 def _optimizer_slots(param: torch.Tensor) -> float:
-    """Optimizer values per weight of a fused table (the same rule as TorchRec's estimator)."""
+    """Optimizer values per weight of a fused table: TorchRec's storage estimator's own rule."""
     cls = getattr(param, "_optimizer_classes", [None])[0]
-    if cls in (None, torch.optim.SGD, trec_optim.SGD):
-        return 0.0
-    if cls in (torch.optim.Adam, trec_optim.Adam):
-        return 2.0
-    if cls is trec_optim.RowWiseAdagrad:
-        return 1.0 / param.shape[-1]
-    return 1.0
+    return float(_get_optimizer_multipler(cls, param.shape))
 
 
 def dense_allreduce_bytes(shapes: list[tuple[int, ...]], mode: DenseAllReduce,

@@ -22,7 +22,8 @@ import pathlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-GIB = 1024**3
+from embedtrain.sharding.cluster import GIB
+
 MIB = 1024**2
 FORMATS = ("json", "md", "html")
 

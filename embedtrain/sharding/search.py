@@ -53,7 +53,6 @@ class SearchResult:
     plan: Optional[list[ShardingOption]]  # full options with shard ranks; None when nothing fits
     rating: float  # estimated time of the slowest rank, ms (inf when nothing fits)
     stats: SearchStats
-    smallest_failing: Optional[list[ShardingOption]] = None  # the least-storage proposal tried
 
 
 def _depth(o: ShardingOption) -> float:
@@ -182,8 +181,7 @@ def search_plan(
             ev.stats.best_seed = "storage_repair"
     if ev.best is None:
         ev.stats.seconds = time.perf_counter() - start
-        smallest = tuple(min(range(len(t)), key=lambda j: _stored(t[j], tier)) for t in tables)
-        return SearchResult(None, float("inf"), ev.stats, smallest_failing=ev.full(smallest))
+        return SearchResult(None, float("inf"), ev.stats)
 
     _descend(ev, budget)
     plan = ev.place(ev.best)

@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 from typing import Callable, Optional
 
 import torch
@@ -29,8 +28,6 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimiz
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from embedtrain.config import DenseAllReduce, DenseOptimizer, OptimConfig, SparseOptimizer
-
-logger = logging.getLogger(__name__)
 
 _SPARSE = {
     SparseOptimizer.ROWWISE_ADAGRAD: RowWiseAdagrad,

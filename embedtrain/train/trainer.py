@@ -21,7 +21,6 @@ from typing import Any, Iterator, Optional, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torchrec.optim.keyed import KeyedOptimizer
 from tqdm import tqdm
 
@@ -112,7 +111,6 @@ class Trainer:
         self.lr_scheduler = lr_scheduler
         self.state = TrainState()
         self._saved_step: Optional[int] = None
-        self._ddp = [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
         param = next(model.parameters(), None)
         self._device_type = param.device.type if param is not None else "cpu"
 
