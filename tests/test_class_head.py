@@ -66,3 +66,38 @@ def test_two_ranks_equal_one():
         torch.testing.assert_close(r["loss"], ref.detach())
         torch.testing.assert_close(r["weight_grad"], weight.grad[r["start"]:r["end"]])
         torch.testing.assert_close(r["feature_grad"], features.grad[rank * B:(rank + 1) * B])
+
+
+def test_partial_fc_touches_only_sampled_rows():
+    from embedtrain.models.class_head import PartialFCHead
+
+    weight, features, labels = _reference()
+    head = PartialFCHead(C, D, sample_rate=0.3, seed=1)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    loss = head(features.detach(), labels)
+    loss.backward()
+    sample = head.last_sample
+    assert set(labels.tolist()) <= set(sample.tolist())  # every positive is in the sample
+    assert len(sample) == max(round(0.3 * C), len(set(labels.tolist())))
+    untouched = torch.ones(C, dtype=torch.bool)
+    untouched[sample] = False
+    assert torch.count_nonzero(head.weight.grad[untouched]) == 0
+    # The sampled rows get the gradient of the softmax over the sampled classes only.
+    sub = weight[sample].clone().requires_grad_(True)
+    mapped = torch.searchsorted(sample, labels)
+    ref = F.cross_entropy(features.detach() @ sub.t(), mapped)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(head.weight.grad[sample], sub.grad)
+
+
+def test_partial_fc_rate_one_is_the_full_softmax():
+    from embedtrain.models.class_head import PartialFCHead
+
+    weight, features, labels = _reference()
+    full, sampled = ShardedSoftmaxHead(C, D), PartialFCHead(C, D, sample_rate=1.0)
+    with torch.no_grad():
+        full.weight.copy_(weight)
+        sampled.weight.copy_(weight)
+    torch.testing.assert_close(sampled(features.detach(), labels), full(features.detach(), labels))

@@ -134,3 +134,58 @@ class ShardedSoftmaxHead(nn.Module):
         losses = sharded_softmax_cross_entropy(self.logits(gathered), targets, self.start,
                                                self.group)
         return losses.mean()
+
+
+def partial_fc_sample(targets: torch.Tensor, start: int, end: int, rate: float,
+                      generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Partial FC's class sample of one rank: its positive classes plus uniform negatives.
+
+    Args:
+        targets: the global batch's class ids.
+        start, end: this rank's classes.
+        rate: fraction of this rank's classes to use per step (positives always included).
+        generator: seeds the negatives.
+
+    Returns:
+        Sorted local row ids (``0 .. end - start``) of the sampled classes.
+    """
+    local = end - start
+    want = min(local, max(1, round(rate * local)))
+    owned = targets[(targets >= start) & (targets < end)] - start
+    score = torch.rand(local, generator=generator)
+    score[owned] = 2.0  # positives first; then a uniform draw among the rest
+    want = max(want, int(owned.unique().numel()))
+    return score.topk(want).indices.sort().values
+
+
+class PartialFCHead(ShardedSoftmaxHead):
+    """Partial FC: the softmax over the batch's positive classes and a uniform sample of the rest.
+
+    Each step, every rank draws ``sample_rate`` of its classes (its positives always in), so only
+    those rows take part in the logits and only they receive a gradient. ``sample_rate=1`` is the
+    exact softmax.
+    """
+
+    def __init__(self, num_classes: int, dim: int, sample_rate: float = 0.1,
+                 group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None,
+                 seed: int = 0) -> None:
+        super().__init__(num_classes, dim, group, device)
+        if not 0 < sample_rate <= 1:
+            raise ValueError(f"sample_rate: must be in (0, 1], got {sample_rate}")
+        self.sample_rate = sample_rate
+        self.generator = torch.Generator().manual_seed(seed * 1_000_003 + self.start)
+        self.last_sample: Optional[torch.Tensor] = None
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(features, labels)
+        gathered = all_gather_rows(features, self.group)
+        targets = all_gather_rows(labels, self.group)
+        sample = partial_fc_sample(targets, self.start, self.end, self.sample_rate, self.generator)
+        self.last_sample = sample
+        # Targets in this rank's sampled space: position in ``sample``, or -1 (owned elsewhere).
+        owned = (targets >= self.start) & (targets < self.end)
+        position = torch.searchsorted(sample, (targets - self.start).clamp(min=0))
+        mapped = torch.where(owned, position, torch.full_like(targets, -1))
+        logits = gathered @ self.weight[sample].t()
+        return sharded_softmax_cross_entropy(logits, mapped, 0, self.group).mean()
