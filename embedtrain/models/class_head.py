@@ -187,5 +187,7 @@ class PartialFCHead(ShardedSoftmaxHead):
         owned = (targets >= self.start) & (targets < self.end)
         position = torch.searchsorted(sample, (targets - self.start).clamp(min=0))
         mapped = torch.where(owned, position, torch.full_like(targets, -1))
-        logits = gathered @ self.weight[sample].t()
+        # A sparse gradient: only the sampled rows are touched, never a dense C x D buffer.
+        rows = torch.nn.functional.embedding(sample, self.weight, sparse=True)
+        logits = gathered @ rows.t()
         return sharded_softmax_cross_entropy(logits, mapped, 0, self.group).mean()
