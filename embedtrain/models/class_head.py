@@ -1,33 +1,96 @@
 """Class heads of millions of classes, split by rows (classes) across ranks.
 
-The model-parallel exact softmax of the 100-million-class training systems: the batch's features
-are all-gathered (data-parallel encoder, model-parallel head), every rank multiplies them with
-its own slice of the class weights, and the softmax normaliser is assembled with two all-reduces
-(the max, then the sum of exponentials); the target logit comes from the rank that owns the
-class. The backward pass is written out (:class:`_ShardedSoftmaxCrossEntropy`): each rank gets the
-gradient of its own slice only, and the features' gradient is summed back to the rank the example
-came from by the all-gather's backward (a reduce-scatter). With one rank it is plain softmax
-cross-entropy.
+The model-parallel softmax of the 100-million-class training systems: the batch's features are
+all-gathered (data-parallel encoder, model-parallel head), every rank multiplies them with its own
+slice of the class weights, and the softmax normaliser is assembled with two all-reduces (the max,
+then the sum of exponentials); the target logits come from the ranks that own the classes. The
+backward pass is written out (:class:`_ShardedSoftmaxCrossEntropy`): each rank gets the gradient
+of its own slice only, and the features' gradient goes back to the rank the example came from
+through the all-gather's backward. With one rank it is plain softmax cross-entropy.
+
+Heads (all share :class:`ShardedSoftmaxHead`'s interface, see :class:`ClassHead`):
+
+* :class:`ShardedSoftmaxHead` (``full``): the exact softmax over all classes.
+* :class:`PartialFCHead` (``partial_fc``): per rank, the batch's positive classes plus a uniform
+  sample of the other classes at rate ``r`` (Partial FC); rows not sampled get no gradient at all
+  (a sparse gradient of the sampled rows, never a dense ``C x D`` buffer).
+* :class:`HardNegativeHead` (``hard_negatives``): dynamic class selection: per rank, the positives
+  plus the classes whose weights score highest against the batch's features (found by an exact
+  blocked top-k over a snapshot of the class weights, the *index*, rebuilt every ``K`` steps),
+  plus an optional uniform sample.
+
+Targets are global class ids, ``[B]`` (one per example) or ``[B, L]`` padded with ``-1``
+(multi-label: the loss is the softmax over the positives, ``logsumexp - mean positive logit``).
+Optional margins for embedding learning (features and class weights L2-normalised, logits
+``s cos``): CosFace (``s (cos - m)`` for the positives) and ArcFace (``s cos(theta + m)``).
+
+Slices follow TorchRec's row-wise sharding (and ``DTensor``'s ``Shard(0)``): rank ``r`` holds
+rows ``[r * ceil(C / W), ...)``, so the planner's row-wise estimate of the head is what each rank
+holds. In ``state_dict`` the slice is a ``DTensor`` (``Shard(0)`` over the head's ranks), so DCP
+checkpoints write each rank's rows once and reshard them on load (N ranks save, M ranks load).
+
+Gradient convention: ``forward`` returns the mean loss over the *global* batch (the same value on
+every rank); the class slice gets the gradient of that mean, while the features get ``world_size``
+times it, because the encoder's data-parallel wrappers (DDP, TorchRec's sharded tables) average
+their gradients over ranks as if each rank's loss were its local mean.
 
 Example:
-    >>> head = ShardedSoftmaxHead(num_classes=1_000_000, dim=128)   # this rank's slice only
-    >>> loss = head(features, labels)          # local batch; loss is the global-batch mean
+    >>> head = PartialFCHead(num_classes=1_000_000, dim=128, sample_rate=0.1)  # this rank's rows
+    >>> loss = head(features, labels)          # local batch in, global-batch mean loss out
+    >>> scores, ids = head.topk(features, 5)   # exact top-5 over all classes, in blocks
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import enum
+import math
+from typing import Any, Optional, Protocol
 
 import torch
 import torch.distributed as dist
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from embedtrain.train.xc_metrics import blocked_topk, distributed_topk
+
+_EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
+
+
+class Margin(enum.Enum):
+    """Margin on the positive logits (features and weights are L2-normalised when not NONE)."""
+
+    NONE = "none"
+    COSFACE = "cosface"  # s * (cos - m)
+    ARCFACE = "arcface"  # s * cos(theta + m)
+
+
+class ClassHead(Protocol):
+    """What the XC task needs from a head (sharded or replicated)."""
+
+    num_classes: int
+
+    def forward(self, features: Tensor, targets: Tensor) -> Tensor:
+        """Training loss (scalar) of this rank's ``features [B, D]`` and ``targets``."""
+        ...
+
+    def topk(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """``(scores [B, k], class ids [B, k])`` over all classes (collective if sharded)."""
+        ...
+
+    def eval_loss(self, features: Tensor, targets: Tensor) -> Tensor:
+        """Per-example loss ``[B]`` (no margin, no sampling)."""
+        ...
 
 
 def shard_range(num_classes: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Classes ``[start, end)`` of ``rank``: contiguous, sizes differing by at most one."""
-    base, extra = divmod(num_classes, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
+    """Classes ``[start, end)`` of ``rank``: blocks of ``ceil(C / W)``, the last ones smaller.
+
+    The same split as TorchRec's row-wise sharding and ``torch.chunk`` (trailing ranks may hold
+    fewer rows, or none when ``C < W``).
+    """
+    block = -(-num_classes // world_size)
+    start = min(rank * block, num_classes)
+    return start, min(start + block, num_classes)
 
 
 def _world(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
@@ -36,112 +99,281 @@ def _world(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def as_targets(targets: Tensor) -> Tensor:
+    """``[B]`` or ``[B, L]`` class ids as ``[B, L]`` int64 (``-1`` padding)."""
+    targets = targets.long()
+    return targets[:, None] if targets.dim() == 1 else targets
+
+
 class _ShardedSoftmaxCrossEntropy(torch.autograd.Function):
-    """Per-example softmax cross-entropy over logits split by columns (classes) across ranks."""
+    """Per-example softmax cross-entropy over logits split by columns (classes) across ranks.
+
+    ``targets [B, L]`` hold this rank's *column* of each positive or ``-1`` (padding, or a class
+    owned by another rank); ``counts [B]`` the number of positives of each example (all ranks).
+    Loss: ``logsumexp(all logits) - mean over positives of their logits``.
+    """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, start: int,
-                group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    def forward(ctx, logits: Tensor, targets: Tensor, counts: Tensor,
+                group: Optional[dist.ProcessGroup]) -> Tensor:
         distributed = _world(group)[1] > 1
         logits = logits.float()
-        peak = logits.max(dim=1).values
+        if logits.shape[1]:
+            peak = logits.max(dim=1).values
+        else:  # a rank without classes
+            peak = logits.new_full((logits.shape[0],), -math.inf)
         if distributed:
             dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
         exp = (logits - peak[:, None]).exp_()
         total = exp.sum(dim=1)
-        local = (target >= start) & (target < start + logits.shape[1])
-        rows = local.nonzero(as_tuple=True)[0]
-        cols = target[rows] - start
-        picked = torch.zeros_like(total)
-        picked[rows] = logits[rows, cols] - peak[rows]
+        rows, slot = (targets >= 0).nonzero(as_tuple=True)
+        cols = targets[rows, slot]
+        weights = 1.0 / counts[rows].clamp(min=1).to(logits.dtype)
+        picked = torch.zeros_like(total).index_add_(0, rows, (logits[rows, cols] - peak[rows]) * weights)
         if distributed:
             both = torch.stack([total, picked])
             dist.all_reduce(both, group=group)
             total, picked = both[0], both[1]
         exp.div_(total[:, None])  # now this rank's slice of the softmax
-        ctx.save_for_backward(exp, rows, cols)
+        ctx.save_for_backward(exp, rows, cols, weights)
         return total.log() - picked
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
-        softmax, rows, cols = ctx.saved_tensors
+    def backward(ctx, grad_loss: Tensor):
+        softmax, rows, cols, weights = ctx.saved_tensors
         grad = softmax
-        grad[rows, cols] -= 1.0
+        grad.index_put_((rows, cols), -weights, accumulate=True)
         grad.mul_(grad_loss[:, None])
         return grad, None, None, None
 
 
-def sharded_softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, start: int,
-                                  group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+def sharded_softmax_cross_entropy(logits: Tensor, local_targets: Tensor, counts: Tensor,
+                                  group: Optional[dist.ProcessGroup] = None) -> Tensor:
     """Per-example cross-entropy of a softmax whose classes are split across ``group``.
 
     Args:
-        logits: ``[B, C_local]``, this rank's classes ``[start, start + C_local)`` for the same
-            ``B`` examples on every rank.
-        target: ``[B]`` global class ids (the same on every rank).
-        start: first class of this rank.
+        logits: ``[B, C_local]``, this rank's classes, for the same ``B`` examples on every rank.
+        local_targets: ``[B, L]`` columns of ``logits`` holding a positive, ``-1`` elsewhere.
+        counts: ``[B]`` positives per example over all ranks.
         group: the ranks sharing the head (default: the world; none when not distributed).
 
     Returns:
         ``[B]`` losses, identical on every rank.
     """
-    return _ShardedSoftmaxCrossEntropy.apply(logits, target, start, group)
+    return _ShardedSoftmaxCrossEntropy.apply(logits, local_targets, counts, group)
 
 
-def all_gather_rows(local: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """Concatenates every rank's ``local`` rows (equal counts); differentiable (reduce-scatter back)."""
-    if _world(group)[1] == 1:
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: float) -> Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad * ctx.scale, None
+
+
+def all_gather_rows(local: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Concatenates every rank's ``local`` rows (equal counts); differentiable (sums back)."""
+    world = _world(group)[1]
+    if world == 1:
         return local
     if local.requires_grad:
         from torch.distributed.nn.functional import all_gather
 
-        return torch.cat(all_gather(local, group=group or dist.group.WORLD))
-    parts = [torch.empty_like(local) for _ in range(_world(group)[1])]
+        return torch.cat(all_gather(local.contiguous(), group=group or dist.group.WORLD))
+    parts = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(parts, local.contiguous(), group=group)
     return torch.cat(parts)
 
 
+@torch.no_grad()
+def all_gather_uneven(local: Tensor, group: Optional[dist.ProcessGroup] = None
+                      ) -> tuple[Tensor, int]:
+    """Every rank's rows (counts may differ) and where this rank's rows start in them."""
+    rank, world = _world(group)
+    if world == 1:
+        return local, 0
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([local.shape[0]]), group=group)
+    counts = [int(s) for s in sizes]
+    padded = local.new_zeros((max(counts), *local.shape[1:]))
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, counts)]), sum(counts[:rank])
+
+
+def apply_margin(cosine: Tensor, rows: Tensor, cols: Tensor, margin: Margin, m: float,
+                 scale: float) -> Tensor:
+    """``scale * cosine`` with the positives ``(rows, cols)`` moved by the margin (differentiable)."""
+    logits = cosine * scale
+    if margin is Margin.NONE or rows.numel() == 0:
+        return logits
+    c = cosine[rows, cols]
+    if margin is Margin.COSFACE:
+        moved = c - m
+    else:  # ArcFace: cos(theta + m), continued by a CosFace-like penalty where theta + m > pi
+        sine = (1.0 - c * c).clamp(min=1e-12).sqrt()
+        phi = c * math.cos(m) - sine * math.sin(m)
+        moved = torch.where(c > math.cos(math.pi - m), phi, c - math.sin(math.pi - m) * m)
+    return logits.index_put((rows, cols), moved * scale)
+
+
 class ShardedSoftmaxHead(nn.Module):
-    """A ``num_classes x dim`` softmax head holding only this rank's slice of classes.
+    """A ``num_classes x dim`` softmax head holding only this rank's slice of classes (``full``).
 
     Args:
         num_classes: C, over all ranks.
         dim: feature dimension D.
         group: ranks sharing the head (default: the world, or no one outside torch.distributed).
         device: where this rank's slice lives.
+        margin: CosFace/ArcFace margin (normalises features and weights); ``NONE``: plain logits.
+        margin_value: ``m``.
+        scale: ``s``, the logit scale of the normalised (margin) heads.
+        seed: seeds the head's sampling (Partial FC, hard negatives).
 
-    ``forward(features, labels)`` takes this rank's examples (the same count on every rank) and
-    returns the mean loss over the global batch (identical on every rank).
+    ``forward(features, targets)`` takes this rank's examples (the same count on every rank) and
+    returns the mean loss over the global batch (see the module docstring for the gradients).
     """
 
     def __init__(self, num_classes: int, dim: int, group: Optional[dist.ProcessGroup] = None,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, margin: Margin = Margin.NONE,
+                 margin_value: float = 0.35, scale: float = 30.0, seed: int = 0) -> None:
         super().__init__()
         self.group = group
-        rank, world = _world(group)
+        self.rank, self.world_size = _world(group)
         self.num_classes, self.dim = num_classes, dim
-        self.start, self.end = shard_range(num_classes, rank, world)
+        self.start, self.end = shard_range(num_classes, self.rank, self.world_size)
         self.weight = nn.Parameter(torch.empty(self.end - self.start, dim, device=device))
         nn.init.normal_(self.weight, std=dim ** -0.5)
+        self.margin, self.margin_value, self.scale = Margin(margin), margin_value, scale
+        self.seed = seed
+        # Training steps taken; seeds each step's sample so a resumed run draws the same ones.
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self._register_state_dict_hook(_weight_as_dtensor)
 
-    def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """``[B, C_local]`` logits of ``features`` against this rank's classes."""
-        return features @ self.weight.t()
+    @property
+    def normalised(self) -> bool:
+        return self.margin is not Margin.NONE
 
-    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        gathered = all_gather_rows(features, self.group)
-        targets = all_gather_rows(labels, self.group)
-        losses = sharded_softmax_cross_entropy(self.logits(gathered), targets, self.start,
-                                               self.group)
-        return losses.mean()
+    def _candidates(self, targets: Tensor, features: Tensor) -> Optional[Tensor]:
+        """Sorted local rows taking part in this training step (None: all of them)."""
+        return None
+
+    def _local_targets(self, targets: Tensor, candidates: Optional[Tensor]) -> Tensor:
+        """Global ids ``[B, L]`` -> columns of this step's logits, ``-1`` where not ours."""
+        owned = (targets >= self.start) & (targets < self.end)
+        local = (targets - self.start).clamp(min=0)
+        if candidates is not None:
+            local = torch.searchsorted(candidates, local)
+        return torch.where(owned, local, torch.full_like(local, -1))
+
+    def _logits(self, features: Tensor, weight: Tensor, local_targets: Tensor) -> Tensor:
+        if not self.normalised:
+            return features @ weight.t()
+        cosine = F.normalize(features, dim=1) @ F.normalize(weight, dim=1).t()
+        rows, slot = (local_targets >= 0).nonzero(as_tuple=True)
+        return apply_margin(cosine, rows, local_targets[rows, slot], self.margin,
+                            self.margin_value, self.scale)
+
+    def forward(self, features: Tensor, targets: Tensor) -> Tensor:
+        if not self.training:
+            return self.eval_loss(features, targets).mean()
+        targets = as_targets(targets)
+        gathered = all_gather_rows(_ScaleGrad.apply(features, float(self.world_size)), self.group)
+        targets = all_gather_rows(targets, self.group)
+        counts = (targets >= 0).sum(dim=1)
+        candidates = self._candidates(targets, gathered.detach())
+        if candidates is None:
+            weight = self.weight
+        else:  # a sparse gradient: only the candidate rows are touched
+            weight = F.embedding(candidates, self.weight, sparse=True)
+        local_targets = self._local_targets(targets, candidates)
+        logits = self._logits(gathered, weight, local_targets)
+        self.steps += 1
+        return sharded_softmax_cross_entropy(logits, local_targets, counts, self.group).mean()
+
+    @torch.no_grad()
+    def _eval_weight(self) -> Tensor:
+        return F.normalize(self.weight, dim=1) if self.normalised else self.weight
+
+    @torch.no_grad()
+    def topk(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """This rank's examples' top-k over all classes (every rank must call; any batch sizes)."""
+        gathered, first = all_gather_uneven(features, self.group)
+        if self.normalised:
+            gathered = F.normalize(gathered, dim=1) * self.scale
+        scores, ids = distributed_topk(gathered, self._eval_weight(), k, self.start, _EVAL_BLOCK,
+                                       self.group)
+        return scores[first:first + features.shape[0]], ids[first:first + features.shape[0]]
+
+    @torch.no_grad()
+    def eval_loss(self, features: Tensor, targets: Tensor) -> Tensor:
+        """Per-example loss of this rank's examples over all classes, ``_EVAL_BLOCK`` at a time."""
+        gathered, first = all_gather_uneven(features, self.group)
+        targets, _ = all_gather_uneven(as_targets(targets), self.group)
+        if self.normalised:
+            gathered = F.normalize(gathered, dim=1) * self.scale
+        weight = self._eval_weight()
+        b = gathered.shape[0]
+        peak = torch.full((b,), -math.inf)
+        total = torch.zeros(b)
+        for start in range(0, weight.shape[0], _EVAL_BLOCK):  # online log-sum-exp over blocks
+            logits = gathered @ weight[start:start + _EVAL_BLOCK].t()
+            new_peak = torch.maximum(peak, logits.max(dim=1).values)
+            total = total * (peak - new_peak).exp() + (logits - new_peak[:, None]).exp().sum(1)
+            peak = new_peak
+        local = self._local_targets(targets, None)
+        rows, slot = (local >= 0).nonzero(as_tuple=True)
+        counts = (targets >= 0).sum(dim=1).clamp(min=1).float()
+        picked = torch.zeros(b).index_add_(
+            0, rows, (gathered[rows] * weight[local[rows, slot]]).sum(1) / counts[rows])
+        if self.world_size > 1:
+            global_peak = peak.clone()
+            dist.all_reduce(global_peak, op=dist.ReduceOp.MAX, group=self.group)
+            scaled = torch.where(peak > -math.inf, total * (peak - global_peak).exp(),
+                                 torch.zeros_like(total))
+            both = torch.stack([scaled, picked])
+            dist.all_reduce(both, group=self.group)
+            peak, total, picked = global_peak, both[0], both[1]
+        loss = peak + total.log() - picked
+        return loss[first:first + features.shape[0]]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        key = prefix + "weight"
+        value = state_dict.get(key)
+        if value is not None and hasattr(value, "to_local"):  # DTensor from a checkpoint
+            state_dict[key] = value.to_local()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-def partial_fc_sample(targets: torch.Tensor, start: int, end: int, rate: float,
-                      generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def _weight_as_dtensor(module: ShardedSoftmaxHead, state_dict: dict, prefix: str,
+                       local_metadata: Any) -> None:
+    key = prefix + "weight"
+    if key in state_dict and module.world_size >= 1 and dist.is_initialized():
+        state_dict[key] = rows_as_dtensor(state_dict[key], module.num_classes, module.group)
+
+
+def rows_as_dtensor(local: Tensor, num_rows: int, group: Optional[dist.ProcessGroup] = None):
+    """This rank's rows of a ``[num_rows, ...]`` tensor split by :func:`shard_range`, as a
+    ``DTensor`` (``Shard(0)`` over ``group``) sharing ``local``'s storage."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, local.device.type)
+    shape = torch.Size([num_rows, *local.shape[1:]])
+    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shape,
+                              stride=torch.empty(shape, device="meta").stride())
+
+
+def partial_fc_sample(targets: Tensor, start: int, end: int, rate: float,
+                      generator: Optional[torch.Generator] = None) -> Tensor:
     """Partial FC's class sample of one rank: its positive classes plus uniform negatives.
 
     Args:
-        targets: the global batch's class ids.
+        targets: the global batch's class ids (any shape; ``-1`` is padding).
         start, end: this rank's classes.
         rate: fraction of this rank's classes to use per step (positives always included).
         generator: seeds the negatives.
@@ -151,8 +383,7 @@ def partial_fc_sample(targets: torch.Tensor, start: int, end: int, rate: float,
     """
     local = end - start
     want = min(local, max(1, round(rate * local)))
-    positive = torch.zeros(local, dtype=torch.bool)
-    positive[targets[(targets >= start) & (targets < end)] - start] = True
+    positive = _positives(targets, start, end)
     owned = positive.nonzero(as_tuple=True)[0]
     # Negatives: the first classes of a random permutation that are not positives (a topk over
     # random scores would cost ~20x more at 10^6 classes).
@@ -161,36 +392,82 @@ def partial_fc_sample(targets: torch.Tensor, start: int, end: int, rate: float,
     return torch.cat([owned, negatives]).sort().values
 
 
+def _positives(targets: Tensor, start: int, end: int) -> Tensor:
+    """Mask ``[end - start]`` of this rank's classes that are positives of the batch."""
+    positive = torch.zeros(end - start, dtype=torch.bool)
+    flat = targets.reshape(-1)
+    positive[flat[(flat >= start) & (flat < end)] - start] = True
+    return positive
+
+
 class PartialFCHead(ShardedSoftmaxHead):
     """Partial FC: the softmax over the batch's positive classes and a uniform sample of the rest.
 
     Each step, every rank draws ``sample_rate`` of its classes (its positives always in), so only
     those rows take part in the logits and only they receive a gradient. ``sample_rate=1`` is the
-    exact softmax.
+    exact softmax. Evaluation scores all classes.
     """
 
-    def __init__(self, num_classes: int, dim: int, sample_rate: float = 0.1,
-                 group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None,
-                 seed: int = 0) -> None:
-        super().__init__(num_classes, dim, group, device)
+    def __init__(self, num_classes: int, dim: int, sample_rate: float = 0.1, **kwargs: Any) -> None:
+        super().__init__(num_classes, dim, **kwargs)
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate: must be in (0, 1], got {sample_rate}")
         self.sample_rate = sample_rate
-        self.generator = torch.Generator().manual_seed(seed * 1_000_003 + self.start)
-        self.last_sample: Optional[torch.Tensor] = None
+        self.last_sample: Optional[Tensor] = None
 
-    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(features, labels)
-        gathered = all_gather_rows(features, self.group)
-        targets = all_gather_rows(labels, self.group)
-        sample = partial_fc_sample(targets, self.start, self.end, self.sample_rate, self.generator)
-        self.last_sample = sample
-        # Targets in this rank's sampled space: position in ``sample``, or -1 (owned elsewhere).
-        owned = (targets >= self.start) & (targets < self.end)
-        position = torch.searchsorted(sample, (targets - self.start).clamp(min=0))
-        mapped = torch.where(owned, position, torch.full_like(targets, -1))
-        # A sparse gradient: only the sampled rows are touched, never a dense C x D buffer.
-        rows = torch.nn.functional.embedding(sample, self.weight, sparse=True)
-        logits = gathered @ rows.t()
-        return sharded_softmax_cross_entropy(logits, mapped, 0, self.group).mean()
+    def _generator(self) -> torch.Generator:
+        # Seeded by (seed, first class, step): independent across ranks and steps, and the same
+        # draw after a resume (the step counter is in the checkpoint).
+        return torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.start) * 1_000_033 + int(self.steps))
+
+    def _candidates(self, targets: Tensor, features: Tensor) -> Optional[Tensor]:
+        self.last_sample = partial_fc_sample(targets, self.start, self.end, self.sample_rate,
+                                             self._generator())
+        return self.last_sample
+
+
+class HardNegativeHead(PartialFCHead):
+    """Dynamic class selection: positives, the batch's nearest classes, and a uniform sample.
+
+    Every ``refresh_every`` training steps the *index* (a copy of this rank's class weights,
+    normalised under a margin) is rebuilt; each step, the ``negatives`` classes of this rank
+    scoring highest against each example's features in the index (exact blocked top-k; the
+    hardest negatives, as the model's own logits would rank them) join the positives and a
+    uniform sample at ``sample_rate`` (which may be 0). Only those rows get gradients.
+
+    For a resume to draw the same classes as an uninterrupted run, checkpoint at multiples of
+    ``refresh_every`` (the index is rebuilt, not saved).
+    """
+
+    def __init__(self, num_classes: int, dim: int, negatives: int = 10, refresh_every: int = 100,
+                 sample_rate: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(num_classes, dim, sample_rate=1.0, **kwargs)
+        if negatives < 1 or refresh_every < 1 or not 0 <= sample_rate <= 1:
+            raise ValueError(f"need negatives >= 1, refresh_every >= 1 and sample_rate in [0, 1], "
+                             f"got {negatives}, {refresh_every} and {sample_rate}")
+        self.sample_rate = sample_rate
+        self.negatives, self.refresh_every = negatives, refresh_every
+        self._index: Optional[Tensor] = None
+        self._index_step = -1
+
+    @torch.no_grad()
+    def _refresh(self) -> None:
+        step = int(self.steps) - int(self.steps) % self.refresh_every
+        if self._index is None or self._index_step != step:
+            self._index = self._eval_weight().detach().clone()
+            self._index_step = step
+
+    @torch.no_grad()
+    def _candidates(self, targets: Tensor, features: Tensor) -> Optional[Tensor]:
+        self._refresh()
+        chosen = _positives(targets, self.start, self.end)
+        k = min(self.negatives, self.end - self.start)
+        if k:
+            query = F.normalize(features, dim=1) if self.normalised else features
+            chosen[blocked_topk(query, self._index, k, _EVAL_BLOCK)[1].reshape(-1)] = True
+        if self.sample_rate > 0:
+            chosen[partial_fc_sample(targets, self.start, self.end, self.sample_rate,
+                                     self._generator())] = True
+        self.last_sample = chosen.nonzero(as_tuple=True)[0]
+        return self.last_sample
