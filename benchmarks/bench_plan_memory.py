@@ -50,11 +50,11 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     from embedtrain.sharding.measure import measure_embedding_bytes
     from embedtrain.sharding.sharders import embedding_sharders
     from embedtrain.train.optim import fuse_sparse_optimizer
-    from embedtrain.train.recipe import ctr_model, plan_ctr
+    from embedtrain.train.recipe import ctr_model, plan_model
 
     cfg, cluster = load_config(args.config, args.overrides), load_cluster(args.cluster)
     torch.manual_seed(0)
-    plan = plan_ctr(cfg, cluster)  # every rank plans; the search is deterministic
+    plan = plan_model(cfg, cluster)  # every rank plans; the search is deterministic
     meta = load_dataset_meta(cfg.data.path)
     model = ctr_model(cfg, meta, device=torch.device("meta"))
     fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)

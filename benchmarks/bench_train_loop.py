@@ -27,7 +27,7 @@ warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 
 from embedtrain.config import load_config  # noqa: E402
-from embedtrain.train.recipe import build_ctr_run  # noqa: E402
+from embedtrain.train.recipe import build_run  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = load_config(args.config, [f"data.path={args.data}"])
-    run = build_ctr_run(cfg, "/tmp/embedtrain_bench_run", progress=False)
+    run = build_run(cfg, "/tmp/embedtrain_bench_run", progress=False)
     trainer, model, optimizer = run.trainer, run.trainer.model, run.trainer.optimizer
     batch_size = cfg.data.batch_size
     it = trainer.train_data.iter_epoch(0)

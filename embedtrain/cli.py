@@ -3,6 +3,7 @@
 Examples:
     embedtrain datagen ctr --rows 1000000 --out data/synthetic_ctr
     embedtrain datagen ctr --rows 1000000 --out data/raw_ctr --format tsv
+    embedtrain datagen xc --classes 100000 --rows 1000000 --out data/synthetic_xc
     embedtrain ingest configs/ingest/criteo_synthetic.yaml --input 'data/raw_ctr/*.tsv' \
         --out data/ctr_ingested
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
@@ -21,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -110,6 +112,17 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=["parquet", "tsv"], default="parquet",
                    help="parquet: a split, training-ready data set (default); tsv: the same rows "
                         "as raw Criteo-style TSV logs, for `embedtrain ingest`")
+    g = gen.add_parser("xc", help="extreme-classification data: Zipfian classes with planted "
+                                  "token prototypes, and the Bayes-optimal P@1")
+    g.add_argument("--classes", type=int, default=100_000, help="number of classes C")
+    g.add_argument("--rows", type=int, default=1_000_000, help="total rows (default: 1,000,000)")
+    g.add_argument("--vocab", type=int, default=200_000, help="token vocabulary size")
+    g.add_argument("--noise", type=float, default=0.8,
+                   help="share of a row's tokens drawn from the background (default 0.8)")
+    g.add_argument("--multi-label", action="store_true",
+                   help="rows carry 1..4 labels (a list column `labels`)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_datagen)
     return parser
 
@@ -164,9 +177,9 @@ def _train(args: argparse.Namespace) -> int:
                              "--overwrite to replace it, or choose another --out")
         if rank == 0:
             RunDir(out).clear()
-    from embedtrain.train.recipe import build_ctr_run  # heavy (torchrec): after input checks
+    from embedtrain.train.recipe import build_run  # heavy (torchrec): after input checks
 
-    run = build_ctr_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
+    run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
     if run.trainer.rank == 0:
         dump_config(cfg, out / "config.yaml")
         print(f"data: {run.meta.name} ({run.meta.root}), train rows: "
@@ -179,11 +192,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from embedtrain.train.recipe import build_ctr_run
+    from embedtrain.train.recipe import build_run
 
     run_dir = Path(args.run_dir)
     cfg = load_config(run_dir / "config.yaml")
-    run = build_ctr_run(cfg, run_dir, progress=False)
+    run = build_run(cfg, run_dir, progress=False)
     if not run.trainer.restore(args.checkpoint):
         raise UsageError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
     data = run.eval_reader(args.split)
@@ -207,9 +220,9 @@ def _plan(args: argparse.Namespace) -> int:
     if args.budget is not None:
         cfg.sharding.search_budget = args.budget
     out = Path(args.out) if args.out else Path("plans") / f"{Path(args.config).stem}-{cluster.name}"
-    from embedtrain.train.recipe import plan_ctr
+    from embedtrain.train.recipe import plan_model
 
-    result = plan_ctr(cfg, cluster)
+    result = plan_model(cfg, cluster)
     report = result.report
     report["model"]["config"] = str(args.config)
     paths = write_report(report, out, formats)
@@ -254,6 +267,8 @@ def _ingest(args: argparse.Namespace) -> int:
 def _datagen(args: argparse.Namespace) -> int:
     from embedtrain.data.datagen import CTRDataSpec, generate_ctr
 
+    if args.kind == "xc":
+        return _datagen_xc(args)
     if args.format == "tsv":
         from embedtrain.data.datagen_tsv import generate_ctr_tsv
 
@@ -269,13 +284,34 @@ def _datagen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _datagen_xc(args: argparse.Namespace) -> int:
+    from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+
+    try:
+        spec = XCDataSpec(classes=args.classes, rows=args.rows, vocab=args.vocab, noise=args.noise,
+                          multi_label=args.multi_label, seed=args.seed)
+    except ValueError as e:  # "XCDataSpec.classes must be ..." -> the flag's name
+        raise UsageError(re.sub(r"XCDataSpec\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"),
+                                str(e))) from None
+    meta = generate_xc(spec, args.out)
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    oracle = meta.get("oracle_p_at_1", {}).get("test")
+    note = f", Bayes-optimal P@1 on test {oracle:.4f}" if oracle is not None else ""
+    print(f"wrote {args.out}: {spec.classes:,} classes, rows: {rows}{note}")
+    return 0
+
+
 def _print_summary(summary: dict, out: Path) -> None:
-    keys = [k for k in ("auc", "ne", "logloss", "calibration", "loss") if k in summary]
+    keys = [k for k in ("auc", "ne", "logloss", "calibration") if k in summary]
+    keys += sorted((k for k in summary if "@" in k), key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+    keys += ["loss"] if "loss" in summary else []
     print(f"\nfinal metrics on {summary['split']} ({summary['dataset']}):")
     for k in keys:
         print(f"  {k:<12} {summary[k]:.4f}")
     if "oracle_auc" in summary:
         print(f"  {'oracle_auc':<12} {summary['oracle_auc']:.4f}  (AUC of the true click probability)")
+    if "oracle_p_at_1" in summary:
+        print(f"  {'oracle_p@1':<12} {summary['oracle_p_at_1']:.4f}  (P@1 of the Bayes-optimal classifier)")
     rate = summary.get("train_examples_per_s")
     if rate:
         print(f"  training     {rate:,.0f} examples/s over {summary['steps']:,} steps")

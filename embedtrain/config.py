@@ -37,7 +37,8 @@ class ConfigError(ValueError):
 
 
 class TaskKind(enum.Enum):
-    CTR = "ctr"
+    CTR = "ctr"  # click-through rate: DLRM / DCNv2 (section ``model``)
+    XC = "xc"  # extreme classification: encoder + class head (section ``xc``)
 
 
 class Interaction(enum.Enum):
@@ -109,6 +110,66 @@ class ModelConfig:
     top_mlp: list[int] = field(default_factory=lambda: [128, 64, 1])
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 64
+
+
+class HeadKind(enum.Enum):
+    """The extreme-classification head (see ``embedtrain.models.class_head``)."""
+
+    FULL = "full"  # exact softmax, classes split across ranks
+    PARTIAL_FC = "partial_fc"  # positives + uniform negatives at sample_rate, per rank
+    HARD_NEGATIVES = "hard_negatives"  # positives + nearest classes from a refreshed index
+    ADAPTIVE = "adaptive"  # adaptive softmax over frequency-sorted classes (single-label)
+    MACH = "mach"  # R hashings of the classes into B buckets, R small heads
+
+
+class Margin(enum.Enum):
+    """Margin on the positives' logits; not ``none``: features and class weights normalised."""
+
+    NONE = "none"
+    COSFACE = "cosface"  # s * (cos - m)
+    ARCFACE = "arcface"  # s * cos(theta + m)
+
+
+class Pooling(enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class HeadOptimizer(enum.Enum):
+    """Optimizer of a sharded class head (sparse-capable: sampled heads update sampled rows)."""
+
+    ADAGRAD = "adagrad"
+    SGD = "sgd"
+
+
+@dataclass
+class HeadConfig:
+    """The class head of an XC model and its optimizer."""
+
+    kind: HeadKind = HeadKind.FULL
+    sample_rate: float = 0.1  # partial_fc; hard_negatives' extra uniform sample (0: none)
+    hard_negatives: int = 10  # hard_negatives: nearest classes per example and rank
+    refresh_every: int = 100  # hard_negatives: steps between index rebuilds
+    margin: Margin = Margin.NONE
+    margin_value: float = 0.35  # m (CosFace ~0.35, ArcFace ~0.5)
+    scale: float = 30.0  # s, logit scale of the normalised heads
+    cutoffs: list[int] = field(default_factory=list)  # adaptive; empty: chosen from C
+    div_value: float = 4.0  # adaptive: dimension divisor per tail cluster
+    mach_buckets: int = 0  # mach: B (0: about sqrt(C), at least 64)
+    mach_repetitions: int = 4  # mach: R
+    optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
+    lr: float = 0.05
+
+
+@dataclass
+class XCConfig:
+    """Extreme classification: bag-of-ids encoder (+ dense features) -> MLP -> class head."""
+
+    embedding_dim: int = 64  # token tables' dimension
+    pooling: Pooling = Pooling.MEAN
+    mlp: list[int] = field(default_factory=lambda: [256, 128])  # last: the feature dimension D
+    head: HeadConfig = field(default_factory=HeadConfig)
+    top_k: list[int] = field(default_factory=lambda: [1, 5])  # P@k, nDCG@k, recall@k
 
 
 @dataclass
@@ -207,6 +268,7 @@ class Config:
     task: TaskKind = TaskKind.CTR
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    xc: XCConfig = field(default_factory=XCConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)

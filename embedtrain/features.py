@@ -3,6 +3,8 @@
 A data set directory (from ``embedtrain datagen`` or ``embedtrain ingest``) holds ``metadata.json``;
 :func:`load_dataset_meta` reads it into a :class:`DatasetMeta`. Models are built from the
 :class:`FeatureSpec` inside it, loaders from the same spec, so the two can never disagree.
+The label is a number (CTR clicks) unless the metadata gives ``num_classes``: then it holds class
+ids, one per row or a list of at most ``max_labels`` (extreme classification).
 
 Example:
     >>> meta = load_dataset_meta("data/synthetic_ctr")
@@ -17,7 +19,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 METADATA_FILE = "metadata.json"
 
@@ -39,12 +41,19 @@ class SparseFeature:
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """The columns a model consumes: one label, dense floats, sparse id features."""
+    """The columns a model consumes: one label, dense floats, sparse id features.
+
+    ``num_classes=None``: the label is a number (read as float32). An int: the label column holds
+    class ids in ``[0, num_classes)`` (read as int64), one per row, or, in a list column, at most
+    ``max_labels`` per row (multi-label).
+    """
 
     label: str
     dense: tuple[str, ...]
     sparse: tuple[SparseFeature, ...]
     dense_transform: DenseTransform = DenseTransform.NONE
+    num_classes: Optional[int] = None
+    max_labels: int = 1
 
     @property
     def sparse_names(self) -> list[str]:
@@ -129,14 +138,32 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
         transform = DenseTransform(raw.get("dense_transform", "none"))
     except ValueError:
         raise DatasetError(f"{path}: dense_transform: unknown {raw['dense_transform']!r}") from None
+    num_classes = raw.get("num_classes")
+    if num_classes is not None and not _is_int(num_classes, 2):
+        raise DatasetError(f"{path}: num_classes: expected an int >= 2, got {num_classes!r}")
+    if "max_labels" in raw:
+        max_labels = raw["max_labels"]
+        if not _is_int(max_labels, 1):
+            raise DatasetError(f"{path}: max_labels: expected an int >= 1, got {max_labels!r}")
+    elif "labels_per_row" in raw:
+        per_row = raw["labels_per_row"]
+        if not (isinstance(per_row, list) and len(per_row) == 2 and _is_int(per_row[0], 1)
+                and _is_int(per_row[1], per_row[0])):
+            raise DatasetError(
+                f"{path}: labels_per_row: expected [lo, hi] with 1 <= lo <= hi, got {per_row!r}")
+        max_labels = per_row[1]
+    else:
+        max_labels = 1
     features = FeatureSpec(
-        label=raw["label"], dense=tuple(raw["dense"]), sparse=tuple(sparse), dense_transform=transform
+        label=raw["label"], dense=tuple(raw["dense"]), sparse=tuple(sparse),
+        dense_transform=transform, num_classes=num_classes, max_labels=max_labels,
     )
     split_files, split_rows = {}, {}
     for split, info in get(raw, "splits", dict, "").items():
         files = tuple(root / f for f in get(info, "files", list, f"splits.{split}."))
         split_files[split] = files
         split_rows[split] = int(info.get("rows", -1))
+    # num_classes, max_labels and labels_per_row stay in `extra` too: code reads them from there.
     known = {"format_version", "name", "label", "dense", "dense_transform", "sparse", "splits"}
     return DatasetMeta(
         root=root,
@@ -146,3 +173,8 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
         split_rows=split_rows,
         extra={k: v for k, v in raw.items() if k not in known},
     )
+
+
+def _is_int(value: Any, least: int) -> bool:
+    """Whether a JSON value is an integer (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

@@ -262,11 +262,11 @@ def test_cli_plan_failure_is_one_line(tmp_path, capsys):
 
 def test_pooling_factors_measured_from_data(tmp_path):
     from embedtrain.config import Config, DataConfig
-    from embedtrain.train.recipe import plan_ctr
+    from embedtrain.train.recipe import plan_model
 
     data = tiny_ctr_dataset(tmp_path / "data", rows=3000)
     cfg = Config(data=DataConfig(path=str(data)))
-    report = plan_ctr(cfg, CPU2).report
+    report = plan_model(cfg, CPU2).report
     by = {t["name"]: t["pooling_factor"] for t in report["tables"]}
     assert by["t_C1"] == 1.0
     assert 1.5 < by["t_C24"] < 3.5  # lists of 0..5 ids

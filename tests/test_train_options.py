@@ -44,10 +44,10 @@ def _dense(trainer) -> dict:
 
 
 def test_grad_accumulation_equals_the_big_batch(data, tmp_path):
-    from embedtrain.train.recipe import build_ctr_run
+    from embedtrain.train.recipe import build_run
 
-    big = build_ctr_run(_cfg(data, 256), tmp_path / "big").trainer
-    small = build_ctr_run(_cfg(data, 128, grad_accumulation=2), tmp_path / "small").trainer
+    big = build_run(_cfg(data, 256), tmp_path / "big").trainer
+    small = build_run(_cfg(data, 128, grad_accumulation=2), tmp_path / "small").trainer
     small.model.load_state_dict(big.model.state_dict())
     before = _dense(small)
     big._train_step(next(iter(big.train_data.iter_epoch(0))))
@@ -62,9 +62,9 @@ def test_grad_accumulation_equals_the_big_batch(data, tmp_path):
 
 
 def test_bf16_dense_forward(data, tmp_path):
-    from embedtrain.train.recipe import build_ctr_run
+    from embedtrain.train.recipe import build_run
 
-    run = build_ctr_run(_cfg(data, 256, bf16_dense=True), tmp_path / "bf16")
+    run = build_run(_cfg(data, 256, bf16_dense=True), tmp_path / "bf16")
     trainer = run.trainer
     batch = next(iter(trainer.train_data.iter_epoch(0)))
     with torch.no_grad():
@@ -78,12 +78,12 @@ def test_bf16_dense_forward(data, tmp_path):
 
 
 def test_lr_schedule_steps_and_resumes(data, tmp_path):
-    from embedtrain.train.recipe import build_ctr_run
+    from embedtrain.train.recipe import build_run
 
     cfg = _cfg(data, 256, checkpoint_every=3)
     cfg.optim = OptimConfig(dense=DenseOptimizer.LAMB, dense_lr=0.01, warmup_steps=4,
                             lr_decay=LRDecay.COSINE, min_lr_ratio=0.1)
-    run = build_ctr_run(cfg, tmp_path / "sched")
+    run = build_run(cfg, tmp_path / "sched")
     trainer = run.trainer
     dense = run.trainer.lr_scheduler.optimizer
     lrs = []
@@ -92,7 +92,7 @@ def test_lr_schedule_steps_and_resumes(data, tmp_path):
         lrs.append(dense.param_groups[0]["lr"])
     assert lrs == pytest.approx([0.01 * 2 / 4, 0.01 * 3 / 4, 0.01])  # linear warmup
     trainer.save()
-    again = build_ctr_run(cfg, tmp_path / "sched").trainer
+    again = build_run(cfg, tmp_path / "sched").trainer
     assert again.restore()
     assert again.lr_scheduler.last_epoch == trainer.lr_scheduler.last_epoch == 3
     assert again.lr_scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
@@ -111,13 +111,13 @@ def test_dense_allreduce_bytes_reflect_compression():
 def _hooked_grads(rank, world, data, modes):
     import tempfile
 
-    from embedtrain.train.recipe import build_ctr_run
+    from embedtrain.train.recipe import build_run
 
     results = {}
     for mode in modes:
         cfg = _cfg(data, 256)
         cfg.sharding = ShardingConfig(dense_allreduce=DenseAllReduce(mode))
-        trainer = build_ctr_run(cfg, tempfile.mkdtemp()).trainer
+        trainer = build_run(cfg, tempfile.mkdtemp()).trainer
         grads = []
         for batch, _ in zip(trainer.train_data.iter_epoch(0), range(3)):
             out = trainer.task.forward(trainer.model, batch)

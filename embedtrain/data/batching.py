@@ -4,7 +4,8 @@ A row group becomes a :class:`Rows` block once, in a loader worker: Arrow buffer
 straight into NumPy (permuted on the way when shuffling, so the permutation costs no extra pass)
 and the dense transform is applied. Batches are then lists of contiguous slices of blocks (views),
 written once into the KJT's ``values`` and ``lengths`` by :func:`to_batch`; nothing loops
-over rows in Python.
+over rows in Python. Labels are float32 ``[n]``; with ``FeatureSpec.num_classes`` they are int64
+class ids, ``[n]``, or ``[n, max_labels]`` padded with -1 when the label column is a list.
 
 The shuffle buffer (:func:`cut_batches`) never gathers rows again: each block is already uniformly
 permuted, so a uniform permutation of the whole buffer, cut into batches, is equivalent to drawing
@@ -53,14 +54,20 @@ class SparseLayout:
 
     Args:
         is_list: per sparse feature, in the spec's order, whether its column is a list.
+        label_is_list: whether the label column is a list of class ids (multi-label; only with
+            ``FeatureSpec.num_classes``).
     """
 
     is_list: tuple[bool, ...]
+    label_is_list: bool = False
 
     @staticmethod
     def of(schema: pa.Schema, features: FeatureSpec) -> "SparseLayout":
-        """The layout of ``schema``'s sparse columns (which must all be present)."""
-        return SparseLayout(tuple(is_list_type(schema.field(f.name).type) for f in features.sparse))
+        """The layout of ``schema``'s sparse and label columns (which must all be present)."""
+        label_is_list = (features.num_classes is not None
+                         and is_list_type(schema.field(features.label).type))
+        return SparseLayout(tuple(is_list_type(schema.field(f.name).type) for f in features.sparse),
+                            label_is_list)
 
     @functools.cached_property
     def segments(self) -> list[tuple[bool, int, int]]:
@@ -87,7 +94,7 @@ class Rows:
     List offsets are absolute positions into their (unsliced) values, so slices stay views.
     """
 
-    labels: np.ndarray  # float32 [n]
+    labels: np.ndarray  # float32 [n]; class ids: int64 [n], or [n, max_labels] padded with -1
     dense: np.ndarray  # float32 [n_dense, n], feature-major like `single`
     single: np.ndarray  # int64 [n_single, n], feature-major
     list_offsets: list[np.ndarray]  # per list feature: int32/int64 [n + 1], into list_values
@@ -116,8 +123,7 @@ class Rows:
         """
         n = table.num_rows
         order = rng.permutation(n) if rng is not None else None
-        labels = np.empty(n, np.float32)
-        _gather_into(labels, _numpy(table.column(features.label)), order)
+        labels = _labels(table.column(features.label), features, layout, order)
         dense = _dense_block(table, features, order)
         single = np.empty((layout.is_list.count(False), n), np.int64)
         offsets, lengths, values = [], [], []
@@ -366,6 +372,43 @@ def _dense_block(table: pa.Table, features: FeatureSpec, order: Optional[np.ndar
         if order is not None:
             np.take(column, order, out=dense[j], mode="clip")
     return dense
+
+
+def _labels(column: pa.ChunkedArray, features: FeatureSpec, layout: SparseLayout,
+            order: Optional[np.ndarray]) -> np.ndarray:
+    """The label column in ``order``: float32 numbers, or int64 class ids (a matrix if lists)."""
+    if layout.label_is_list:
+        return _label_matrix(column, features.max_labels, order)
+    labels = np.empty(len(column), np.float32 if features.num_classes is None else np.int64)
+    _gather_into(labels, _numpy(column), order)
+    return labels
+
+
+def _label_matrix(column: pa.ChunkedArray, max_labels: int, order: Optional[np.ndarray]
+                  ) -> np.ndarray:
+    """A list column of class ids as int64 ``[n, max_labels]``, padded with -1, rows in ``order``.
+
+    One scatter from Arrow's offsets: the ``t``-th id of file row ``r`` goes to flat position
+    ``dest[r] * max_labels + t`` of the matrix (``dest`` inverts ``order``), and as ``t`` is the
+    id's position minus its row's start offset, every position is one ``np.repeat`` plus one
+    ``arange`` away. The ids are read in file order. Rows must hold at most ``max_labels`` ids
+    (checked by the reader).
+    """
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy()[offsets[0] : offsets[-1]]
+    n = len(offsets) - 1
+    if order is None:
+        dest = np.arange(n, dtype=np.int64)
+    else:
+        dest = np.empty(n, np.int64)
+        dest[order] = np.arange(n)
+    shift = dest * max_labels - (offsets[:-1] - offsets[0])
+    position = np.repeat(shift, np.diff(offsets))
+    position += np.arange(len(values), dtype=np.int64)
+    out = np.full((n, max_labels), -1, np.int64)
+    out.reshape(-1)[position] = values
+    return out
 
 
 def _list_column(column: pa.ChunkedArray, order: Optional[np.ndarray]

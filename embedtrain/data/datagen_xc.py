@@ -661,6 +661,7 @@ def generate_xc(spec: XCDataSpec, out_dir: str | os.PathLike, progress: bool = T
         "label_column": label,
         "multi_label": spec.multi_label,
         "labels_per_row": list(spec.labels_per_row) if spec.multi_label else [1, 1],
+        "max_labels": spec.labels_per_row[1] if spec.multi_label else 1,
         "token_column": TOKEN_COLUMN,
         "vocab_size": spec.vocab,
         "class_frequencies": _class_summary(spec, model, counts),

@@ -3,7 +3,8 @@
 A :class:`ParquetBatchReader` walks the row groups of a split's parquet files and yields
 ``torchrec.datasets.utils.Batch`` objects: ``dense_features`` (float32 ``[B, n_dense]``),
 ``sparse_features`` (a ``KeyedJaggedTensor`` with one key per sparse feature, single ids or lists)
-and ``labels`` (float32 ``[B]``).
+and ``labels``: float32 ``[B]``, or, when ``FeatureSpec.num_classes`` is set, int64 class ids,
+``[B]`` from an integer column or ``[B, max_labels]`` padded with -1 from a list column.
 
 How an epoch is made:
 
@@ -29,9 +30,10 @@ wrapping around to the start of this rank's data (its first row groups in this e
 batch_size)`` full batches, so all ranks run the same number of steps. With ``DROP``/``KEEP``
 ranks whose row groups hold different row counts get different ``len()``: use ``PAD`` under DDP.
 
-Validation (types, nulls, ids in ``[0, num_embeddings)``) runs on every row group as it is read and
-raises :class:`DataError` naming file, column and row, in the iterating thread. Id ranges come from
-the parquet row-group statistics where the writer recorded them; otherwise the ids are scanned.
+Validation (types, nulls, ids in ``[0, num_embeddings)``, class ids in ``[0, num_classes)`` and
+1 to ``max_labels`` of them per row) runs on every row group as it is read and raises
+:class:`DataError` naming file, column and row, in the iterating thread. Id ranges come from the
+parquet row-group statistics where the writer recorded them; otherwise the ids are scanned.
 
 Inputs with no rows at all raise :class:`DataError` when the reader is built: an empty split is an
 ingestion mistake, and an empty epoch would let training silently do nothing. A rank that owns no
@@ -91,7 +93,8 @@ class RowGroup:
     num_rows: int
     first_row: int  # row number of the group's first row within its file, for error messages
     fragment: Any = field(default=None, compare=False, repr=False)  # its pyarrow.dataset fragment
-    # (min, max) of each sparse column's ids from the file's row-group statistics, where written.
+    # (min, max) of each sparse (and class-id label) column's ids from the file's row-group
+    # statistics, where written.
     id_ranges: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -295,7 +298,8 @@ def _row_groups(path: Path, features: FeatureSpec) -> tuple[list[RowGroup], Spar
 
 
 def _id_ranges(row_group: Any, features: FeatureSpec) -> dict[str, tuple[int, int]]:
-    """Sparse columns' id ranges from parquet statistics (a list's one leaf for list columns).
+    """Sparse (and class-id label) columns' id ranges from parquet statistics (a list's one leaf
+    for list columns).
 
     They let validation skip a scan of every id when the writer recorded them (Arrow, Polars and
     Spark do); a column without them, or outside its table, is scanned and the bad row named.
@@ -304,18 +308,26 @@ def _id_ranges(row_group: Any, features: FeatureSpec) -> dict[str, tuple[int, in
     for j in range(row_group.num_columns):
         column = row_group.column(j)
         leaves.setdefault(column.path_in_schema.split(".")[0], []).append(column)
+    names = features.sparse_names
+    if features.num_classes is not None:
+        names.append(features.label)
     ranges = {}
-    for feat in features.sparse:
-        found = leaves.get(feat.name, [])
+    for name in names:
+        found = leaves.get(name, [])
         stats = found[0].statistics if len(found) == 1 else None
         if (stats is not None and stats.has_min_max
                 and found[0].physical_type in ("INT32", "INT64")):
-            ranges[feat.name] = (stats.min, stats.max)
+            ranges[name] = (stats.min, stats.max)
     return ranges
 
 
 def _layout_mismatch(path: Path, layout: SparseLayout, first: Path, first_layout: SparseLayout,
                      features: FeatureSpec) -> str:
+    if layout.label_is_list != first_layout.label_is_list:
+        kind = lambda is_list: (  # noqa: E731
+            "a list column (multi-label)" if is_list else "a single-label column")
+        return (f"{path}: column {features.label}: {kind(layout.label_is_list)} here but "
+                f"{kind(first_layout.label_is_list)} in {first}")
     i = next(i for i, (a, b) in enumerate(zip(layout.is_list, first_layout.is_list)) if a != b)
     kind = lambda is_list: "a list column" if is_list else "a single-id column"  # noqa: E731
     return (f"{path}: column {features.sparse[i].name}: {kind(layout.is_list[i])} here but "
@@ -331,36 +343,65 @@ def _read_row_group(unit: RowGroup, features: FeatureSpec, arrow_threads: bool =
         raise DataError(f"{unit.file}: row group {unit.index}: cannot read: {e}") from None
     _validate(table, unit, features)
     return table
+
+
 def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
     """Checks types, nulls and id ranges of one row group, naming file, column and row."""
-    for name in [features.label, *features.dense]:
+    if features.num_classes is None:
+        numbers = [features.label, *features.dense]
+    else:
+        _check_class_labels(table.column(features.label), features, unit)
+        numbers = list(features.dense)
+    for name in numbers:
         column = table.column(name)
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
                 or pa.types.is_boolean(column.type)):
             raise DataError(f"{unit.file}: column {name}: expected a number, got {column.type}")
         _check_no_nulls(column, name, unit)
     for feat in features.sparse:
-        column = table.column(feat.name)
-        _check_no_nulls(column, feat.name, unit)
-        is_list = is_list_type(column.type)
-        ids = pc.list_flatten(column) if is_list else column
-        if not pa.types.is_integer(ids.type):
-            raise DataError(
-                f"{unit.file}: column {feat.name}: expected integer ids, got {column.type}")
-        if ids.null_count:
-            row = _first_row(column, pc.is_null(ids), is_list, unit)
-            raise DataError(f"{unit.file}: column {feat.name}: null id inside a list at row {row}")
-        known = unit.id_ranges.get(feat.name)
-        if known is not None and known[0] >= 0 and known[1] < feat.num_embeddings:
-            continue  # the statistics prove the range: no need to scan the ids
-        bounds = pc.min_max(ids)
-        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-        if lo is not None and (lo < 0 or hi >= feat.num_embeddings):
-            bad = pc.or_(pc.less(ids, 0), pc.greater_equal(ids, feat.num_embeddings))
-            raise DataError(
-                f"{unit.file}: column {feat.name}: id {lo if lo < 0 else hi} outside "
-                f"[0, {feat.num_embeddings}) at row {_first_row(column, bad, is_list, unit)}"
-            )
+        _check_ids(table.column(feat.name), feat.name, feat.num_embeddings, unit)
+
+
+def _check_ids(column: pa.ChunkedArray, name: str, limit: int, unit: RowGroup,
+               what: str = "id") -> None:
+    """Checks a column of integer ids (or lists of them): no nulls, all in ``[0, limit)``."""
+    _check_no_nulls(column, name, unit)
+    is_list = is_list_type(column.type)
+    ids = pc.list_flatten(column) if is_list else column
+    if not pa.types.is_integer(ids.type):
+        raise DataError(f"{unit.file}: column {name}: expected integer {what}s, got {column.type}")
+    if ids.null_count:
+        row = _first_row(column, pc.is_null(ids), is_list, unit)
+        raise DataError(f"{unit.file}: column {name}: null {what} inside a list at row {row}")
+    known = unit.id_ranges.get(name)
+    if known is not None and known[0] >= 0 and known[1] < limit:
+        return  # the statistics prove the range: no need to scan the ids
+    bounds = pc.min_max(ids)
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    if lo is not None and (lo < 0 or hi >= limit):
+        bad = pc.or_(pc.less(ids, 0), pc.greater_equal(ids, limit))
+        raise DataError(
+            f"{unit.file}: column {name}: {what} {lo if lo < 0 else hi} outside "
+            f"[0, {limit}) at row {_first_row(column, bad, is_list, unit)}"
+        )
+
+
+def _check_class_labels(column: pa.ChunkedArray, features: FeatureSpec, unit: RowGroup) -> None:
+    """Checks class-id labels: ids in ``[0, num_classes)``; lists hold 1 to ``max_labels``."""
+    name = features.label
+    _check_ids(column, name, features.num_classes, unit, what="class id")
+    if not is_list_type(column.type) or not len(column):
+        return
+    counts = pc.list_value_length(column)
+    bounds = pc.min_max(counts)
+    if bounds["min"].as_py() == 0:
+        row = _first_row(counts, pc.equal(counts, 0), False, unit)
+        raise DataError(f"{unit.file}: column {name}: row {row} has no label")
+    if bounds["max"].as_py() > features.max_labels:
+        row = _first_row(counts, pc.greater(counts, features.max_labels), False, unit)
+        raise DataError(
+            f"{unit.file}: column {name}: row {row} has {counts[row - unit.first_row].as_py()} "
+            f"labels, more than max_labels {features.max_labels} of metadata.json")
 
 
 def _first_row(column: pa.ChunkedArray, mask: Any, is_list: bool, unit: RowGroup) -> int:

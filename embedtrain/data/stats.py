@@ -1,4 +1,5 @@
-"""Statistics of a data set that planning needs: pooling factors (mean ids per example).
+"""Statistics of a data set that planning and models need: pooling factors (mean ids per
+example) and class frequencies.
 
 Example:
     >>> meta = load_dataset_meta("data/synthetic_ctr")
@@ -8,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -46,3 +49,24 @@ def measure_pooling_factors(meta: DatasetMeta, split: str = "train",
     if rows:
         factors.update({name: totals[name] / rows for name in lists})
     return factors
+
+
+def class_counts(meta: DatasetMeta, split: str = "train") -> np.ndarray:
+    """How often each class id occurs in ``split``'s label column (``[num_classes]`` int64).
+
+    Reads only the label column (a list column counts every label of a row). For adaptive
+    softmax, which sorts classes by frequency.
+    """
+    features = meta.features
+    if features.num_classes is None:
+        raise ValueError(f"{meta.root}: not a classification data set (no num_classes)")
+    counts = np.zeros(features.num_classes, np.int64)
+    for path in meta.files(split):
+        pf = pq.ParquetFile(path)
+        for batch in pf.iter_batches(batch_size=262_144, columns=[features.label]):
+            column = batch.column(0)
+            if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                column = pc.list_flatten(column)
+            ids = column.to_numpy(zero_copy_only=False)
+            counts += np.bincount(ids[(ids >= 0) & (ids < len(counts))], minlength=len(counts))
+    return counts

@@ -42,7 +42,6 @@ Example:
 
 from __future__ import annotations
 
-import enum
 import math
 from typing import Any, Optional, Protocol
 
@@ -51,17 +50,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from embedtrain.config import Margin
 from embedtrain.train.xc_metrics import blocked_topk, distributed_topk
 
 _EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
-
-
-class Margin(enum.Enum):
-    """Margin on the positive logits (features and weights are L2-normalised when not NONE)."""
-
-    NONE = "none"
-    COSFACE = "cosface"  # s * (cos - m)
-    ARCFACE = "arcface"  # s * cos(theta + m)
 
 
 class ClassHead(Protocol):
@@ -91,6 +83,23 @@ def shard_range(num_classes: int, rank: int, world_size: int) -> tuple[int, int]
     block = -(-num_classes // world_size)
     start = min(rank * block, num_classes)
     return start, min(start + block, num_classes)
+
+
+@torch.no_grad()
+def init_rows_(weight: Tensor, start: int, std: float, seed: int = 0, block: int = 65_536) -> None:
+    """Fills a slice of a class head (global rows ``start ..``) with ``N(0, std^2)``.
+
+    Row blocks of ``block`` classes have their own seed, so a class's initial weights are the
+    same whatever the number of ranks (2 ranks start where 1 rank starts).
+    """
+    if weight.device.type == "meta":
+        return
+    end = start + weight.shape[0]
+    for b in range(start // block, -(-end // block)):
+        lo, hi = max(b * block, start), min((b + 1) * block, end)
+        g = torch.Generator().manual_seed(seed * 1_000_003 + b)
+        rows = torch.randn(hi - b * block, weight.shape[1], generator=g)
+        weight[lo - start:hi - start] = rows[lo - b * block:] * std
 
 
 def _world(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
@@ -247,7 +256,7 @@ class ShardedSoftmaxHead(nn.Module):
         self.num_classes, self.dim = num_classes, dim
         self.start, self.end = shard_range(num_classes, self.rank, self.world_size)
         self.weight = nn.Parameter(torch.empty(self.end - self.start, dim, device=device))
-        nn.init.normal_(self.weight, std=dim ** -0.5)
+        init_rows_(self.weight, self.start, std=dim ** -0.5, seed=seed)
         self.margin, self.margin_value, self.scale = Margin(margin), margin_value, scale
         self.seed = seed
         # Training steps taken; seeds each step's sample so a resumed run draws the same ones.

@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -45,6 +45,18 @@ def measure_embedding_bytes(model: nn.Module) -> dict[str, int]:
         for state in fused.state_dict()["state"].values():
             optimizer += sum(_local_bytes(v) for v in state.values())
     return {"weights": weights, "optimizer": optimizer}
+
+
+def measure_head_bytes(head: nn.Module, optimizer: Optional[torch.optim.Optimizer],
+                       held: dict[str, int]) -> dict[str, int]:
+    """``held`` plus this rank's slice of a model-parallel class head and its optimizer state."""
+    weights = sum(_local_bytes(p) for p in head.parameters())
+    state = 0
+    if optimizer is not None:
+        inner = getattr(optimizer, "_optimizer", optimizer)  # the torch optimizer's own tensors
+        for param_state in inner.state.values():
+            state += sum(_local_bytes(v) for v in param_state.values() if v.dim() > 0)
+    return {"weights": held["weights"] + weights, "optimizer": held["optimizer"] + state}
 
 
 def plan_vs_measured(report: dict[str, Any], measured: list[dict[str, int]]) -> dict[str, Any]:

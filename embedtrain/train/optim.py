@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,14 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from embedtrain.config import DenseAllReduce, DenseOptimizer, OptimConfig, SparseOptimizer
+from embedtrain.config import (
+    DenseAllReduce,
+    DenseOptimizer,
+    HeadConfig,
+    HeadOptimizer,
+    OptimConfig,
+    SparseOptimizer,
+)
 
 _SPARSE = {
     SparseOptimizer.ROWWISE_ADAGRAD: RowWiseAdagrad,
@@ -91,18 +98,93 @@ def dense_optimizer_factory(cfg: OptimConfig) -> Callable[[list[torch.Tensor]], 
 
 
 def combined_optimizer(
-    model: DistributedModelParallel, cfg: OptimConfig
+    model: DistributedModelParallel, cfg: OptimConfig, exclude: Collection[str] = (),
+    extra: Sequence[tuple[str, KeyedOptimizer]] = (),
 ) -> tuple[CombinedOptimizer, KeyedOptimizerWrapper]:
     """The sharded model's fused sparse optimizer plus ``cfg.dense`` over the dense parameters.
+
+    Args:
+        model: the sharded model.
+        cfg: the ``optim`` section.
+        exclude: parameter names the dense optimizer leaves to one of ``extra``.
+        extra: more ``(name, optimizer)`` pairs (e.g. a sharded class head's).
 
     Returns:
         The combined optimizer (what the trainer steps and checkpoints) and its dense part (what
         the learning-rate schedule drives).
     """
-    dense = dict(in_backward_optimizer_filter(model.named_parameters(), include=False))
+    dense = {k: p for k, p in in_backward_optimizer_filter(model.named_parameters(), include=False)
+             if k not in exclude}
     dense_opt = KeyedOptimizerWrapper(dense, dense_optimizer_factory(cfg))
-    combined = CombinedOptimizer([("sparse", model.fused_optimizer), ("dense", dense_opt)])
+    combined = CombinedOptimizer([("sparse", model.fused_optimizer), ("dense", dense_opt),
+                                  *extra])
     return combined, dense_opt
+
+
+def head_optimizer_class(kind: HeadOptimizer) -> type[torch.optim.Optimizer]:
+    """The torch optimizer of a sharded class head (both take sparse gradients)."""
+    return {HeadOptimizer.ADAGRAD: torch.optim.Adagrad, HeadOptimizer.SGD: torch.optim.SGD}[kind]
+
+
+class ShardedRowsOptimizer(KeyedOptimizerWrapper):
+    """A keyed optimizer over parameters that are row slices of a bigger tensor (class heads).
+
+    The optimizer runs on the local slices. Seen through ``state`` (hence in ``state_dict``),
+    every state tensor shaped like its parameter is a ``DTensor`` (``Shard(0)``) sharing the
+    local tensor's storage: DCP writes each rank's rows once, reshards them on load, and loading
+    copies straight into the optimizer's own tensors.
+
+    Args:
+        params: name -> local slice.
+        optimizer_factory: builds the torch optimizer over the slices.
+        num_rows: name -> rows of the whole tensor.
+        group: ranks sharing the slices.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], optimizer_factory: Callable,
+                 num_rows: dict[str, int], group: Optional[dist.ProcessGroup] = None) -> None:
+        self._num_rows, self._group = num_rows, group
+        super().__init__(params, optimizer_factory)
+
+    @property
+    def state(self):  # noqa: D102 - see the class docstring
+        raw = self.__dict__["_local_state"]
+        if not dist.is_initialized():
+            return raw
+        from embedtrain.models.class_head import rows_as_dtensor
+
+        names = {p: k for k, p in self.params.items()}
+        return {p: {n: rows_as_dtensor(v, self._num_rows[names[p]], self._group)
+                    if isinstance(v, torch.Tensor) and v.shape == p.shape else v
+                    for n, v in st.items()}
+                for p, st in raw.items()}
+
+    @state.setter
+    def state(self, value) -> None:
+        self.__dict__["_local_state"] = value
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # Always to None: a zeroed gradient kept from one step to the next would turn the
+        # sampled heads' sparse gradients dense (zeros + sparse = dense), and with them the
+        # optimizer step over every row.
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def init_state(self, sparse_grad_parameter_names=None) -> None:
+        super().init_state(sparse_grad_parameter_names)
+        self.zero_grad()
+
+
+def sharded_head_optimizer(head: nn.Module, cfg: HeadConfig, prefix: str = "") -> ShardedRowsOptimizer:
+    """The optimizer of a model-parallel class head's slice (``cfg.optimizer``, ``cfg.lr``).
+
+    Sampled heads produce sparse gradients: Adagrad and SGD then touch only the sampled rows
+    (SGD without momentum; Adagrad's accumulator stays put for rows without gradient).
+    """
+    cls = head_optimizer_class(cfg.optimizer)
+    params = {prefix + n: p for n, p in head.named_parameters()}
+    kwargs: dict = {"lr": cfg.lr, "foreach": False}
+    return ShardedRowsOptimizer(params, lambda ps: cls(ps, **kwargs),
+                                {k: head.num_classes for k in params}, head.group)
 
 
 def dense_lr_schedule(dense: torch.optim.Optimizer, cfg: OptimConfig,

@@ -12,7 +12,7 @@ and the dense all-reduce's compression.
 
 Example:
     >>> cfg = load_config("configs/dlrm_synthetic.yaml")
-    >>> run = build_ctr_run(cfg, "runs/demo")
+    >>> run = build_run(cfg, "runs/demo")
     >>> summary = run.trainer.fit(test_data=run.test_data)
 """
 
@@ -29,15 +29,34 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import (
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+)
 from torchrec.distributed.types import ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from embedtrain.config import ClusterConfig, Config, DeviceKind, Interaction
+from embedtrain.config import (
+    ClusterConfig,
+    Config,
+    DeviceKind,
+    HeadKind,
+    Interaction,
+    ShardingConfig,
+    ShardingType,
+    TableConstraint,
+    TaskKind,
+)
 from embedtrain.data.reader import LastBatch, ParquetBatchReader
-from embedtrain.data.stats import measure_pooling_factors
+from embedtrain.data.stats import class_counts, measure_pooling_factors
 from embedtrain.features import DatasetMeta, load_dataset_meta
 from embedtrain.models.dlrm import dcn, dlrm, table_name
-from embedtrain.sharding.measure import measure_embedding_bytes, plan_vs_measured
+from embedtrain.models.xc import HEAD_TABLE, SHARDED_HEADS, XCModel, build_head
+from embedtrain.sharding.measure import (
+    measure_embedding_bytes,
+    measure_head_bytes,
+    plan_vs_measured,
+)
 from embedtrain.sharding.planner import PlanResult, plan_sharding
 from embedtrain.sharding.report import write_report
 from embedtrain.sharding.sharders import embedding_sharders
@@ -48,10 +67,13 @@ from embedtrain.train.optim import (
     dense_lr_schedule,
     dense_optimizer_slots,
     fuse_sparse_optimizer,
+    head_optimizer_class,
     register_dense_allreduce,
+    sharded_head_optimizer,
 )
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.trainer import Trainer, TrainerOptions
+from embedtrain.train.xc import XCTask
 
 
 @dataclass
@@ -93,26 +115,67 @@ def local_cluster(world_size: int, device: torch.device, batch_size_per_rank: in
     return cluster
 
 
-def _ctr_model_for_planning(cfg: Config, meta: DatasetMeta) -> nn.Module:
+def model_for_planning(cfg: Config, meta: DatasetMeta) -> nn.Module:
+    """``cfg``'s model on ``meta`` with its sparse optimizers marked: what the planner sizes.
+
+    An XC model's sharded class head stands in as a row-wise table (``class_head``) carrying the
+    head's optimizer, so the plan shows its memory per rank as the head splits it.
+    """
+    if cfg.task is TaskKind.XC:
+        return _xc_model_for_planning(cfg, meta)
     model = ctr_model(cfg, meta, device=torch.device("meta"))
     fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
     return model
 
 
-def plan_ctr(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module] = None) -> PlanResult:
+def _xc_model_for_planning(cfg: Config, meta: DatasetMeta) -> nn.Module:
+    _check_xc_data(cfg, meta)
+    h = cfg.xc.head
+    head = None
+    if h.kind not in SHARDED_HEADS:  # replicated: dense parameters, as the planner counts them
+        with torch.device("meta"):
+            head = build_head(h, meta.features.num_classes, cfg.xc.mlp[-1])
+    model = XCModel(meta.features, cfg.xc, head, device=torch.device("meta"))
+    fuse_sparse_optimizer(model.encoder, cfg.optim.sparse, cfg.optim.sparse_lr)
+    if head is None:
+        apply_optimizer_in_backward(head_optimizer_class(h.optimizer), model.head.parameters(),
+                                    {"lr": h.lr})
+    return model
+
+
+def _check_xc_data(cfg: Config, meta: DatasetMeta) -> None:
+    if meta.features.num_classes is None:
+        raise ValueError(f"{meta.root / 'metadata.json'}: task xc needs a classification data set "
+                         f"(num_classes missing; generate one with: embedtrain datagen xc)")
+    if cfg.xc.head.kind is HeadKind.ADAPTIVE and meta.features.max_labels > 1:
+        raise ValueError(f"xc.head.kind: adaptive takes one label per example, but "
+                         f"{meta.root / 'metadata.json'} allows {meta.features.max_labels}")
+
+
+def _planning_sharding(cfg: Config) -> ShardingConfig:
+    """``cfg.sharding``, plus: an XC class head is split row-wise (as the sharded heads split it)."""
+    if cfg.task is not TaskKind.XC or cfg.xc.head.kind not in SHARDED_HEADS:
+        return cfg.sharding
+    if any(HEAD_TABLE in c.tables for c in cfg.sharding.tables):
+        return cfg.sharding
+    head = TableConstraint(tables=[HEAD_TABLE], sharding_types=[ShardingType.ROW_WISE])
+    return dataclasses.replace(cfg.sharding, tables=[*cfg.sharding.tables, head])
+
+
+def plan_model(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module] = None) -> PlanResult:
     """Dry-run plan of ``cfg``'s model on ``cluster``: built on ``meta``, no memory, no GPU.
 
     Pooling factors are measured from the training split when the data set has one and
     ``cfg.sharding.pooling_factors_from_data`` is set; otherwise every table counts 1 id.
     """
     meta = load_dataset_meta(cfg.data.path)
-    model = model if model is not None else _ctr_model_for_planning(cfg, meta)
+    model = model if model is not None else model_for_planning(cfg, meta)
     measured = cfg.sharding.pooling_factors_from_data and bool(meta.split_files.get("train"))
     pooling = measure_pooling_factors(meta) if measured else {}
     result = plan_sharding(
         model,
         cluster,
-        cfg.sharding,
+        _planning_sharding(cfg),
         pooling_factors={table_name(f): v for f, v in pooling.items()},
         dense_optimizer_slots=dense_optimizer_slots(cfg.optim.dense),
     )
@@ -122,27 +185,67 @@ def plan_ctr(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module] = N
         "dataset_path": str(meta.root),
         "pooling_factors": "measured from the train split" if measured else "1.0 (no data)",
     }
+    if cfg.task is TaskKind.XC:
+        _describe_head(result.report, cfg, meta)
     return result
 
 
-def shard_model(cfg: Config, model: nn.Module, cluster: ClusterConfig, device: torch.device,
-                out_dir: Optional[str | os.PathLike] = None) -> DistributedModelParallel:
-    """Plans ``model`` on rank 0 (broadcast to all) and wraps it in ``DistributedModelParallel``.
+def _describe_head(report: dict[str, Any], cfg: Config, meta: DatasetMeta) -> None:
+    """Notes the class head in the report: its size, and that its compute is not estimated."""
+    h, c, d = cfg.xc.head, meta.features.num_classes, cfg.xc.mlp[-1]
+    info = {"kind": h.kind.value, "num_classes": c, "dim": d, "optimizer": h.optimizer.value}
+    if h.kind in SHARDED_HEADS:
+        entry = next(t for t in report["tables"] if t["name"] == HEAD_TABLE)
+        info["table"] = HEAD_TABLE
+        report["warnings"].append(
+            f"class head {HEAD_TABLE} ({c:,} classes x {d}, {h.kind.value}) is planned as a "
+            f"row-wise table: its memory per rank is exact, its time is not (the head's matmul "
+            f"over its slice, about 6 x batch x {c:,} / ranks x {d} flops a step, is not "
+            f"estimated); {entry['sharding_type']} over {len(entry['shards'])} shard(s)")
+    else:
+        info["table"] = None
+        report["warnings"].append(
+            f"class head ({h.kind.value}, {c:,} classes) is replicated on every rank (dense "
+            f"parameters, all-reduced with the MLP)")
+    report["model"]["class_head"] = info
 
-    With ``out_dir``, rank 0 writes the plan used (``plan.json``, ``plan.md``) and, after
-    sharding, ``plan_vs_measured.json``: the planner's per-rank embedding bytes against what each
-    rank holds.
+
+def shard_model(cfg: Config, model: nn.Module, cluster: ClusterConfig, device: torch.device,
+                out_dir: Optional[str | os.PathLike] = None,
+                planning_model: Optional[nn.Module] = None,
+                sharded_head: Optional[nn.Module] = None,
+                head_optimizer: Optional[torch.optim.Optimizer] = None) -> DistributedModelParallel:
+    """Plans on rank 0 (broadcast to all) and wraps ``model`` in ``DistributedModelParallel``.
+
+    Args:
+        cfg, model, cluster, device: the run's config, model, cluster and device.
+        out_dir: rank 0 writes the plan used (``plan.json``, ``plan.md``) and, after sharding,
+            ``plan_vs_measured.json``: the planner's per-rank embedding bytes (with a sharded
+            class head) against what each rank holds.
+        planning_model: what the planner sees, when it is not ``model`` (an XC model's sharded
+            head appears there as the row-wise table ``class_head``).
+        sharded_head: ``model``'s model-parallel class head (at ``model.head``): kept out of
+            DDP, measured with the tables (with ``head_optimizer``'s state).
     """
     world = dist.get_world_size()
     if cluster.world_size != world:
         raise ValueError(f"cluster {cluster.name} has {cluster.world_size} ranks "
                          f"({cluster.hosts} x {cluster.devices_per_host}) but this run has {world}")
     sharding_plan, report = invoke_on_rank_and_broadcast_result(
-        dist.GroupMember.WORLD, 0, _plan_for_broadcast, cfg, cluster, model)
+        dist.GroupMember.WORLD, 0, _plan_for_broadcast, cfg, cluster,
+        planning_model if planning_model is not None else model)
+    wrapper = None
+    if sharded_head is not None:  # the head's slice is its own: no DDP all-reduce for it
+        sharding_plan.plan.pop("head", None)
+        wrapper = DefaultDataParallelWrapper(
+            params_to_ignore=[f"head.{n}" for n, _ in sharded_head.named_parameters()])
     dmp = DistributedModelParallel(model, device=device, plan=sharding_plan,
                                    sharders=embedding_sharders(cfg.sharding),
-                                   env=ShardingEnv.from_process_group(dist.GroupMember.WORLD))
+                                   env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+                                   data_parallel_wrapper=wrapper)
     held = measure_embedding_bytes(dmp)
+    if sharded_head is not None:
+        held = measure_head_bytes(sharded_head, head_optimizer, held)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, held)
     if out_dir is not None and dist.get_rank() == 0:
@@ -154,13 +257,13 @@ def shard_model(cfg: Config, model: nn.Module, cluster: ClusterConfig, device: t
 
 
 def _plan_for_broadcast(cfg: Config, cluster: ClusterConfig, model: nn.Module):
-    result = plan_ctr(cfg, cluster, model)
+    result = plan_model(cfg, cluster, model)
     return result.sharding_plan, result.report
 
 
-def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None,
-                  cluster: Optional[ClusterConfig] = None) -> Run:
-    """Builds the sharded model, optimizers, readers and trainer of a CTR run.
+def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None,
+              cluster: Optional[ClusterConfig] = None) -> Run:
+    """Builds the sharded model, optimizers, readers and trainer of a run of ``cfg.task``.
 
     Args:
         cfg: the resolved config.
@@ -191,11 +294,16 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
         cluster = dataclasses.replace(cluster, batch_size_per_rank=local_batch)
     torch.manual_seed(cfg.train.seed)
     meta = load_dataset_meta(d.path)
-    model = _ctr_model_for_planning(cfg, meta)
     os.makedirs(out_dir, exist_ok=True)
-    dmp = shard_model(cfg, model, cluster, device, out_dir)
-    register_dense_allreduce(dmp, cfg.sharding.dense_allreduce, cfg.sharding.powersgd_rank)
-    optimizer, dense = combined_optimizer(dmp, cfg.optim)
+    extra: dict[str, Any] = {}
+    if cfg.task is TaskKind.XC:
+        dmp, optimizer, dense, task = _xc_model(cfg, meta, cluster, device, out_dir)
+        oracle_key = "oracle_p_at_1"
+    else:
+        dmp = shard_model(cfg, model_for_planning(cfg, meta), cluster, device, out_dir)
+        register_dense_allreduce(dmp, cfg.sharding.dense_allreduce, cfg.sharding.powersgd_rank)
+        optimizer, dense = combined_optimizer(dmp, cfg.optim)
+        task, oracle_key = CTRTask(), "oracle_auc"
     if cfg.train.pipeline and rank == 0:
         where = ("on cpu there are no CUDA streams to overlap the input all-to-all with"
                  if device.type == "cpu" else "the CUDA path is not wired into the trainer yet")
@@ -234,13 +342,12 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
         grad_accumulation=t.grad_accumulation,
         bf16_dense=t.bf16_dense,
     )
-    extra: dict[str, Any] = {}
-    oracle = meta.extra.get("oracle_auc", {})
+    oracle = meta.extra.get(oracle_key, {})
     if isinstance(oracle, dict) and "test" in oracle:
-        extra["oracle_auc"] = oracle["test"]
+        extra[oracle_key] = oracle["test"]
     train_data = reader("train", train=True)
     trainer = Trainer(
-        CTRTask(),
+        task,
         dmp,
         optimizer,
         train_data,
@@ -254,6 +361,36 @@ def build_ctr_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bo
     test = reader("test", train=False) if "test" in meta.split_files else None
     return Run(trainer=trainer, meta=meta, test_data=test,
                eval_reader=lambda split: reader(split, train=False))
+
+
+def _xc_model(cfg: Config, meta: DatasetMeta, cluster: ClusterConfig, device: torch.device,
+              out_dir: str | os.PathLike):
+    """The sharded XC model, its optimizers (fused sparse + dense [+ head]) and task."""
+    _check_xc_data(cfg, meta)
+    h, num_classes, dim = cfg.xc.head, meta.features.num_classes, cfg.xc.mlp[-1]
+    sharded = h.kind in SHARDED_HEADS
+    counts = None
+    if h.kind is HeadKind.ADAPTIVE:
+        counts = torch.from_numpy(class_counts(meta))
+    # The head's collectives get their own process group, so they never interleave with DDP's
+    # bucket all-reduces or the tables' all-to-alls on the default one.
+    group = dist.new_group(list(range(dist.get_world_size()))) if sharded else None
+    head = build_head(h, num_classes, dim, group=group, class_counts=counts, seed=cfg.train.seed)
+    if not sharded:
+        head = head.to(device)
+    model = XCModel(meta.features, cfg.xc, head, device=torch.device("meta"))
+    fuse_sparse_optimizer(model.encoder, cfg.optim.sparse, cfg.optim.sparse_lr)
+    head_opt = None
+    if sharded:
+        head_opt = sharded_head_optimizer(head, h, prefix="head.")
+    dmp = shard_model(cfg, model, cluster, device, out_dir,
+                      planning_model=model_for_planning(cfg, meta),
+                      sharded_head=head if sharded else None, head_optimizer=head_opt)
+    register_dense_allreduce(dmp, cfg.sharding.dense_allreduce, cfg.sharding.powersgd_rank)
+    exclude = {f"head.{n}" for n, _ in head.named_parameters()} if sharded else set()
+    optimizer, dense = combined_optimizer(dmp, cfg.optim, exclude=exclude,
+                                          extra=[("head", head_opt)] if head_opt else [])
+    return dmp, optimizer, dense, XCTask(cfg.xc.top_k)
 
 
 def _total_steps(t, batches_per_epoch: int) -> int:
