@@ -315,6 +315,9 @@ def _print_summary(summary: dict, out: Path) -> None:
     rate = summary.get("train_examples_per_s")
     if rate:
         print(f"  training     {rate:,.0f} examples/s over {summary['steps']:,} steps")
+    rss = summary.get("peak_rss_gb_per_rank")
+    if rss:
+        print(f"  memory       peak RSS per rank: {', '.join(f'{x:.2f}' for x in rss)} GiB")
     print(f"run files: {out}/ (config.yaml, metrics.jsonl, summary.json, curves.png, checkpoints/)")
 
 

@@ -81,6 +81,10 @@ def test_plan_sizes_the_class_head(xc_data):
     assert rows == [CLASSES // 2, CLASSES // 2]
     assert report["model"]["class_head"]["num_classes"] == CLASSES
     assert any("class head class_head" in w for w in report["warnings"])
+    # Each rank scores the global batch against its sampled columns: logits + saved softmax.
+    batch = cluster.batch_size_per_rank * 2
+    for r in report["ranks"]:
+        assert r["memory"]["ddr"]["class_head_logits"] == batch * round(0.1 * CLASSES / 2) * 4 * 2
 
 
 def test_xc_task_on_ctr_data_is_one_line(tmp_path):
@@ -90,3 +94,87 @@ def test_xc_task_on_ctr_data_is_one_line(tmp_path):
     generate_ctr(CTRDataSpec(rows=2_000, seed=1), tmp_path / "ctr")
     with pytest.raises(ValueError, match="task xc needs a classification data set"):
         build_run(_cfg(tmp_path / "ctr"), tmp_path / "run")
+
+
+# ---- 2 ranks == 1 rank through the sharded model (encoder tables, DDP MLP, head slices) ----
+
+def _slice(batch, lo, hi):
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    jt = batch.sparse_features["tokens"]
+    offsets = jt.offsets()
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["tokens"], values=jt.values()[offsets[lo]:offsets[hi]], lengths=jt.lengths()[lo:hi])
+    return Batch(batch.dense_features[lo:hi], kjt, batch.labels[lo:hi])
+
+
+def _one_step(rank, world, data, out, kind):
+    from embedtrain.data.reader import ParquetBatchReader
+    from embedtrain.features import load_dataset_meta
+    from embedtrain.train.recipe import _xc_model, local_cluster
+
+    cfg = _cfg(data, f"xc.head.kind={kind}", "xc.head.sample_rate=1.0", "optim.sparse=sgd",
+               "optim.dense=sgd", "optim.momentum=0.0", "xc.head.optimizer=sgd",
+               "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "xc.head.lr=0.5")
+    meta = load_dataset_meta(data)
+    torch.manual_seed(0)
+    dmp, optimizer, _, task = _xc_model(cfg, meta, local_cluster(world, torch.device("cpu"), 64),
+                                        torch.device("cpu"), out)
+    # The encoder's initial weights differ with the sharding: make them the same everywhere.
+    with torch.no_grad():
+        for name, p in dmp.named_parameters():
+            if "mlp" in name:
+                g = torch.Generator().manual_seed(len(name))
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    tables = dmp.state_dict()["encoder.ebc.embedding_bags.t_tokens.weight"]
+    with torch.no_grad():
+        for shard in tables.local_shards():
+            r0, c0 = shard.metadata.shard_offsets
+            rows, cols = shard.tensor.shape
+            full = torch.randn(meta.features.sparse[0].num_embeddings, 32,
+                               generator=torch.Generator().manual_seed(1)) * 0.1
+            shard.tensor.copy_(full[r0:r0 + rows, c0:c0 + cols])
+    batch = next(iter(ParquetBatchReader(meta.files("train"), meta.features, 128,
+                                         num_workers=0)))
+    local = _slice(batch, rank * 128 // world, (rank + 1) * 128 // world)
+    loss = task.forward(dmp, local).loss
+    loss.backward()
+    optimizer.step()
+    tables = dmp.state_dict()["encoder.ebc.embedding_bags.t_tokens.weight"]
+    head = dmp.module.head
+    return {"loss": float(loss), "head": (head.start, head.weight.detach().clone()),
+            "mlp": {n: p.detach().clone() for n, p in dmp.named_parameters() if "mlp" in n},
+            "tables": [(s.metadata.shard_offsets, s.tensor.clone()) for s in tables.local_shards()]}
+
+
+def _assemble(results):
+    head = torch.cat([w for _, w in sorted((r["head"] for r in results), key=lambda x: x[0])])
+    rows = max(o[0] + t.shape[0] for r in results for o, t in r["tables"])
+    table = torch.full((rows, 32), float("nan"))
+    for r in results:
+        for (r0, c0), t in r["tables"]:
+            table[r0:r0 + t.shape[0], c0:c0 + t.shape[1]] = t
+    return head, table
+
+
+def test_two_ranks_step_like_one(xc_data, tmp_path, kind="full"):
+    """One SGD step of the sharded model on 2 ranks (tables sharded by the planner, MLP under DDP,
+    head split by classes) equals the step on 1 rank with the global batch."""
+    from embedtrain.testing.dist import spawn
+
+    two = spawn(_one_step, 2, str(xc_data), str(tmp_path / "two"), kind, timeout=240)
+    from embedtrain.train.dist import init_process_group
+
+    init_process_group()  # a world of one in this process, as `embedtrain train` makes
+    one = _one_step(0, 1, str(xc_data), str(tmp_path / "one"), kind)
+    assert two[0]["loss"] == pytest.approx(one["loss"], rel=1e-6)  # the global batch's mean
+    head2, table2 = _assemble(two)
+    head1, table1 = _assemble([one])
+    torch.testing.assert_close(head2, head1, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(table2, table1, atol=1e-6, rtol=1e-5)
+    start = torch.randn(table1.shape, generator=torch.Generator().manual_seed(1)) * 0.1
+    assert not torch.equal(table1, start)  # the step did move the tables
+    for name in one["mlp"]:
+        torch.testing.assert_close(two[0]["mlp"][name], one["mlp"][name], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(two[1]["mlp"][name], one["mlp"][name], atol=1e-6, rtol=1e-5)

@@ -139,6 +139,7 @@ def plan_sharding(
     pooling_factors: Optional[dict[str, float]] = None,
     dense_optimizer_slots: int = 2,
     budget: Optional[int] = None,
+    extra_reservations: Optional[dict[str, int]] = None,
 ) -> PlanResult:
     """Plans ``model``'s tables on ``cluster``.
 
@@ -150,6 +151,8 @@ def plan_sharding(
         pooling_factors: mean ids per example per table (default 1.0).
         dense_optimizer_slots: dense optimizer values per dense parameter (Adam 2).
         budget: partitions for the local search (default ``sharding.search_budget``).
+        extra_reservations: more per-rank memory to set aside, by name, in bytes (e.g. an XC
+            class head's logits); itemised in the report's ranks like the dense model.
 
     Returns:
         The plan and its report.
@@ -169,11 +172,13 @@ def plan_sharding(
     constraints = table_constraints(list(tables), sharding, pooling_factors)
     _check_constraints(tables, constraints, topo.compute_device)
 
-    reservation = ExplicitStorageReservation(cluster.reserved_fraction, dense_optimizer_slots)
+    reservation = ExplicitStorageReservation(cluster.reserved_fraction, dense_optimizer_slots,
+                                             extra=extra_reservations)
     left = reservation.reserve(topo, cluster.batch_size_per_rank, model, sharders, constraints)
     if getattr(left.devices[0].storage, tier) <= 0:
         need = sum(reservation.breakdown.values()) / GIB
-        raise PlanError(f"does not fit: the dense model, its optimizer, input buffers and the "
+        raise PlanError(f"does not fit: the dense model, its optimizer, input buffers, "
+                        f"{''.join(k + ', ' for k in (extra_reservations or {}))}and the "
                         f"{cluster.reserved_fraction:.0%} reserve need {need:.2f} GiB of {tier.upper()} "
                         f"per rank, more than the {_capacity(cluster, tier) / GIB:.2f} GiB a rank has")
     enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints)

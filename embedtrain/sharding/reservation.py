@@ -43,11 +43,13 @@ class ExplicitStorageReservation(StorageReservation):
         dense_optimizer_slots: optimizer values per dense parameter (Adam 2, Adagrad 1, SGD 0).
         pipeline_batches: sparse input batches resident at once (the sparse-dist pipeline keeps
             three: the one computing, the one being distributed, the one being copied in).
+        extra: more named per-rank reservations (e.g. a class head's logits), bytes.
     """
 
     def __init__(self, reserved_fraction: float, dense_optimizer_slots: int,
-                 pipeline_batches: int = 3) -> None:
+                 pipeline_batches: int = 3, extra: Optional[dict[str, int]] = None) -> None:
         self.reserved_fraction = reserved_fraction
+        self.extra = dict(extra or {})
         self.dense_optimizer_slots = dense_optimizer_slots
         self.pipeline_batches = pipeline_batches
         self.breakdown: dict[str, int] = {}
@@ -87,6 +89,7 @@ class ExplicitStorageReservation(StorageReservation):
             "dense_gradients": dense,
             "dense_optimizer": dense * self.dense_optimizer_slots,
             "kjt_buffers": kjt,
+            **self.extra,
             "reserved": int(capacity * self.reserved_fraction),
         }
         total = sum(self.breakdown.values())

@@ -178,6 +178,7 @@ def plan_model(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module] =
         _planning_sharding(cfg),
         pooling_factors={table_name(f): v for f, v in pooling.items()},
         dense_optimizer_slots=dense_optimizer_slots(cfg.optim.dense),
+        extra_reservations=head_activation_bytes(cfg, meta, cluster),
     )
     result.report["model"] = {
         "task": cfg.task.value,
@@ -188,6 +189,28 @@ def plan_model(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module] =
     if cfg.task is TaskKind.XC:
         _describe_head(result.report, cfg, meta)
     return result
+
+
+def head_activation_bytes(cfg: Config, meta: DatasetMeta, cluster: ClusterConfig) -> dict[str, int]:
+    """Per-rank memory of a sharded class head's logits in a training step (``{}``: none).
+
+    Every rank scores the *global* batch (``batch_size_per_rank x ranks`` gathered features)
+    against its slice, or against the slice's sample: the logits and the softmax kept for the
+    backward pass (one more copy with a margin) are ``B x columns`` floats each.
+    """
+    h = cfg.xc.head
+    if cfg.task is not TaskKind.XC or h.kind not in SHARDED_HEADS:
+        return {}
+    batch = cluster.batch_size_per_rank * cluster.world_size
+    local = -(-meta.features.num_classes // cluster.world_size)
+    if h.kind is HeadKind.FULL:
+        columns = local
+    elif h.kind is HeadKind.PARTIAL_FC:
+        columns = max(round(h.sample_rate * local), 1)
+    else:  # positives + nearest classes + uniform sample, at most the slice
+        columns = min(local, batch * (1 + h.hard_negatives) + round(h.sample_rate * local))
+    copies = 3 if h.margin.value != "none" else 2
+    return {"class_head_logits": batch * columns * 4 * copies}
 
 
 def _describe_head(report: dict[str, Any], cfg: Config, meta: DatasetMeta) -> None:

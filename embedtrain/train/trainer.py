@@ -308,6 +308,7 @@ class Trainer:
             "train_time_s": st.train_time_s,
             "wall_time_s": wall_s,
             "world_size": self.world_size,
+            "peak_rss_gb_per_rank": _peak_rss_gb_per_rank(),
             "valid": valid,
             **self.extra_summary,
         }
@@ -317,6 +318,18 @@ class Trainer:
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
                                      reference=reference)
         return summary
+
+
+def _peak_rss_gb_per_rank() -> list[float]:
+    """Every rank's peak resident memory so far (GiB), gathered (a collective)."""
+    import resource
+
+    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [round(mine, 3)]
+    every = [0.0] * dist.get_world_size()
+    dist.all_gather_object(every, round(mine, 3))
+    return every
 
 
 def _max_over_ranks(value: int) -> int:
