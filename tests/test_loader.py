@@ -223,17 +223,26 @@ def test_pad_reaches_the_same_length_when_shuffled(dataset):
     assert len(lengths) == 1 and set(seen) == set(table.column("d0").to_pylist())
 
 
-def test_empty_input_is_an_error_and_an_empty_rank_an_empty_epoch(tmp_path):
+def test_empty_input_is_an_error_and_few_row_groups_are_shared_by_rows(tmp_path):
     table, spec = random_ctr_table(rows=100)
     empty = write_parquet(table.slice(0, 0), tmp_path / "empty.parquet")
     with pytest.raises(DataError, match=r"empty.parquet: no rows"):
         ParquetBatchReader([empty], spec, 16)
     one_group = write_parquet(table, tmp_path / "one.parquet")
-    idle = ParquetBatchReader([empty, one_group], spec, 16, rank=1, world_size=2, num_workers=2)
-    assert len(idle) == 0 and list(idle) == []
-    with pytest.raises(DataError, match="rank 1 of 2 has no row group"):
-        list(ParquetBatchReader([one_group], spec, 16, rank=1, world_size=2,
-                                last_batch=LastBatch.PAD))
+    # One row group, three ranks: each reads a third of its rows, none twice, none idle.
+    for last in (LastBatch.KEEP, LastBatch.PAD):
+        seen = []
+        for rank in range(3):
+            reader = ParquetBatchReader([empty, one_group], spec, 16, rank=rank, world_size=3,
+                                        num_workers=2, last_batch=last)
+            batches = list(reader)
+            assert len(batches) == len(reader) == 3
+            seen.append([x for b in batches for x in b.dense_features[:, 0].tolist()])
+        if last is LastBatch.KEEP:
+            assert sorted(x for part in seen for x in part) == sorted(
+                table.column("d0").to_numpy().astype("float32").tolist())
+        else:  # padded to 3 full batches each, from the rank's own rows
+            assert all(len(part) == 48 and len(set(part)) <= 34 for part in seen)
 
 
 def test_list_and_single_columns_must_agree_across_files(tmp_path):

@@ -36,8 +36,9 @@ Validation (types, nulls, ids in ``[0, num_embeddings)``, class ids in ``[0, num
 parquet row-group statistics where the writer recorded them; otherwise the ids are scanned.
 
 Inputs with no rows at all raise :class:`DataError` when the reader is built: an empty split is an
-ingestion mistake, and an empty epoch would let training silently do nothing. A rank that owns no
-row group (more ranks than row groups) gets an empty epoch, or a ``DataError`` with ``PAD``.
+ingestion mistake, and an empty epoch would let training silently do nothing. With fewer row groups
+than ranks, every row group is cut into ``world_size`` row ranges shared out instead (each rank
+then reads whole row groups and keeps its ranges), so no rank is left without data.
 
 Memory is bounded by the knobs, not the data set: about ``2 x (shuffle_buffer_rows + one row
 group)`` rows (the buffer, and the workers' read-ahead of one buffer's worth of row groups) plus
@@ -54,6 +55,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
@@ -96,6 +98,7 @@ class RowGroup:
     # (min, max) of each sparse (and class-id label) column's ids from the file's row-group
     # statistics, where written.
     id_ranges: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
+    offset: int = 0  # a part of a row group: its rows start this far in (see _split_units)
 
 
 class ParquetBatchReader:
@@ -174,6 +177,8 @@ class ParquetBatchReader:
         if not units:
             names = ", ".join(str(f) for f in files)
             raise DataError(f"{names}: no rows (no non-empty row groups)")
+        if len(units) < world_size:  # too few row groups to go round: share them by rows
+            units = _split_units(units, world_size)
         self.layout = layouts[0][1]
         self.row_groups = units[rank::world_size]
         # The longest rank's row count: with PAD every rank runs as many batches as that one.
@@ -258,8 +263,8 @@ def _load_rows(item: tuple[int, RowGroup, int], features: FeatureSpec, layout: S
     """One plan item as a block; shuffled by a generator of its own, so workers need no order."""
     position, unit, rows = item
     table = _read_row_group(unit, features, arrow_threads)
-    if rows < table.num_rows:
-        table = table.slice(0, rows)
+    if unit.offset or rows < table.num_rows:
+        table = table.slice(unit.offset, rows)
     rng = np.random.default_rng([*seed, position]) if seed is not None else None
     return Rows.from_table(table, features, layout, rng)
 
@@ -273,6 +278,18 @@ def _assemble(blocks: Iterable[Rows], layout: SparseLayout, keys: list[str], bat
 
 _LOCAL = pafs.LocalFileSystem()
 _PARQUET = ds.ParquetFileFormat()
+
+
+def _split_units(units: list[RowGroup], parts: int) -> list[RowGroup]:
+    """Each row group cut into ``parts`` row ranges, so that every one of ``parts`` ranks gets
+    rows (small splits, e.g. a validation set in one row group, on many ranks)."""
+    out = []
+    for k in range(parts):
+        for u in units:
+            lo, hi = u.num_rows * k // parts, u.num_rows * (k + 1) // parts
+            if hi > lo:
+                out.append(dataclasses.replace(u, num_rows=hi - lo, offset=u.offset + lo))
+    return out
 
 
 def _row_groups(path: Path, features: FeatureSpec) -> tuple[list[RowGroup], SparseLayout]:
