@@ -145,3 +145,35 @@ def test_checkpoint_of_one_rank_loads_on_two_and_resumes(setup, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "loaded on 2" in r.stdout + r.stderr
     assert _summary(one)["steps"] == 60 and _summary(one)["world_size"] == 2
+
+
+def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
+    """A Partial FC head split by classes over 2 ranks: the plan's per-rank bytes (tables + head
+    slice + its Adagrad state) match what each rank holds, and the checkpoint, resharded onto
+    1 rank, evaluates to the 2-rank run's P@k."""
+    from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+
+    data = tmp_path / "xc"
+    generate_xc(XCDataSpec(classes=301, rows=6000, vocab=2000, noise=0.5, seed=2,
+                           rows_per_row_group=1000), data, progress=False)
+    run = tmp_path / "run"
+    r = embedtrain("train", "configs/xc_synthetic.yaml", "--out", str(run), "--nproc", "2",
+                   "--set", f"data.path={data}", "--set", "data.batch_size=128",
+                   "--set", "xc.head.kind=partial_fc", "--set", "xc.head.sample_rate=0.3",
+                   "--set", "train.max_steps=30", "--set", "train.checkpoint_every=10",
+                   "--set", "train.progress=false")
+    assert r.returncode == 0, r.stderr[-4000:]
+    plan = json.loads((run / "plan.json").read_text())
+    (head,) = [t for t in plan["tables"] if t["name"] == "class_head"]
+    assert head["sharding_type"] == "row_wise" and head["ranks"] == [0, 1]
+    measured = json.loads((run / "plan_vs_measured.json").read_text())
+    assert measured["max_abs_deviation"] < 0.01, measured
+    final = _summary(run)
+    assert final["world_size"] == 2 and len(final["peak_rss_gb_per_rank"]) == 2
+    r = embedtrain("eval", str(run), "--split", "test")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((run / "eval_test.json").read_text())
+    assert result["step"] == 30
+    for key in ("p@1", "p@5", "ndcg@5"):
+        assert result[key] == pytest.approx(final[key], abs=1e-9), key
+    assert result["loss"] == pytest.approx(final["loss"], rel=1e-5)
