@@ -178,3 +178,20 @@ def test_two_ranks_step_like_one(xc_data, tmp_path, kind="full"):
     for name in one["mlp"]:
         torch.testing.assert_close(two[0]["mlp"][name], one["mlp"][name], atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(two[1]["mlp"][name], one["mlp"][name], atol=1e-6, rtol=1e-5)
+
+
+def test_hundred_million_class_head_dry_run():
+    """configs/xc_100m.yaml on one 8-GPU host: Partial FC fits, the full softmax's logits do not."""
+    from embedtrain.sharding.planner import PlanError
+    from embedtrain.train.recipe import plan_model
+
+    cluster = load_cluster("configs/clusters/a100-1x8.yaml")
+    report = plan_model(load_config("configs/xc_100m.yaml"), cluster).report
+    (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
+    assert head["weight_bytes"] == 100_000_000 * 128 * 4
+    assert head["optimizer_bytes"] == head["weight_bytes"]  # Adagrad: one value per weight
+    rank = report["ranks"][0]["memory"]["hbm"]
+    assert rank["class_head_logits"] == 512 * 8 * 1_250_000 * 4 * 2
+    assert rank["total"] < rank["capacity"]
+    with pytest.raises(PlanError, match="does not fit.*class_head_logits"):
+        plan_model(load_config("configs/xc_100m.yaml", ["xc.head.kind=full"]), cluster)
