@@ -312,7 +312,7 @@ def iter_chunks(spec: CTRDataSpec, model: PlantedModel) -> Iterator[_Rows]:
         yield _Rows(i, chunk, p, y, split)
 
 
-class _SplitWriter:
+class SplitWriter:
     """Buffers rows of one split into full row groups and rolls over to a new part file."""
 
     def __init__(self, out_dir: Path, split: str, spec: CTRDataSpec):
@@ -353,7 +353,13 @@ class _SplitWriter:
             self.writer.close()
 
 
-def _clear_old(out: Path) -> None:
+def progress_line(what: str, done: int, total: int, start: float) -> None:
+    """One ``what: done/total rows (rate rows/s)`` line on stderr."""
+    rate = done / max(time.perf_counter() - start, 1e-9)
+    print(f"{what}: {done:,}/{total:,} rows ({rate:,.0f} rows/s)", file=sys.stderr, flush=True)
+
+
+def clear_old(out: Path) -> None:
     had_meta = (out / "metadata.json").exists()
     for split in SPLITS:  # without metadata, only ever delete our own leftovers (an aborted run)
         d = out / split
@@ -389,9 +395,9 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
     spec.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _clear_old(out)
+    clear_old(out)
     model = PlantedModel(spec)
-    writers = {s: _SplitWriter(out, s, spec) for s in SPLITS}
+    writers = {s: SplitWriter(out, s, spec) for s in SPLITS}
     probs: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     labels: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     start, done = time.perf_counter(), 0
@@ -404,9 +410,7 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
             labels[s].append(chunk.labels[mask])
         done += len(chunk.p)
         if progress:
-            rate = done / max(time.perf_counter() - start, 1e-9)
-            print(f"datagen: {done:,}/{spec.rows:,} rows ({rate:,.0f} rows/s)",
-                  file=sys.stderr, flush=True)
+            progress_line("datagen", done, spec.rows, start)
     for w in writers.values():
         w.close()
 

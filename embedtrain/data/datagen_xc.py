@@ -70,7 +70,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +79,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedtrain.data.datagen import SPLITS, _clear_old, _SplitWriter
+from embedtrain.data.datagen import SPLITS, SplitWriter, clear_old, progress_line
 
 TOKEN_COLUMN = "tokens"
 _CHUNK_ROWS = 65_536
@@ -479,7 +478,7 @@ def planted_description(spec: XCDataSpec) -> str:
     return text
 
 
-class _XCSplitWriter(_SplitWriter):
+class _XCSplitWriter(SplitWriter):
     """The CTR generator's split writer, with this data set's schema."""
 
     def __init__(self, out_dir: Path, split: str, spec: XCDataSpec, schema: pa.Schema):
@@ -622,7 +621,7 @@ def generate_xc(spec: XCDataSpec, out_dir: str | os.PathLike, progress: bool = T
     spec.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _clear_old(out)
+    clear_old(out)
     model = XCPlantedModel(spec)
     schema = model.schema()
     writers = {s: _XCSplitWriter(out, s, spec, schema) for s in SPLITS}
@@ -640,9 +639,7 @@ def generate_xc(spec: XCDataSpec, out_dir: str | os.PathLike, progress: bool = T
         oracle.add(ch, np.flatnonzero(rows.split == 2))
         done += len(ch.primary)
         if progress:
-            rate = done / max(time.perf_counter() - start, 1e-9)
-            print(f"datagen xc: {done:,}/{spec.rows:,} rows ({rate:,.0f} rows/s)",
-                  file=sys.stderr, flush=True)
+            progress_line("datagen xc", done, spec.rows, start)
     for w in writers.values():
         w.close()
     label = "labels" if spec.multi_label else "label"
