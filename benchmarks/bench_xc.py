@@ -1,86 +1,324 @@
-"""Extreme-classification heads: training-step time at 1M classes (WIP: timing part only).
+"""Extreme-classification heads: training-step time at 1M classes, and P@1 at equal examples.
 
-Each head trains on random features (batch ``--batch``, dim ``--dim``) with Zipfian labels over
-``--classes`` classes, plain SGD on the head (sparse for Partial FC: only sampled rows move);
-alternating rounds, medians of ``--steps`` steps after one warm-up step.
+Part 1, step time (``--classes`` x ``--dim``, batch ``--batch``, one process, 2 intra-op threads).
+Every head is built by :func:`embedtrain.models.xc.build_head` (what training builds) and stepped
+as training steps it: forward, backward, then the optimizer step and ``zero_grad``:
+
+- ``full`` (exact softmax), ``partial_fc`` (``--rate``), ``hard_negatives`` (10 nearest classes
+  per example from an exact top-k over the index, index rebuilt every 100 steps, uniform sample
+  ``--hn-sample-rate``): :func:`embedtrain.train.optim.sharded_head_optimizer` with the
+  ``HeadConfig`` defaults (torch Adagrad, ``foreach=False``; sparse gradients for the sampled
+  heads);
+- ``adaptive`` (cutoffs from ``default_cutoffs``), ``mach`` (``--mach-buckets`` buckets, default
+  ``build_head``'s ~sqrt(C); ``--mach-repetitions``): torch Adam (``dense_optimizer_factory`` of
+  the ``OptimConfig`` defaults), as the dense optimizer steps them.
+
+Features are ``randn [B, D]`` with ``requires_grad`` (an encoder's output: the backward computes
+their gradient too). Targets: Zipf(1.1) over the classes, class id = frequency rank (fresh labels
+every step); the adaptive head's ``class_order`` is ``frequency_order`` of the counts of 10^6
+labels drawn the same way. One warm-up step per head (it builds the hard-negative index and
+Adam's state), then ``--rounds`` rounds, each running ``--steps`` steps of every head (the order
+reversed every other round); figures are medians over all timed steps. A hard-negative step that
+rebuilds the index (1 step in ``refresh_every``) is timed once more on its own and reported
+separately; the median excludes it.
+
+Part 2, accuracy at equal examples: a synthetic set (``embedtrain datagen xc``, ``--acc-classes``
+classes, ``--acc-rows`` rows, ``--acc-vocab`` tokens) in ``--acc-data`` (reused when its
+``metadata.json`` records the same generator settings), then one ``embedtrain train
+configs/xc_synthetic.yaml`` subprocess per head, one at a time, all with the same settings
+(batch 512, one epoch: every head sees the same examples in the same order; no periodic
+evaluation, one checkpoint at the end, no progress bar) except ``xc.head.kind`` (and, for
+``hard_negatives``, ``xc.head.sample_rate=--hn-sample-rate``, as in part 1). Test P@1, P@5,
+nDCG@5, recall@5 and training examples/s come from each run's ``summary.json``, the Bayes-optimal
+P@1 from the data set's metadata.
 
 Usage:
-    python benchmarks/bench_xc.py --classes 1000000 --dim 128 --json benchmarks/out/xc.json
+    python benchmarks/bench_xc.py --classes 1000000 --dim 128 --json benchmarks/out/xc.json \
+        [--steps 3] [--rounds 2] [--skip-timing] [--skip-accuracy] \
+        [--acc-classes 20000] [--acc-rows 400000] [--acc-data /tmp/embedtrain_xc_acc]
 
-Prints a table; JSON: ``step_ms`` per head and ``ratios``. The accuracy part (P@1 on
-``embedtrain datagen xc`` data at equal examples seen) comes with the XC task.
+Prints a table; JSON: ``step_ms`` (median per head), ``phase_ms`` (forward/backward/optimizer),
+``round_step_ms``, ``ratios`` (``full_vs_<head>``), ``round_ratios``, ``p_at_1`` (per head and
+``oracle``), ``accuracy`` (every run's figures), the settings and ``command``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor, nn
 
-from embedtrain.models.class_head import PartialFCHead, ShardedSoftmaxHead
+from embedtrain.config import HeadConfig, HeadKind, OptimConfig, load_config
+from embedtrain.models.xc import SHARDED_HEADS, build_head
+from embedtrain.train.optim import dense_optimizer_factory, sharded_head_optimizer
 
-
-def zipf_labels(n: int, classes: int, a: float, g: torch.Generator) -> torch.Tensor:
-    ranks = torch.arange(1, classes + 1, dtype=torch.float64)
-    return torch.multinomial((ranks ** -a).float(), n, replacement=True, generator=g)
-
-
-def make_heads(classes: int, dim: int, rate: float) -> dict:
-    heads = {"full": ShardedSoftmaxHead(classes, dim),
-             "partial_fc": PartialFCHead(classes, dim, sample_rate=rate)}
-    cutoffs = [max(1, classes // 100), max(2, classes // 10)]
-    heads["adaptive"] = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, classes, cutoffs, div_value=4.0)
-    return heads
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = "configs/xc_synthetic.yaml"
+HEADS = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES, HeadKind.ADAPTIVE,
+         HeadKind.MACH)
+ZIPF_A = 1.1
+PHASES = ("forward", "backward", "optimizer")
 
 
-def step(head, features, labels, lr: float = 0.1) -> None:
-    if isinstance(head, torch.nn.AdaptiveLogSoftmaxWithLoss):
-        loss = head(features, labels).loss
-    else:
-        loss = head(features, labels)
-    loss.backward()
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.grad is not None:
-                p.add_(p.grad, alpha=-lr)  # sparse grads add only their rows
-                p.grad = None
+def head_config(kind: HeadKind, args: argparse.Namespace) -> HeadConfig:
+    """The ``xc.head`` section of ``kind`` as both parts use it (defaults otherwise)."""
+    cfg = HeadConfig(kind=kind, sample_rate=args.rate, mach_buckets=args.mach_buckets,
+                     mach_repetitions=args.mach_repetitions)
+    if kind is HeadKind.HARD_NEGATIVES:
+        cfg.sample_rate = args.hn_sample_rate
+    return cfg
+
+
+def zipf_labels(n: int, classes: int, g: torch.Generator) -> Tensor:
+    """``n`` class ids drawn from Zipf(1.1) over ``classes`` (id = frequency rank - 1)."""
+    weights = torch.arange(1, classes + 1, dtype=torch.float64) ** -ZIPF_A
+    return torch.multinomial(weights.float(), n, replacement=True, generator=g)
+
+
+class TimedHead:
+    """A head with its optimizer, stepped as training steps it, each phase timed."""
+
+    def __init__(self, kind: HeadKind, cfg: HeadConfig, classes: int, dim: int,
+                 counts: Tensor) -> None:
+        self.kind = kind
+        self.head = build_head(cfg, classes, dim, class_counts=counts, seed=0)
+        if kind in SHARDED_HEADS:
+            self.optimizer = sharded_head_optimizer(self.head, cfg)
+        else:
+            self.optimizer = dense_optimizer_factory(OptimConfig())(list(self.head.parameters()))
+
+    def step(self, features: Tensor, labels: Tensor) -> dict[str, float]:
+        t0 = time.perf_counter()
+        loss = self.head(features, labels)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        t3 = time.perf_counter()
+        return {"forward": (t1 - t0) * 1e3, "backward": (t2 - t1) * 1e3,
+                "optimizer": (t3 - t2) * 1e3, "total": (t3 - t0) * 1e3}
+
+
+def describe(head: nn.Module) -> dict[str, Any]:
+    """The settings a head was built with that the table does not show."""
+    out: dict[str, Any] = {"class": type(head).__name__,
+                           "parameters": sum(p.numel() for p in head.parameters())}
+    for name in ("sample_rate", "negatives", "refresh_every", "num_buckets", "num_repetitions"):
+        if hasattr(head, name):
+            out[name] = getattr(head, name)
+    if hasattr(head, "cutoffs"):
+        out["cutoffs"] = head.cutoffs
+    return out
+
+
+def time_heads(args: argparse.Namespace) -> dict[str, Any]:
+    """Part 1: median training-step time of every head, side by side."""
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    c, d, b = args.classes, args.dim, args.batch
+    counts = torch.bincount(zipf_labels(1_000_000, c, g), minlength=c)
+    heads = {}
+    for kind in HEADS:
+        print(f"building {kind.value} ({c:,} x {d})", flush=True)
+        heads[kind.value] = TimedHead(kind, head_config(kind, args), c, d, counts)
+    # Every head gets the same sequence of label batches (its own i-th step, the i-th batch).
+    steps = args.rounds * args.steps + 2
+    labels = zipf_labels(steps * b, c, g).view(steps, b)
+    taken = {name: 0 for name in heads}
+
+    def run(timed: TimedHead) -> dict[str, float]:
+        i = taken[timed.kind.value]
+        taken[timed.kind.value] += 1
+        features = torch.randn(b, d, generator=g).requires_grad_()
+        return timed.step(features, labels[i])
+
+    load_before = os.getloadavg()[0]
+    for name, timed in heads.items():
+        warm = run(timed)
+        print(f"warm-up {name}: {warm['total']:.0f} ms", flush=True)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in heads}
+    rounds: dict[str, list[float]] = {name: [] for name in heads}
+    for r in range(args.rounds):
+        order = list(heads) if r % 2 == 0 else list(reversed(heads))
+        for name in order:
+            times = [run(heads[name]) for _ in range(args.steps)]
+            samples[name] += times
+            rounds[name].append(statistics.median(t["total"] for t in times))
+            print(f"round {r + 1} {name}: " + ", ".join(f"{t['total']:.0f}" for t in times)
+                  + " ms", flush=True)
+    hn = heads[HeadKind.HARD_NEGATIVES.value].head
+    hn.steps.fill_((int(hn.steps) // hn.refresh_every + 1) * hn.refresh_every)  # next rebuild
+    refresh_ms = run(heads[HeadKind.HARD_NEGATIVES.value])["total"]
+    step_ms = {n: statistics.median(t["total"] for t in s) for n, s in samples.items()}
+    phase_ms = {n: {p: statistics.median(t[p] for t in s) for p in PHASES}
+                for n, s in samples.items()}
+    full = HeadKind.FULL.value
+    ratios = {f"full_vs_{n}": step_ms[full] / ms for n, ms in step_ms.items() if n != full}
+    round_ratios = {f"full_vs_{n}": [f / x for f, x in zip(rounds[full], rounds[n])]
+                    for n in heads if n != full}
+    return {
+        "step_ms": step_ms,
+        "phase_ms": phase_ms,
+        "round_step_ms": rounds,
+        "ratios": ratios,
+        "round_ratios": round_ratios,
+        "hard_negatives_refresh_step_ms": refresh_ms,
+        "heads": {n: describe(t.head) for n, t in heads.items()},
+        "timing_load_avg_1m": [load_before, os.getloadavg()[0]],
+    }
+
+
+def ensure_data(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """The accuracy data set: reused when its generator settings match, else generated."""
+    path = Path(args.acc_data)
+    want = {"classes": args.acc_classes, "rows": args.acc_rows, "vocab": args.acc_vocab,
+            "seed": 0, "multi_label": False}
+    meta_file = path / "metadata.json"
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+        generator = meta.get("generator", {})
+        if all(generator.get(k) == v for k, v in want.items()):
+            print(f"reusing {path}", flush=True)
+            return path, meta
+        raise SystemExit(f"{meta_file}: generated with other settings "
+                         f"({ {k: generator.get(k) for k in want} }); pass another --acc-data")
+    cmd = [sys.executable, "-m", "embedtrain", "datagen", "xc", "--classes", str(args.acc_classes),
+           "--rows", str(args.acc_rows), "--vocab", str(args.acc_vocab), "--out", str(path)]
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    return path, json.loads(meta_file.read_text())
+
+
+def train_head(kind: HeadKind, args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    """One epoch of ``configs/xc_synthetic.yaml`` with ``kind``'s head; its test figures."""
+    out = Path(args.acc_out) / kind.value
+    cfg = head_config(kind, args)
+    sets = [f"data.path={data}", "data.batch_size=512", "train.epochs=1", "train.eval_every=0",
+            "train.checkpoint_every=0", "train.progress=false", f"xc.head.kind={kind.value}",
+            f"xc.head.sample_rate={cfg.sample_rate}"]
+    if args.mach_buckets:
+        sets.append(f"xc.head.mach_buckets={args.mach_buckets}")
+    sets.append(f"xc.head.mach_repetitions={args.mach_repetitions}")
+    cmd = [sys.executable, "-m", "embedtrain", "train", CONFIG, "--out", str(out), "--overwrite",
+           "--no-progress"]
+    for s in sets:
+        cmd += ["--set", s]
+    print("$ " + " ".join(cmd), flush=True)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    record: dict[str, Any] = {"wall_s": time.perf_counter() - start, "command": " ".join(cmd),
+                              "load_avg_1m": [load_before, os.getloadavg()[0]]}
+    summary_file = out / "summary.json"
+    if proc.returncode or not summary_file.is_file():
+        record["error"] = f"exit status {proc.returncode}"
+        record["stderr_tail"] = proc.stderr[-4000:]
+        print(record["stderr_tail"], file=sys.stderr)
+        return record
+    summary = json.loads(summary_file.read_text())
+    keys = ("p@1", "p@5", "ndcg@5", "recall@5", "loss", "train_examples_per_s", "examples",
+            "steps", "train_time_s", "wall_time_s", "oracle_p_at_1", "peak_rss_gb_per_rank")
+    record.update({k: summary.get(k) for k in keys})
+    print(f"  {kind.value}: P@1 {record['p@1']:.4f}, {record['train_examples_per_s']:,.0f} ex/s, "
+          f"wall {record['wall_s']:.0f} s", flush=True)
+    return record
+
+
+def accuracy(args: argparse.Namespace) -> dict[str, Any]:
+    """Part 2: every head trained on the same examples; test P@1 against the oracle's."""
+    data, meta = ensure_data(args)
+    runs = {kind.value: train_head(kind, args, data) for kind in HEADS}
+    oracle = meta["oracle_p_at_1"]["test"]
+    dim = load_config(ROOT / CONFIG).xc.mlp[-1]
+    with torch.device("meta"):  # the heads' settings at this size (no memory)
+        heads = {kind.value: describe(build_head(head_config(kind, args), args.acc_classes, dim))
+                 for kind in HEADS}
+    p_at_1: dict[str, Any] = {n: r.get("p@1") for n, r in runs.items()}
+    p_at_1["oracle"] = oracle
+    return {"p_at_1": p_at_1, "accuracy": runs, "acc_heads": heads, "acc_data": str(data),
+            "acc_splits": {s: v["rows"] for s, v in meta["splits"].items()}}
+
+
+def fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_tables(out: dict[str, Any]) -> None:
+    if "step_ms" in out:
+        step, phase = out["step_ms"], out["phase_ms"]
+        print(f"\nstep time: {out['classes']:,} classes x {out['dim']}, batch {out['batch']}, "
+              f"median of {out['rounds']} x {out['steps']} steps")
+        print(f"| head | ms/step | forward | backward | optimizer | full / head |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for n, ms in step.items():
+            p = phase[n]
+            print(f"| {n} | {ms:,.0f} | {p['forward']:,.0f} | {p['backward']:,.0f} | "
+                  f"{p['optimizer']:,.0f} | {step['full'] / ms:.1f}x |")
+        print(f"hard_negatives step with an index rebuild: "
+              f"{out['hard_negatives_refresh_step_ms']:,.0f} ms")
+    if "accuracy" in out:
+        splits = out["acc_splits"]
+        print(f"\naccuracy: {out['acc_classes']:,} classes, {splits['train']:,} training rows "
+              f"(one epoch, batch 512), test {splits['test']:,} rows; "
+              f"oracle P@1 {out['p_at_1']['oracle']:.4f}")
+        print("| head | P@1 | P@5 | nDCG@5 | recall@5 | train ex/s | run wall s |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for n, r in out["accuracy"].items():
+            print(f"| {n} | {fmt(r.get('p@1'), '.4f')} | {fmt(r.get('p@5'), '.4f')} | "
+                  f"{fmt(r.get('ndcg@5'), '.4f')} | {fmt(r.get('recall@5'), '.4f')} | "
+                  f"{fmt(r.get('train_examples_per_s'), ',.0f')} | {r['wall_s']:.0f} |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True)
-    parser.add_argument("--classes", type=int, default=1_000_000)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--rate", type=float, default=0.1)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", required=True, help="output JSON file")
+    parser.add_argument("--classes", type=int, default=1_000_000, help="classes (step time)")
+    parser.add_argument("--dim", type=int, default=128, help="feature dimension (step time)")
+    parser.add_argument("--batch", type=int, default=512, help="batch size (step time)")
+    parser.add_argument("--rate", type=float, default=0.1, help="partial_fc sample rate")
+    parser.add_argument("--hn-sample-rate", type=float, default=0.0,
+                        help="hard_negatives' extra uniform sample rate (both parts)")
+    parser.add_argument("--mach-buckets", type=int, default=0,
+                        help="MACH buckets (0: build_head's default, about sqrt(C))")
+    parser.add_argument("--mach-repetitions", type=int, default=4, help="MACH repetitions R")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per head and round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds alternating the heads")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--acc-classes", type=int, default=20_000)
+    parser.add_argument("--acc-rows", type=int, default=400_000)
+    parser.add_argument("--acc-vocab", type=int, default=200_000)
+    parser.add_argument("--acc-data", default="/tmp/embedtrain_xc_acc")
+    parser.add_argument("--acc-out", default="/tmp/embedtrain_xc_acc_runs",
+                        help="run directories of the accuracy part")
+    parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--skip-accuracy", action="store_true")
     args = parser.parse_args()
-    g = torch.Generator().manual_seed(0)
-    heads = make_heads(args.classes, args.dim, args.rate)
-    labels = zipf_labels(args.batch, args.classes, 1.1, g)  # ids sorted by frequency
-    times: dict[str, list[float]] = {name: [] for name in heads}
-    for name, head in heads.items():  # warm-up
-        step(head, torch.randn(args.batch, args.dim, generator=g), labels)
-    for _ in range(args.rounds):
-        for name, head in heads.items():
-            for _ in range(args.steps):
-                features = torch.randn(args.batch, args.dim, generator=g, requires_grad=True)
-                start = time.perf_counter()
-                step(head, features, labels)
-                times[name].append((time.perf_counter() - start) * 1000)
-    step_ms = {name: statistics.median(t) for name, t in times.items()}
-    ratios = {f"full_vs_{name}": step_ms["full"] / step_ms[name] for name in step_ms if name != "full"}
-    print(f"{args.classes:,} classes x {args.dim}, batch {args.batch}")
-    for name, ms in step_ms.items():
-        print(f"  {name:<12} {ms:9.1f} ms/step  ({step_ms['full'] / ms:5.1f}x vs full)")
-    out = {"classes": args.classes, "dim": args.dim, "batch": args.batch, "rate": args.rate,
-           "step_ms": step_ms, "ratios": ratios, "command": " ".join(sys.argv)}
+    out: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "classes": args.classes, "dim": args.dim, "batch": args.batch, "rate": args.rate,
+        "hn_sample_rate": args.hn_sample_rate, "mach_repetitions": args.mach_repetitions,
+        "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
+        "acc_classes": args.acc_classes, "acc_rows": args.acc_rows, "acc_vocab": args.acc_vocab,
+        "torch": torch.__version__, "cores": os.cpu_count(),
+    }
+    if not args.skip_timing:
+        out.update(time_heads(args))
+        out["mach_buckets"] = out["heads"]["mach"]["num_buckets"]
+    if not args.skip_accuracy:
+        out.update(accuracy(args))
+    out["command"] = " ".join(["python", *sys.argv])
+    print_tables(out)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -195,3 +195,30 @@ def test_hundred_million_class_head_dry_run():
     assert rank["total"] < rank["capacity"]
     with pytest.raises(PlanError, match="does not fit.*class_head_logits"):
         plan_model(load_config("configs/xc_100m.yaml", ["xc.head.kind=full"]), cluster)
+
+
+@pytest.fixture(scope="module")
+def multi_label_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("xc_multi")
+    generate_xc(XCDataSpec(classes=CLASSES, rows=8_000, vocab=3_000, noise=0.5, seed=4,
+                           multi_label=True, labels_per_row=(1, 3), rows_per_row_group=2_000),
+                out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["partial_fc", "mach"])
+def test_multi_label_heads_learn(multi_label_data, tmp_path, kind):
+    from embedtrain.train.recipe import build_run
+
+    run = build_run(_cfg(multi_label_data, f"xc.head.kind={kind}", "xc.head.sample_rate=0.3",
+                         "train.max_steps=100", "train.checkpoint_every=0"), tmp_path)
+    summary = run.trainer.fit(test_data=run.test_data)
+    # Rows have 1-3 labels: P@5 can exceed 1/5 and recall@5 counts all of them.
+    assert summary["p@1"] > 0.3 and summary["recall@5"] > summary["p@5"], summary
+
+
+def test_adaptive_refuses_multi_label_data(multi_label_data, tmp_path):
+    from embedtrain.train.recipe import build_run
+
+    with pytest.raises(ValueError, match="adaptive takes one label per example"):
+        build_run(_cfg(multi_label_data, "xc.head.kind=adaptive"), tmp_path)
