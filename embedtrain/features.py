@@ -102,7 +102,7 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
     root = Path(root)
     path = root / METADATA_FILE
     if not path.is_file():
-        hint = " (generate one with: embedtrain datagen ctr --out DIR)" if not root.exists() else ""
+        hint = " (generate one with: embedtrain datagen ctr|xc --out DIR)" if not root.exists() else ""
         raise DatasetError(f"{path}: data set metadata not found{hint}")
     try:
         raw = json.loads(path.read_text())

@@ -120,4 +120,4 @@ def test_missing_dataset_is_one_line(tiny, tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"embedtrain train: error: {tmp_path}/none/metadata.json: data set metadata not found "
-        "(generate one with: embedtrain datagen ctr --out DIR)"]
+        "(generate one with: embedtrain datagen ctr|xc --out DIR)"]
