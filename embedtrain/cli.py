@@ -4,8 +4,11 @@ Examples:
     embedtrain datagen ctr --rows 1000000 --out data/synthetic_ctr
     embedtrain datagen ctr --rows 1000000 --out data/raw_ctr --format tsv
     embedtrain datagen xc --classes 100000 --rows 1000000 --out data/synthetic_xc
+    embedtrain datagen graph --nodes 1000000 --avg-degree 20 --out data/synthetic_graph
     embedtrain ingest configs/ingest/criteo_synthetic.yaml --input 'data/raw_ctr/*.tsv' \
         --out data/ctr_ingested
+    embedtrain ingest configs/ingest/graph_edges.yaml --input edges.csv --nodes nodes.csv \
+        --out data/graph
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
     embedtrain train configs/dlrm_synthetic.yaml --out runs/two --nproc 2   # 2 ranks via torchrun
     torchrun --nproc-per-node 2 -m embedtrain train configs/dlrm_synthetic.yaml --out runs/two
@@ -100,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output data set directory")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec key, e.g. --set output.rows_per_file=500000 (repeatable)")
+    p.add_argument("--nodes", dest="node_inputs", action="append", metavar="PATH_OR_GLOB",
+                   help="graph specs (kind: graph) only: the node table (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_ingest)
 
@@ -121,6 +126,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="share of a row's tokens drawn from the background (default 0.8)")
     g.add_argument("--multi-label", action="store_true",
                    help="rows carry 1..4 labels (a list column `labels`)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
+    g = gen.add_parser("graph", help="a graph with planted communities (degree-corrected SBM) "
+                                     "that set the labels, and weakly informative features")
+    g.add_argument("--nodes", type=int, default=100_000, help="number of nodes N")
+    g.add_argument("--avg-degree", type=float, default=10.0, help="expected neighbours per node")
+    g.add_argument("--communities", type=int, default=16, help="communities = classes")
+    g.add_argument("--feature-dim", type=int, default=32, help="node feature dimension")
+    g.add_argument("--link-fraction", type=float, default=0.0,
+                   help="share of edges held out as valid/test link-prediction positives")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_datagen)
@@ -247,9 +262,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    from pipelines.graph import is_graph_spec
     from pipelines.ingest import ingest
     from pipelines.spec import load_spec
 
+    if is_graph_spec(args.spec):
+        return _ingest_graph(args)
+    if args.node_inputs:
+        raise UsageError("--nodes: only for graph specs (kind: graph)")
     spec = load_spec(args.spec, args.overrides)
     report = ingest(spec, args.inputs, args.out, progress=not args.quiet)
     written = ", ".join(f"{k} {v:,}" for k, v in report["rows_written"].items())
@@ -264,11 +284,31 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ingest_graph(args: argparse.Namespace) -> int:
+    from pipelines.graph import ingest_graph, load_graph_spec
+
+    spec = load_graph_spec(args.spec, args.overrides)
+    report = ingest_graph(spec, args.inputs, args.out, nodes=args.node_inputs,
+                          progress=not args.quiet)
+    e, n = report["edges"], report["nodes"]
+    dropped = ", ".join(f"{k} {v:,}" for k, v in e["rows_dropped"].items() if v) or "none"
+    held = ", ".join(f"{k} {v:,}" for k, v in e["held_out"].items()) or "none"
+    print(f"read {e['rows_read']:,} edge rows from {len(report['inputs']['edges'])} file(s) in "
+          f"{report['wall_seconds']:.1f} s")
+    print(f"graph: {n['num_nodes']:,} nodes, {e['csr_entries']:,} CSR entries "
+          f"({'directed' if e['directed'] else 'undirected'}), held-out edges: {held}")
+    print(f"dropped: {dropped}; duplicates merged: {e['duplicates_merged']:,}")
+    print(f"data set: {args.out}/ (metadata.json, ingest_report.json, graph/, nodes/, splits/)")
+    return 0
+
+
 def _datagen(args: argparse.Namespace) -> int:
     from embedtrain.data.datagen import CTRDataSpec, generate_ctr
 
     if args.kind == "xc":
         return _datagen_xc(args)
+    if args.kind == "graph":
+        return _datagen_graph(args)
     if args.format == "tsv":
         from embedtrain.data.datagen_tsv import generate_ctr_tsv
 
@@ -298,6 +338,27 @@ def _datagen_xc(args: argparse.Namespace) -> int:
     oracle = meta.get("oracle_p_at_1", {}).get("test")
     note = f", Bayes-optimal P@1 on test {oracle:.4f}" if oracle is not None else ""
     print(f"wrote {args.out}: {spec.classes:,} classes, rows: {rows}{note}")
+    return 0
+
+
+def _datagen_graph(args: argparse.Namespace) -> int:
+    from embedtrain.data.datagen_graph import GraphDataSpec, generate_graph
+
+    try:
+        spec = GraphDataSpec(nodes=args.nodes, avg_degree=args.avg_degree,
+                             communities=args.communities, feature_dim=args.feature_dim,
+                             link_fraction=args.link_fraction, seed=args.seed)
+        meta = generate_graph(spec, args.out)
+    except ValueError as e:  # "GraphDataSpec.avg_degree must be ..." -> the flag's name
+        raise UsageError(re.sub(r"GraphDataSpec\.(\w+)",
+                                lambda m: "--" + m.group(1).replace("_", "-"), str(e))) from None
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    g = meta["generator"]
+    bayes = g["feature_bayes_accuracy"]["test"] or g["feature_bayes_accuracy"]["all"]
+    print(f"wrote {args.out}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} CSR entries, "
+          f"homophily {g['homophily']:.3f}, feature-only Bayes accuracy {bayes:.3f} "
+          f"(one-hop Bayes {g['one_hop_bayes_accuracy']['test']:.3f})")
     return 0
 
 

@@ -1,0 +1,89 @@
+"""GraphSAGE over sampled neighbourhoods, with node-id embeddings in a TorchRec table.
+
+Every node of a sampled subgraph (``SampledBlocks.n_id``) looks up its row of the node-id table
+``t_node`` (an ``EmbeddingBagCollection`` with one id per bag, so TorchRec shards it like DLRM's
+tables and updates it with a fused optimizer); the row is concatenated with the node's features
+and the GraphSAGE layers (PyG ``SAGEConv``) run from the outermost hop in, each layer keeping only
+the nodes the next one needs (PyG's trim-to-layer), so the last layer's rows are the seed nodes.
+
+Example:
+    >>> model = GraphSAGE(num_nodes=1_000_000, num_features=32, embedding_dim=32,
+    ...                   hidden=[128, 128], out_dim=16, device=torch.device("meta"))
+    >>> logits = model(batch)          # [num_seeds, out_dim]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+NODE_TABLE = "t_node"
+NODE_FEATURE = "node"
+
+
+class GraphSAGE(nn.Module):
+    """Node-id embeddings + features -> ``len(hidden)`` SAGEConv layers -> a linear output.
+
+    Args:
+        num_nodes: rows of the node-id table (0: no table, features only).
+        num_features: node feature width (0: none).
+        embedding_dim: node-id table width.
+        hidden: SAGEConv output sizes, one per hop (outermost first is the first layer).
+        out_dim: classes (node classification) or the embedding size (link prediction).
+        aggr: SAGEConv aggregation (``mean``, ``max``, ``sum``).
+        dropout: between layers.
+        device: of the table (``meta`` for planning or sharding).
+    """
+
+    def __init__(self, num_nodes: int, num_features: int, embedding_dim: int,
+                 hidden: Sequence[int], out_dim: int, aggr: str = "mean", dropout: float = 0.0,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        if not hidden:
+            raise ValueError("gnn.hidden: needs one size per sampled hop")
+        if num_nodes <= 0 and num_features <= 0:
+            raise ValueError("gnn: the graph has no node features, so a node-id table is needed")
+        self.ebc = None
+        if num_nodes > 0 and embedding_dim > 0:
+            self.ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+                name=NODE_TABLE, embedding_dim=embedding_dim, num_embeddings=num_nodes,
+                feature_names=[NODE_FEATURE], pooling=PoolingType.SUM)], device=device)
+        width = num_features + (embedding_dim if self.ebc is not None else 0)
+        convs = []
+        for size in hidden:
+            convs.append(SAGEConv(width, size, aggr=aggr))
+            width = size
+        self.convs = nn.ModuleList(convs)
+        self.out = nn.Linear(width, out_dim)
+        self.dropout = dropout
+
+    def forward(self, batch: Any) -> Tensor:
+        """``batch``: a :class:`~embedtrain.train.gnn.GraphBatch`; returns ``[num_seeds, out_dim]``."""
+        parts = []
+        if self.ebc is not None:
+            parts.append(self.ebc(batch.node_ids).values()[: batch.num_nodes])
+        if batch.features is not None and batch.features.shape[1]:
+            parts.append(batch.features)
+        x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        blocks = batch.blocks
+        hops = len(blocks.edge_index)
+        if hops != len(self.convs):
+            raise ValueError(f"the sampler draws {hops} hop(s) but the model has "
+                             f"{len(self.convs)} SAGEConv layer(s): gnn.fanouts and gnn.hidden "
+                             f"must have the same length")
+        for i, conv in enumerate(self.convs):
+            # Layer i updates the nodes within hops - i - 1 of the seeds from their sampled
+            # neighbours: edge_index[h - 1] holds the edges of hops 1 .. h (trim-to-layer).
+            h = hops - i
+            n_src, n_dst = blocks.num_nodes_per_hop[h], blocks.num_nodes_per_hop[h - 1]
+            x = conv((x[:n_src], x[:n_dst]), blocks.edge_index[h - 1])
+            if i < len(self.convs) - 1:
+                x = torch.relu(x)
+                x = nn.functional.dropout(x, self.dropout, self.training)
+        return self.out(x[: blocks.num_seeds])

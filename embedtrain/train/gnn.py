@@ -1,0 +1,180 @@
+"""GNN tasks on sampled neighbourhoods: node classification and link prediction.
+
+A :class:`GraphBatch` is what the trainer hands a GNN task: the sampled subgraph's blocks
+(:class:`~embedtrain.graph.sampler.SampledBlocks`), its nodes' ids as a ``KeyedJaggedTensor`` for
+the node-id table (one id per node; under several ranks the rows are padded to the same count
+on every rank with empty bags, as TorchRec's sharded lookups expect equal batch sizes), their
+features, and the targets: the seeds' labels, or the positive and negative node pairs.
+
+:class:`GraphBatches` makes such batches from seed batches (split over ranks like the parquet
+loader's rows) and a neighbour sampler; it follows the trainer's ``EpochData`` protocol, so
+resume restarts on exactly the batch an uninterrupted run would have seen.
+
+Metrics: accuracy and macro-F1 (``torchmetrics``) for nodes; MRR and Hits@K of each positive
+ranked against its sampled negatives for links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import SumMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embedtrain.models.gnn import NODE_FEATURE
+from embedtrain.train.task import StepOutput
+
+
+@dataclass
+class GraphBatch:
+    """One training/evaluation batch of a GNN task."""
+
+    blocks: Any  # SampledBlocks
+    num_nodes: int  # sampled nodes (blocks.n_id)
+    features: Optional[Tensor]  # [num_nodes, F] or None
+    labels: Optional[Tensor]  # [num_seeds] (node classification)
+    pairs: Optional[Tensor] = None  # [2, P]: local seed indices of positive pairs (links)
+    negatives: Optional[Tensor] = None  # [2, P * k]: local seed indices of negative pairs
+    # One id per sampled node for the node-id table, padded with empty bags to the largest
+    # subgraph of the step over all ranks; set in the training thread by with_node_ids (an
+    # all-reduce, which must not run in a loader thread).
+    node_ids: Optional[KeyedJaggedTensor] = None
+
+    def with_node_ids(self) -> "GraphBatch":
+        # Rebuilt at every use: a batch evaluated again (a rank out of evaluation batches keeps
+        # the collectives matched) must pad to *this* step's largest subgraph.
+        self.node_ids = node_id_kjt(self.blocks.n_id, padded_rows(self.num_nodes))
+        return self
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.labels.numel()) if self.labels is not None else int(self.pairs.shape[1])
+
+
+def node_id_kjt(n_id: Tensor, rows: int) -> KeyedJaggedTensor:
+    """The node ids as one-id bags, padded with empty bags to ``rows`` rows."""
+    lengths = torch.zeros(rows, dtype=torch.int32)
+    lengths[: n_id.numel()] = 1
+    return KeyedJaggedTensor(keys=[NODE_FEATURE], values=n_id.long(), lengths=lengths,
+                             stride=rows)
+
+
+def padded_rows(n: int) -> int:
+    """Rows every rank uses for this step: the largest subgraph over the ranks."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return n
+    t = torch.tensor([n], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+class NodeMetrics:
+    """Accuracy and macro-F1 of the seeds' predicted classes (synced across ranks)."""
+
+    def __init__(self, num_classes: int) -> None:
+        self.accuracy = MulticlassAccuracy(num_classes, average="micro")
+        self.f1 = MulticlassF1Score(num_classes, average="macro")
+
+    def update(self, output: StepOutput, batch: GraphBatch) -> None:
+        pred = output.predictions.argmax(dim=1)
+        self.accuracy.update(pred, batch.labels)
+        self.f1.update(pred, batch.labels)
+
+    def compute(self) -> dict[str, float]:
+        return {"accuracy": float(self.accuracy.compute()), "macro_f1": float(self.f1.compute())}
+
+
+class NodeClassificationTask:
+    """Softmax cross-entropy on the seeds' labels."""
+
+    name = "gnn_node"
+    main_metric = "accuracy"
+
+    def __init__(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+
+    def forward(self, model: nn.Module, batch: GraphBatch) -> StepOutput:
+        logits = model(batch.with_node_ids())
+        loss = F.cross_entropy(logits, batch.labels)
+        return StepOutput(loss=loss, predictions=logits.detach(), num_examples=batch.num_examples)
+
+    def new_metrics(self) -> NodeMetrics:
+        return NodeMetrics(self.num_classes)
+
+
+class LinkMetrics:
+    """MRR and Hits@K of each positive pair ranked against its ``k`` sampled negatives."""
+
+    def __init__(self, ks: Sequence[int] = (1, 3, 10)) -> None:
+        self.ks = tuple(ks)
+        self.sums = {name: SumMetric() for name in ("rr", "count", *(f"hits@{k}" for k in ks))}
+
+    def update(self, output: StepOutput, batch: GraphBatch) -> None:
+        pos, neg = output.predictions  # [P], [P, k]
+        # Rank 1 + the negatives scoring at least as high (ties count against the positive).
+        rank = 1 + (neg >= pos[:, None]).sum(dim=1).double()
+        self.sums["rr"].update((1.0 / rank).sum())
+        self.sums["count"].update(torch.tensor(float(rank.numel()), dtype=torch.float64))
+        for k in self.ks:
+            self.sums[f"hits@{k}"].update((rank <= k).double().sum())
+
+    def compute(self) -> dict[str, float]:
+        s = {k: float(m.compute()) for k, m in self.sums.items()}
+        n = s.pop("count")
+        if not n:
+            return {}
+        return {"mrr": s.pop("rr") / n, **{k: v / n for k, v in s.items()}}
+
+
+class LinkPredictionTask:
+    """Binary cross-entropy of dot-product scores: positives vs sampled negatives."""
+
+    name = "gnn_link"
+    main_metric = "mrr"
+
+    def __init__(self, ks: Sequence[int] = (1, 3, 10)) -> None:
+        self.ks = tuple(ks)
+
+    def forward(self, model: nn.Module, batch: GraphBatch) -> StepOutput:
+        h = model(batch.with_node_ids())  # [num_seeds, D]
+        pos = (h[batch.pairs[0]] * h[batch.pairs[1]]).sum(dim=1)
+        neg = (h[batch.negatives[0]] * h[batch.negatives[1]]).sum(dim=1)
+        scores = torch.cat([pos, neg])
+        target = torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
+        loss = F.binary_cross_entropy_with_logits(scores, target)
+        k = neg.numel() // max(pos.numel(), 1)
+        return StepOutput(loss=loss, predictions=(pos.detach(), neg.detach().view(-1, k)),
+                          num_examples=batch.num_examples)
+
+    def new_metrics(self) -> LinkMetrics:
+        return LinkMetrics(self.ks)
+
+
+def gather_rows(array: np.ndarray, ids: np.ndarray) -> Tensor:
+    """``array[ids]`` as a tensor (works on memory-mapped arrays: reads only those rows)."""
+    order = np.argsort(ids, kind="stable")  # sorted reads are sequential on a memory map
+    out = np.empty((len(ids), *array.shape[1:]), array.dtype)
+    out[order] = array[ids[order]]
+    return torch.from_numpy(out)
+
+
+def iter_graph_batches(seed_batches: Iterator[np.ndarray], sampler: Any, features: Optional[np.ndarray],
+                       labels: Optional[np.ndarray], rng_for: Any) -> Iterator[GraphBatch]:
+    """Node-classification batches: sample each seed batch's neighbourhood, gather its inputs."""
+    for i, seeds in enumerate(seed_batches):
+        blocks = sampler.sample(seeds, rng_for(i))
+        ids = blocks.n_id.numpy()
+        yield GraphBatch(
+            blocks=blocks,
+            num_nodes=len(ids),
+            features=gather_rows(features, ids) if features is not None else None,
+            labels=torch.from_numpy(np.asarray(labels[np.asarray(seeds)], dtype=np.int64))
+            if labels is not None else None,
+        )

@@ -1,0 +1,725 @@
+"""``embedtrain ingest`` with a graph spec: edge lists (and a node table) to the graph format.
+
+A graph spec is YAML with ``kind: graph`` at the top (:func:`is_graph_spec`); it is read with
+:func:`load_graph_spec` into a :class:`GraphIngestSpec`. The job (:func:`ingest_graph`):
+
+1. checks every input's columns from its CSV header or parquet footer;
+2. *checks and counts* (one streaming pass over the edges): unparsable ids, weights or
+   timestamps stop the job with the file, line/row and column; rows with a null endpoint, an
+   invalid weight (null, NaN, infinite or <= 0) or an unselected edge type are dropped and
+   counted;
+3. reads the node table (if any): null ids are dropped and counted, a repeated id is an error,
+   null feature values become 0 and null labels -1 (unlabelled), both counted;
+4. *remaps* ids of any type to dense int64 with Polars joins: node-table ids first (in table
+   order), then edge endpoints not in the table in order of first appearance (``missing_nodes:
+   add``; with ``drop`` their edges are dropped and counted);
+5. builds the CSR (:func:`embedtrain.data.graph_store.csr_from_edges`): self-loops and
+   repeated edges dropped, kept or summed as configured, and counted;
+6. optionally holds out edges for link prediction (the newest by ``timestamp`` if given, else
+   random) and draws random node splits over the labelled nodes (all nodes without labels);
+7. writes the graph format (``GRAPH_FORMAT_DRAFT.md``, with ``nodes/ids.parquet`` mapping dense
+   ids back to the original ones), ``ingest_report.json``, and ``metadata.json`` last.
+
+Every edge row read is accounted for: ``rows_read == rows_dropped_total + duplicates_merged +
+edges_stored`` (an undirected edge stored in both rows counts once).
+
+Example:
+    >>> spec = load_graph_spec("configs/ingest/graph_edges.yaml")
+    >>> report = ingest_graph(spec, ["edges.csv"], "data/graph",
+    ...                       nodes=["nodes.csv"])  # doctest: +SKIP
+    >>> report["edges"]["rows_dropped"]["self_loop"]  # doctest: +SKIP
+    3
+"""
+
+from __future__ import annotations
+
+import enum
+import glob
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from embedtrain.config import ConfigError, load_dataclass, to_dict
+from embedtrain.data.graph_store import (
+    Duplicates, SelfLoops, csr_from_edges, edge_pairs, hold_out_edges, write_graph)
+from pipelines.sources import IngestError
+from pipelines.spec import InputFormat, ValueType
+
+REPORT_FILE = "ingest_report.json"
+ROW, FILE_ROW = "__row", "__file_row"
+_EXTENSIONS = {InputFormat.CSV: (".csv", ".tsv", ".txt"), InputFormat.PARQUET: (".parquet",)}
+# edge drop reasons, in the order they are tested (a row counts under its first reason)
+NULL_ENDPOINT, INVALID_WEIGHT, TYPE_NOT_SELECTED, NOT_IN_NODE_TABLE = (
+    "null_endpoint", "invalid_weight", "edge_type_not_selected", "endpoint_not_in_node_table")
+
+
+class MissingNodes(enum.Enum):
+    """What happens to an edge whose endpoint is not in the node table."""
+
+    ADD = "add"    # the endpoint becomes a node without features (zeros) or label (-1), counted
+    DROP = "drop"  # the edge is dropped, counted
+
+
+@dataclass
+class EdgeTableSpec:
+    """The edge list: its layout and which column is what."""
+
+    format: InputFormat = InputFormat.CSV
+    separator: Optional[str] = None                 # csv only (default ",")
+    null_values: list[str] = field(default_factory=list)
+    src: str = "src"
+    dst: str = "dst"
+    weight: Optional[str] = None                    # positive weights; else unweighted
+    edge_type: Optional[str] = None
+    edge_types: Optional[list[str]] = None          # keep only these types (needs edge_type)
+    timestamp: Optional[str] = None                 # numbers (e.g. Unix s) or dates: held-out
+                                                    # edges are then the newest
+
+
+@dataclass
+class NodeTableSpec:
+    """The node table (``--nodes``): ids, features and labels."""
+
+    format: InputFormat = InputFormat.CSV
+    separator: Optional[str] = None
+    null_values: list[str] = field(default_factory=list)
+    id: str = "id"
+    features: list[str] = field(default_factory=list)  # float columns, or one list column
+    label: Optional[str] = None
+    missing_nodes: MissingNodes = MissingNodes.ADD
+
+
+@dataclass
+class GraphShapeSpec:
+    directed: bool = False
+    self_loops: SelfLoops = SelfLoops.DROP
+    duplicates: Duplicates = Duplicates.DROP
+
+
+@dataclass
+class GraphSplitSpec:
+    """Node splits (node classification) and held-out edges (link prediction)."""
+
+    valid_fraction: float = 0.1
+    test_fraction: float = 0.1
+    edge_valid_fraction: float = 0.0
+    edge_test_fraction: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class GraphIngestSpec:
+    """A whole graph ingestion job."""
+
+    kind: str = "graph"
+    name: str = "graph"
+    id_type: ValueType = ValueType.STRING  # ids are compared as strings or as integers
+    edges: EdgeTableSpec = field(default_factory=EdgeTableSpec)
+    nodes: Optional[NodeTableSpec] = None
+    graph: GraphShapeSpec = field(default_factory=GraphShapeSpec)
+    split: GraphSplitSpec = field(default_factory=GraphSplitSpec)
+
+
+def is_graph_spec(path: str | os.PathLike) -> bool:
+    """Whether an ingestion spec is a graph spec (``kind: graph`` at the top level).
+
+    Unreadable files answer False: :func:`pipelines.spec.load_spec` then reports the problem.
+    """
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and raw.get("kind") == "graph"
+
+
+def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
+                    ) -> GraphIngestSpec:
+    """Reads and validates a graph ingestion spec.
+
+    Args:
+        path: the YAML file.
+        overrides: ``key.path=value`` strings (``graph.directed=true``).
+
+    Raises:
+        ConfigError: one line naming the file and key path.
+
+    Example:
+        >>> load_graph_spec("configs/ingest/graph_edges.yaml").graph.duplicates
+        <Duplicates.DROP: 'drop'>
+    """
+    spec = load_dataclass(path, GraphIngestSpec, overrides)
+
+    def fail(key: str, message: str) -> None:
+        raise ConfigError(f"{path}: {key}: {message}")
+
+    if spec.kind != "graph":
+        fail("kind", f"expected 'graph', got {spec.kind!r}")
+    tables = [("edges", spec.edges)] + ([("nodes", spec.nodes)] if spec.nodes else [])
+    for key, table in tables:
+        if table.format not in _EXTENSIONS:
+            fail(f"{key}.format", f"must be csv or parquet, got {table.format.value}")
+        if table.separator is not None and (table.format is not InputFormat.CSV
+                                            or len(table.separator) != 1):
+            fail(f"{key}.separator", "one character, for format: csv only")
+    e = spec.edges
+    columns = [c for c in (e.src, e.dst, e.weight, e.edge_type, e.timestamp) if c is not None]
+    if len(set(columns)) != len(columns):
+        fail("edges", f"a column is named twice: {columns}")
+    if e.edge_types is not None and e.edge_type is None:
+        fail("edges.edge_types", "needs edges.edge_type (the column holding the type)")
+    if spec.nodes is not None:
+        n = spec.nodes
+        named = [n.id, *n.features, *([n.label] if n.label else [])]
+        if len(set(named)) != len(named):
+            fail("nodes", f"a column is named twice: {named}")
+    s = spec.split
+    for key in ("valid_fraction", "test_fraction", "edge_valid_fraction", "edge_test_fraction"):
+        if not 0 <= getattr(s, key) < 1:
+            fail(f"split.{key}", f"must be in [0, 1), got {getattr(s, key)}")
+    if s.valid_fraction + s.test_fraction >= 1:
+        fail("split.test_fraction", "valid_fraction + test_fraction must be < 1")
+    if s.edge_valid_fraction + s.edge_test_fraction >= 1:
+        fail("split.edge_test_fraction", "edge_valid_fraction + edge_test_fraction must be < 1")
+    return spec
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+def _resolve(patterns: Sequence[str | os.PathLike], fmt: InputFormat) -> list[Path]:
+    files: list[Path] = []
+    for pattern in map(str, patterns):
+        path = Path(pattern)
+        if path.is_dir():
+            found = [p for p in path.iterdir() if p.is_file() and p.name.endswith(_EXTENSIONS[fmt])]
+            what = f"no {'/'.join(_EXTENSIONS[fmt])} files in the directory"
+        elif glob.has_magic(pattern):
+            found = [Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
+            what = "no input files match"
+        else:
+            found, what = ([path] if path.is_file() else []), "input file not found"
+        if not found:
+            raise IngestError(f"{pattern}: {what}")
+        natural = sorted(found, key=lambda p: [int(t) if t.isdigit() else t
+                                               for t in re.split(r"(\d+)", str(p))])
+        files.extend(p for p in natural if p not in files)
+    return files
+
+
+def _schema(path: Path, table: EdgeTableSpec | NodeTableSpec) -> dict[str, Any]:
+    """Column name -> type (Arrow type for parquet, None for CSV) from a footer or header."""
+    if table.format is InputFormat.PARQUET:
+        try:
+            return {f.name: f.type for f in pq.read_schema(path)}
+        except (pa.ArrowException, OSError) as e:
+            raise IngestError(f"{path}: not a readable parquet file: {_first_line(e)}") from None
+    if path.stat().st_size == 0:
+        raise IngestError(f"{path}: empty file (no CSV header)")
+    try:
+        names = pl.scan_csv(path, separator=table.separator or ",", infer_schema=False,
+                            n_rows=0).collect_schema().names()
+    except pl.exceptions.PolarsError as e:
+        raise IngestError(f"{path}: cannot read the CSV header: {_first_line(e)}") from None
+    return {n: None for n in names}
+
+
+def _check_columns(files: Sequence[Path], table: EdgeTableSpec | NodeTableSpec,
+                   columns: Sequence[str]) -> dict[str, Any]:
+    first: Optional[dict[str, Any]] = None
+    for path in files:
+        schema = _schema(path, table)
+        missing = [c for c in columns if c not in schema]
+        if missing:
+            raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
+                              f"(has: {', '.join(list(schema)[:20])})")
+        first = first or schema
+    return first or {}
+
+
+def _scan(files: Sequence[Path], table: EdgeTableSpec | NodeTableSpec,
+          columns: Sequence[str]) -> pl.LazyFrame:
+    paths = [str(f) for f in files]
+    if table.format is InputFormat.PARQUET:
+        frame = pl.scan_parquet(paths, row_index_name=ROW, extra_columns="ignore")
+    else:
+        frame = pl.scan_csv(paths, separator=table.separator or ",", infer_schema=False,
+                            null_values=table.null_values or None, row_index_name=ROW,
+                            raise_if_empty=False)
+    return frame.select(ROW, *columns)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _where(table: EdgeTableSpec | NodeTableSpec, row: int) -> str:
+    return f"row {row}" if table.format is InputFormat.PARQUET else f"line {row + 2}"
+
+
+def _raise_first(files: Sequence[Path], table: EdgeTableSpec | NodeTableSpec,
+                 columns: Sequence[str], bad: pl.Expr, column: str, problem: str) -> None:
+    """Finds the first row where ``bad`` holds, file by file, and raises naming it."""
+    for path in files:
+        hit = _scan([path], table, columns).filter(bad).select(ROW, column).head(1).collect()
+        if hit.height:
+            raise IngestError(f"{path}: {_where(table, int(hit[ROW][0]))}: column {column}: "
+                              f"{problem} (value {hit[column][0]!r})")
+    raise IngestError(f"{files[0]}: column {column}: {problem}")  # not reached
+
+
+def _check_parsing(raw: pl.LazyFrame, files: Sequence[Path], table: EdgeTableSpec | NodeTableSpec,
+                   columns: Sequence[str], checks: list[tuple[str, pl.Expr, str]]) -> None:
+    """One pass counting unparsable values per check; the first failing check is located."""
+    if not checks:
+        return
+    found = raw.select(bad.sum().alias(str(i)) for i, (_, bad, _) in enumerate(checks)).collect(
+        engine="streaming").row(0)
+    for (column, bad, problem), n in zip(checks, found):
+        if n:
+            _raise_first(files, table, columns, bad, column, problem)
+
+
+def _id_expr(name: str, spec: GraphIngestSpec, arrow_type: Any) -> pl.Expr:
+    col = pl.col(name)
+    if spec.id_type is ValueType.INTEGER:
+        return col.cast(pl.Int64, strict=False) if arrow_type is None else col.cast(pl.Int64)
+    return col.cast(pl.String)
+
+
+def _check_parquet_type(path: Path, column: str, arrow_type: Any, want: str) -> None:
+    ok = {"integer": pa.types.is_integer, "number": lambda t: pa.types.is_integer(t) or
+          pa.types.is_floating(t),
+          "time": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or
+          pa.types.is_temporal(t)}[want](arrow_type)
+    if not ok:
+        raise IngestError(f"{path}: column {column}: expected {want} values, got {arrow_type}")
+
+
+# --- the job -----------------------------------------------------------------------------------
+
+@dataclass
+class _Edges:
+    """Parsed edge columns as lazy expressions, with what makes a row unusable."""
+
+    frame: pl.LazyFrame          # ROW, src, dst, [weight], [time], reason (null = kept)
+    reasons: list[str]
+
+
+def _edge_frame(spec: GraphIngestSpec, files: list[Path]) -> _Edges:
+    e = spec.edges
+    columns = [c for c in (e.src, e.dst, e.weight, e.edge_type, e.timestamp) if c is not None]
+    schema = _check_columns(files, e, columns)
+    text = e.format is InputFormat.CSV
+    if not text:
+        for path in files:
+            types = {f.name: f.type for f in pq.read_schema(path)}
+            if spec.id_type is ValueType.INTEGER:
+                _check_parquet_type(path, e.src, types[e.src], "integer")
+                _check_parquet_type(path, e.dst, types[e.dst], "integer")
+            if e.weight:
+                _check_parquet_type(path, e.weight, types[e.weight], "number")
+            if e.timestamp:
+                _check_parquet_type(path, e.timestamp, types[e.timestamp], "time")
+    raw = _scan(files, e, columns)
+    # parse failures: a value present in the input that does not convert
+    checks: list[tuple[str, pl.Expr, str]] = []
+    exprs = [pl.col(ROW), _id_expr(e.src, spec, schema[e.src]).alias("src"),
+             _id_expr(e.dst, spec, schema[e.dst]).alias("dst")]
+    if text and spec.id_type is ValueType.INTEGER:
+        for name in (e.src, e.dst):
+            checks.append((name, pl.col(name).is_not_null()
+                           & pl.col(name).cast(pl.Int64, strict=False).is_null(),
+                           "cannot parse as an integer id (id_type: integer)"))
+    if e.weight:
+        w = pl.col(e.weight).cast(pl.Float64, strict=False)
+        exprs.append(w.alias("weight"))
+        if text:
+            checks.append((e.weight, pl.col(e.weight).is_not_null() & w.is_null(),
+                           "cannot parse as a number"))
+    if e.timestamp:
+        t = _time_expr(e.timestamp, text, schema[e.timestamp])
+        exprs.append(t.alias("time"))
+        checks.append((e.timestamp, pl.col(e.timestamp).is_not_null() & t.is_null(),
+                       "cannot parse as a number or a date"))
+    if e.edge_type:
+        exprs.append(pl.col(e.edge_type).cast(pl.String).alias("edge_type"))
+    _check_parsing(raw, files, e, columns, checks)
+    parsed = raw.select(exprs)
+    reason = pl.when(pl.col("src").is_null() | pl.col("dst").is_null()).then(pl.lit(NULL_ENDPOINT))
+    reasons = [NULL_ENDPOINT]
+    if e.weight:
+        w = pl.col("weight")
+        reason = reason.when(w.is_null() | w.is_nan() | w.is_infinite() | (w <= 0)).then(
+            pl.lit(INVALID_WEIGHT))
+        reasons.append(INVALID_WEIGHT)
+    if e.edge_types is not None:
+        reason = reason.when(~pl.col("edge_type").is_in(e.edge_types).fill_null(False)).then(
+            pl.lit(TYPE_NOT_SELECTED))
+        reasons.append(TYPE_NOT_SELECTED)
+    return _Edges(parsed.with_columns(reason.otherwise(pl.lit(None)).alias("reason")), reasons)
+
+
+def _time_expr(name: str, text: bool, arrow_type: Any) -> pl.Expr:
+    col = pl.col(name)
+    if not text:
+        if pa.types.is_temporal(arrow_type):
+            return col.dt.epoch("ms").cast(pl.Float64) / 1000.0
+        return col.cast(pl.Float64)
+    as_date = col.str.to_datetime(strict=False).dt.epoch("ms").cast(pl.Float64) / 1000.0
+    return pl.coalesce(col.cast(pl.Float64, strict=False), as_date)
+
+
+@dataclass
+class _NodeTable:
+    ids: pl.Series
+    features: Optional[np.ndarray]
+    labels: Optional[np.ndarray]        # class ids, -1 unlabelled
+    classes: list
+    rows_read: int
+    null_ids: int
+    filled: dict[str, int]
+    unlabelled: int
+
+
+def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> _NodeTable:
+    n = spec.nodes
+    assert n is not None
+    columns = [n.id, *n.features, *([n.label] if n.label else [])]
+    schema = _check_columns(files, n, columns)
+    text = n.format is InputFormat.CSV
+    list_column = (len(n.features) == 1 and not text and schema[n.features[0]] is not None
+                   and (pa.types.is_list(schema[n.features[0]])
+                        or pa.types.is_large_list(schema[n.features[0]])
+                        or pa.types.is_fixed_size_list(schema[n.features[0]])))
+    if not text:
+        for path in files:
+            types = {f.name: f.type for f in pq.read_schema(path)}
+            if spec.id_type is ValueType.INTEGER:
+                _check_parquet_type(path, n.id, types[n.id], "integer")
+            for c in n.features:
+                t = types[c].value_type if list_column else types[c]
+                _check_parquet_type(path, c, t, "number")
+    raw = _scan(files, n, columns)
+    if text:
+        checks = []
+        for c in ([n.id] if spec.id_type is ValueType.INTEGER else []) + list(n.features):
+            kind = pl.Int64 if c == n.id else pl.Float64
+            bad = pl.col(c).is_not_null() & pl.col(c).cast(kind, strict=False).is_null()
+            checks.append((c, bad,
+                           "cannot parse as " + ("an integer id (id_type: integer)" if c == n.id
+                                                 else "a number")))
+        _check_parsing(raw, files, n, columns, checks)
+    table = raw.with_columns(_id_expr(n.id, spec, schema[n.id]).alias("__id")).collect(
+        engine="streaming")
+    rows_read = table.height
+    null_ids = int(table["__id"].null_count())
+    table = table.filter(pl.col("__id").is_not_null())
+    dup = table.filter(pl.col("__id").is_duplicated()).head(1)
+    if dup.height:
+        first, again = table.filter(pl.col("__id") == dup["__id"][0])[ROW].head(2).to_list()
+        if len(files) == 1:
+            where = f"{files[0]}: {_where(n, first)} and {_where(n, again)}"
+        else:  # row numbers count through the files in order
+            where = f"{files[0]} (+{len(files) - 1} files): rows {first} and {again}"
+        raise IngestError(f"{where}: column {n.id}: id {dup[n.id][0]!r} appears more than once; "
+                          "node ids must be unique")
+    features, filled = None, {}
+    if list_column:
+        c = n.features[0]
+        lengths = table[c].list.len()
+        widths = lengths.filter(table[c].is_not_null()).unique()
+        if widths.len() > 1:
+            bad = table.filter(lengths != widths[0]).head(1)
+            raise IngestError(f"{files[0]}: column {c}: row {int(bad[ROW][0])}: list of "
+                              f"{int(bad[c].list.len()[0])} values, others have {widths[0]}")
+        width = int(widths[0]) if widths.len() else 0
+        nulls = int(table[c].null_count())
+        inner_nulls = int(table[c].explode().null_count()) - nulls
+        if nulls or inner_nulls:
+            filled[c] = nulls + inner_nulls
+        values = table.select(pl.col(c).list.eval(pl.element().cast(pl.Float64).fill_null(0.0))
+                              .fill_null([0.0] * width))[c]
+        features = np.asarray(values.explode().to_numpy(), dtype=np.float32).reshape(-1, width)
+    elif n.features:
+        cast = table.select(pl.col(c).cast(pl.Float64, strict=False) for c in n.features)
+        filled = {c: int(cast[c].null_count()) for c in n.features if cast[c].null_count()}
+        features = cast.fill_null(0.0).to_numpy().astype(np.float32)
+    labels, classes, unlabelled = None, [], 0
+    if n.label:
+        values = table[n.label]
+        if text:  # integers when every label parses as one
+            as_int = values.cast(pl.Int64, strict=False)
+            if as_int.null_count() == values.null_count():
+                values = as_int
+        unlabelled = int(values.null_count())
+        classes_series = values.drop_nulls().unique().sort()
+        classes = classes_series.to_list()
+        lookup = pl.DataFrame({"v": classes_series, "k": np.arange(len(classes), dtype=np.int64)})
+        labels = (pl.DataFrame({"v": values}).join(lookup, on="v", how="left",
+                                                   maintain_order="left")["k"]
+                  .fill_null(-1).to_numpy().astype(np.int64))
+    return _NodeTable(ids=table["__id"], features=features, labels=labels, classes=classes,
+                      rows_read=rows_read, null_ids=null_ids, filled=filled,
+                      unlabelled=unlabelled)
+
+
+def ingest_graph(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
+                 out_dir: str | os.PathLike, nodes: Optional[Sequence[str | os.PathLike]] = None,
+                 progress: bool = False) -> dict:
+    """Runs a graph ingestion job (see the module docstring).
+
+    Args:
+        spec: the validated spec (:func:`load_graph_spec`).
+        inputs: edge files, directories or globs (``--input``).
+        out_dir: output folder; created if missing. An earlier graph data set there is
+            replaced; any other non-empty folder is refused.
+        nodes: node-table files or globs (``--nodes``); required iff the spec has ``nodes:``.
+        progress: one line per phase on stderr.
+
+    Returns:
+        The report written to ``ingest_report.json``.
+
+    Raises:
+        IngestError: bad input, one line naming the file (and row and column where it can).
+    """
+    started = time.perf_counter()
+    if spec.nodes is not None and not nodes:
+        raise IngestError("--nodes: the spec has a nodes: section; give the node table")
+    if spec.nodes is None and nodes:
+        raise IngestError("--nodes: the spec has no nodes: section describing the node table")
+    out = Path(out_dir)
+    _check_out_dir(out)
+    edge_files = _resolve(inputs, spec.edges.format)
+    node_files = _resolve(nodes, spec.nodes.format) if spec.nodes is not None and nodes else []
+    try:
+        return _ingest(spec, edge_files, node_files, out, progress, started)
+    except pl.exceptions.PolarsError as e:  # a malformed line, a corrupt page: name the file
+        raise _locate_failure(spec, edge_files, node_files, e) from None
+
+
+def _locate_failure(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path],
+                    error: Exception) -> IngestError:
+    tables = [(f, spec.edges) for f in edge_files]
+    tables += [(f, spec.nodes) for f in node_files] if spec.nodes is not None else []
+    for path, table in tables:  # the error does not say which file: read them one by one
+        try:
+            frame = (pl.scan_parquet(path) if table.format is InputFormat.PARQUET else
+                     pl.scan_csv(path, separator=table.separator or ",", infer_schema=False))
+            frame.select(pl.all().null_count()).collect(engine="streaming")
+        except pl.exceptions.PolarsError as e:
+            return IngestError(f"{path}: cannot read: {_first_line(e)}")
+    return IngestError(f"{edge_files[0]}: cannot read: {_first_line(error)}")
+
+
+def _ingest(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path], out: Path,
+            progress: bool, started: float) -> dict:
+    phases: list[dict] = []
+
+    def phase(name: str, t0: float) -> float:
+        now = time.perf_counter()
+        phases.append({"phase": name, "seconds": round(now - t0, 3)})
+        if progress:
+            print(f"ingest graph: {name}: {now - t0:.1f} s", file=sys.stderr, flush=True)
+        return now
+
+    t = time.perf_counter()
+    edges = _edge_frame(spec, edge_files)
+    keys = ["reason"] + (["edge_type"] if spec.edges.edge_type else [])
+    counts = edges.frame.group_by(keys).agg(pl.len().alias("n")).collect(engine="streaming")
+    dropped = {r: 0 for r in edges.reasons}
+    by_type: dict[Optional[str], int] = {}
+    rows_read = 0
+    for row in counts.iter_rows(named=True):
+        rows_read += row["n"]
+        if row["reason"] is not None:
+            dropped[row["reason"]] += row["n"]
+        if spec.edges.edge_type:
+            by_type[row["edge_type"]] = by_type.get(row["edge_type"], 0) + row["n"]
+    if rows_read == 0:
+        raise IngestError(f"{edge_files[0]}: no edges to ingest ({len(edge_files)} file(s))")
+    t = phase("check and count edges", t)
+
+    table = _read_node_table(spec, node_files) if spec.nodes is not None else None
+    if table is not None:
+        t = phase("node table", t)
+    kept = edges.frame.filter(pl.col("reason").is_null())
+    ids = _id_map(kept, table, spec)
+    n_table = 0 if table is None else table.ids.len()
+    missing_ids = ids.height - n_table
+    add = spec.nodes is None or spec.nodes.missing_nodes is MissingNodes.ADD
+    if not add:
+        ids = ids.head(n_table)
+    lookup = ids.lazy().select(pl.col("id"), pl.col("dense"))
+    joined = (kept.join(lookup.rename({"id": "src", "dense": "s"}), on="src", how="left",
+                        maintain_order="left")
+              .join(lookup.rename({"id": "dst", "dense": "d"}), on="dst", how="left",
+                    maintain_order="left"))
+    cols = ["s", "d"] + (["weight"] if spec.edges.weight else []) + (
+        ["time"] if spec.edges.timestamp else [])
+    frame = joined.select(cols).collect(engine="streaming")
+    missing_rows = frame.filter(pl.col("s").is_null() | pl.col("d").is_null()).height
+    if spec.nodes is not None:
+        dropped[NOT_IN_NODE_TABLE] = missing_rows
+        frame = frame.filter(pl.col("s").is_not_null() & pl.col("d").is_not_null())
+    t = phase("remap ids", t)
+
+    num_nodes = ids.height
+    src, dst = frame["s"].to_numpy(), frame["d"].to_numpy()
+    weights = frame["weight"].to_numpy() if spec.edges.weight else None
+    times = frame["time"].to_numpy() if spec.edges.timestamp else None
+    del frame
+    g = spec.graph
+    indptr, indices, out_w, edge_counts = csr_from_edges(
+        src, dst, num_nodes, weights, undirected=not g.directed, self_loops=g.self_loops,
+        duplicates=g.duplicates)
+    dropped["self_loop"] = edge_counts.self_loops_dropped
+    dropped["duplicate"] = edge_counts.duplicates_dropped
+    t = phase("CSR", t)
+
+    s = spec.split
+    edge_splits = None
+    if s.edge_valid_fraction or s.edge_test_fraction:
+        rank = None if times is None else _pair_times(src, dst, times, indptr, indices,
+                                                      g.directed, num_nodes)
+        indptr, indices, out_w, edge_splits = hold_out_edges(
+            indptr, indices, out_w, g.directed, s.edge_valid_fraction, s.edge_test_fraction,
+            seed=s.seed, rank=rank)
+        t = phase("held-out edges", t)
+    del src, dst
+
+    features = labels = None
+    if table is not None:
+        if table.features is not None:
+            features = np.zeros((num_nodes, table.features.shape[1]), dtype=np.float32)
+            features[:n_table] = table.features
+        if table.labels is not None:
+            labels = np.full(num_nodes, -1, dtype=np.int64)
+            labels[:n_table] = table.labels
+    splits = _node_splits(num_nodes, labels, s)
+    held = {k: int(v.shape[1]) for k, v in (edge_splits or {}).items()}
+    report = {
+        "name": spec.name,
+        "kind": "graph",
+        "inputs": {"edges": [str(f) for f in edge_files], "nodes": [str(f) for f in node_files]},
+        "edges": {
+            "rows_read": rows_read,
+            "rows_dropped": dropped,
+            "rows_dropped_total": sum(dropped.values()),
+            "duplicates_merged": edge_counts.duplicates_merged,
+            "self_loops_kept": edge_counts.self_loops - edge_counts.self_loops_dropped,
+            "duplicates_kept": edge_counts.duplicates if g.duplicates is Duplicates.KEEP else 0,
+            "edges_stored": edge_counts.edges,
+            "held_out": held,
+            "csr_entries": int(indices.shape[0]),
+            "directed": g.directed,
+            "self_loops": g.self_loops.value,
+            "duplicates": g.duplicates.value,
+        },
+        "nodes": {
+            "num_nodes": num_nodes,
+            "from_node_table": n_table,
+            "endpoints_not_in_node_table": missing_ids if table is not None else None,
+            "added_from_edges": missing_ids if add else 0,
+            "isolated": int(np.count_nonzero(np.diff(indptr) == 0)),
+        },
+        "splits": {"nodes": {k: int(v.shape[0]) for k, v in splits.items()},
+                   "node_split_over": "labelled nodes" if labels is not None else "all nodes",
+                   "edges": held, "edge_split_method": (
+                       None if edge_splits is None else "time" if times is not None else "random"),
+                   "seed": s.seed},
+        "phases": phases,
+    }
+    if table is not None:
+        report["nodes"].update(rows_read=table.rows_read, rows_dropped={"null_id": table.null_ids},
+                               feature_nulls_filled=table.filled,
+                               labelled=None if labels is None else int((labels >= 0).sum()),
+                               unlabelled_in_table=table.unlabelled,
+                               num_classes=len(table.classes) if labels is not None else None)
+    if times is not None:
+        report["edges"]["rows_without_timestamp"] = int(np.isnan(times).sum())
+    if spec.edges.edge_type:  # rows read per type, the 100 most frequent
+        top = sorted(by_type.items(), key=lambda kv: (-kv[1], str(kv[0])))[:100]
+        report["edges"]["rows_by_edge_type"] = {str(k): v for k, v in top}
+    report["wall_seconds"] = round(time.perf_counter() - started, 3)
+    (out / REPORT_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    summary = {k: report[k] for k in ("edges", "nodes", "splits")}
+    extra: dict[str, Any] = {"ingest_report": summary, "spec": to_dict(spec)}
+    if table is not None and labels is not None:
+        extra["classes"] = table.classes
+    write_graph(out, indptr, indices, weights=out_w, features=features, labels=labels,
+                num_classes=len(table.classes) if labels is not None else None,
+                splits=splits, edge_splits=edge_splits, directed=g.directed, name=spec.name,
+                extra_meta=extra, ids=ids["id"].to_arrow())
+    return report
+
+
+def _id_map(kept: pl.LazyFrame, table: Optional[_NodeTable], spec: GraphIngestSpec
+            ) -> pl.DataFrame:
+    """``id -> dense``: node-table ids in table order, then other endpoints by first appearance."""
+    endpoints = pl.concat([
+        kept.select(pl.col("src").alias("id"), (pl.col(ROW).cast(pl.Int64) * 2).alias("pos")),
+        kept.select(pl.col("dst").alias("id"), (pl.col(ROW).cast(pl.Int64) * 2 + 1).alias("pos")),
+    ])
+    first = endpoints.group_by("id").agg(pl.col("pos").min())
+    id_type = pl.Int64 if spec.id_type is ValueType.INTEGER else pl.String
+    if table is not None:
+        known = pl.DataFrame({"id": table.ids.cast(id_type)})
+        first = first.join(known.lazy(), on="id", how="anti")
+    extra = first.sort("pos").select("id").collect(engine="streaming")
+    head = pl.DataFrame({"id": table.ids.cast(id_type)}) if table is not None else (
+        pl.DataFrame(schema={"id": id_type}))
+    ids = pl.concat([head, extra.select(pl.col("id").cast(id_type))])
+    return ids.with_row_index("dense").with_columns(pl.col("dense").cast(pl.Int64))
+
+
+def _pair_times(src: np.ndarray, dst: np.ndarray, times: np.ndarray, indptr: np.ndarray,
+                indices: np.ndarray, directed: bool, n: int) -> np.ndarray:
+    """The first time of every :func:`edge_pairs` edge (NaN times count as the oldest)."""
+    big = np.int64(n)
+    if directed:
+        keys = src.astype(np.int64) * big + dst
+    else:
+        keys = np.minimum(src, dst).astype(np.int64) * big + np.maximum(src, dst)
+    first = (pl.DataFrame({"k": keys, "t": np.nan_to_num(times, nan=-np.inf)})
+             .group_by("k").agg(pl.col("t").min()))
+    ps, pd = edge_pairs(indptr, indices, directed)
+    pairs = pl.DataFrame({"k": ps * big + pd})
+    return pairs.join(first, on="k", how="left", maintain_order="left")["t"].fill_null(
+        -np.inf).to_numpy()
+
+
+def _node_splits(n: int, labels: Optional[np.ndarray], s: GraphSplitSpec
+                 ) -> dict[str, np.ndarray]:
+    pool = np.arange(n, dtype=np.int64) if labels is None else np.flatnonzero(labels >= 0)
+    perm = pool[np.random.default_rng(np.random.SeedSequence([s.seed, 11])).permutation(
+        pool.shape[0])]
+    n_test, n_valid = round(s.test_fraction * pool.shape[0]), round(s.valid_fraction *
+                                                                   pool.shape[0])
+    return {"train": np.sort(perm[n_test + n_valid:]), "valid": np.sort(
+        perm[n_test:n_test + n_valid]), "test": np.sort(perm[:n_test])}
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise IngestError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / REPORT_FILE).exists() and not (
+            out / "metadata.json").exists():
+        raise IngestError(f"{out}: not empty and not an earlier graph output; choose another --out")
+    ours = {"metadata.json", "metadata.json.tmp", REPORT_FILE, "graph", "nodes", "splits"}
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in ours)
+        if foreign:
+            raise IngestError(f"{out}: holds files of another kind of data set "
+                              f"({', '.join(foreign[:5])}); choose another --out")
