@@ -197,9 +197,12 @@ def _train(args: argparse.Namespace) -> int:
     run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
     if run.trainer.rank == 0:
         dump_config(cfg, out / "config.yaml")
-        print(f"data: {run.meta.name} ({run.meta.root}), train rows: "
-              f"{run.trainer.train_data.num_rows:,}, steps: {run.trainer.total_steps:,}",
-              file=sys.stderr)
+        data = run.trainer.train_data
+        rows = getattr(data, "num_rows", None)
+        what = "train rows" if rows is not None else "train seed nodes"
+        rows = rows if rows is not None else getattr(data, "num_ids", 0)
+        print(f"data: {run.meta.name} ({run.meta.root}), {what}: {rows:,}, "
+              f"steps: {run.trainer.total_steps:,}", file=sys.stderr)
     summary = run.trainer.fit(test_data=run.test_data, resume=resume)
     if run.trainer.rank == 0:
         _print_summary(summary, out)
@@ -363,7 +366,8 @@ def _datagen_graph(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict, out: Path) -> None:
-    keys = [k for k in ("auc", "ne", "logloss", "calibration") if k in summary]
+    keys = [k for k in ("auc", "ne", "logloss", "calibration", "accuracy", "macro_f1", "mrr")
+            if k in summary]
     keys += sorted((k for k in summary if "@" in k), key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
     keys += ["loss"] if "loss" in summary else []
     print(f"\nfinal metrics on {summary['split']} ({summary['dataset']}):")

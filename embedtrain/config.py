@@ -39,6 +39,8 @@ class ConfigError(ValueError):
 class TaskKind(enum.Enum):
     CTR = "ctr"  # click-through rate: DLRM / DCNv2 (section ``model``)
     XC = "xc"  # extreme classification: encoder + class head (section ``xc``)
+    GNN_NODE = "gnn_node"  # node classification with GraphSAGE on sampled neighbourhoods (``gnn``)
+    GNN_LINK = "gnn_link"  # link prediction with GraphSAGE on sampled neighbourhoods (``gnn``)
 
 
 class Interaction(enum.Enum):
@@ -172,6 +174,28 @@ class XCConfig:
     top_k: list[int] = field(default_factory=lambda: [1, 5])  # P@k, nDCG@k, recall@k
 
 
+class NegativeSampling(enum.Enum):
+    UNIFORM = "uniform"  # negatives drawn uniformly over the nodes
+    DEGREE = "degree"  # proportional to degree^0.75
+
+
+@dataclass
+class GNNConfig:
+    """GraphSAGE on sampled neighbourhoods: node-id table + features -> one SAGEConv per hop."""
+
+    fanouts: list[int] = field(default_factory=lambda: [15, 10])  # neighbours per hop (-1: all)
+    eval_fanouts: list[int] = field(default_factory=list)  # empty: the training fanouts
+    hidden: list[int] = field(default_factory=lambda: [128, 128])  # one SAGEConv per hop
+    embedding_dim: int = 32  # node-id table width (0: features only)
+    aggr: str = "mean"  # SAGEConv aggregation: mean, max or sum
+    dropout: float = 0.0
+    weighted: bool = False  # sample neighbours by edge weight
+    out_dim: int = 64  # link prediction: the node embedding size scored by dot products
+    negatives: int = 1  # link prediction: negatives per positive edge
+    negative_sampling: NegativeSampling = NegativeSampling.UNIFORM
+    link_ks: list[int] = field(default_factory=lambda: [1, 3, 10])  # Hits@K
+
+
 @dataclass
 class OptimConfig:
     sparse: SparseOptimizer = SparseOptimizer.ROWWISE_ADAGRAD
@@ -269,6 +293,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     xc: XCConfig = field(default_factory=XCConfig)
+    gnn: GNNConfig = field(default_factory=GNNConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)

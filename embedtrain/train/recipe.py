@@ -95,6 +95,9 @@ def ctr_model(cfg: Config, meta: DatasetMeta, device: Optional[torch.device] = N
     return dlrm(meta.features, m.embedding_dim, m.bottom_mlp, m.top_mlp, device=device)
 
 
+GNN_TASKS = (TaskKind.GNN_NODE, TaskKind.GNN_LINK)
+
+
 def local_cluster(world_size: int, device: torch.device, batch_size_per_rank: int) -> ClusterConfig:
     """The machine(s) this run is on, as a cluster description (used when none is given)."""
     per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -168,6 +171,8 @@ def plan_model(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module] =
     Pooling factors are measured from the training split when the data set has one and
     ``cfg.sharding.pooling_factors_from_data`` is set; otherwise every table counts 1 id.
     """
+    if cfg.task in GNN_TASKS:
+        return _plan_gnn(cfg, cluster, model)
     meta = load_dataset_meta(cfg.data.path)
     model = model if model is not None else model_for_planning(cfg, meta)
     measured = cfg.sharding.pooling_factors_from_data and bool(meta.split_files.get("train"))
@@ -211,6 +216,21 @@ def head_activation_bytes(cfg: Config, meta: DatasetMeta, cluster: ClusterConfig
         columns = min(local, batch * (1 + h.hard_negatives) + round(h.sample_rate * local))
     copies = 3 if h.margin.value != "none" else 2
     return {"class_head_logits": batch * columns * 4 * copies}
+
+
+def _plan_gnn(cfg: Config, cluster: ClusterConfig, model: Optional[nn.Module]) -> PlanResult:
+    from embedtrain.train import gnn_recipe
+
+    graph = gnn_recipe.load_gnn_graph(cfg)
+    if model is None:
+        model = gnn_recipe.gnn_model(cfg, graph, device=torch.device("meta"))
+        fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
+    result = plan_sharding(model, cluster, cfg.sharding,
+                           pooling_factors=gnn_recipe.gnn_pooling_factors(graph),
+                           dense_optimizer_slots=dense_optimizer_slots(cfg.optim.dense))
+    result.report["model"] = {"task": cfg.task.value, "dataset": graph.name,
+                              "dataset_path": str(graph.root), "pooling_factors": "1 id per node"}
+    return result
 
 
 def _describe_head(report: dict[str, Any], cfg: Config, meta: DatasetMeta) -> None:
@@ -316,9 +336,11 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
     else:
         cluster = dataclasses.replace(cluster, batch_size_per_rank=local_batch)
     torch.manual_seed(cfg.train.seed)
-    meta = load_dataset_meta(d.path)
     os.makedirs(out_dir, exist_ok=True)
-    extra: dict[str, Any] = {}
+    if cfg.task in GNN_TASKS:
+        return _build_gnn_run(cfg, out_dir, progress, cluster, rank, world, device,
+                              local_batch, local_eval_batch)
+    meta = load_dataset_meta(d.path)
     if cfg.task is TaskKind.XC:
         dmp, optimizer, dense, task = _xc_model(cfg, meta, cluster, device, out_dir)
         oracle_key = "oracle_p_at_1"
@@ -353,8 +375,32 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
             prefetch_batches=d.prefetch_batches,
         )
 
+    train_data = reader("train", train=True)
+    trainer = Trainer(
+        task,
+        dmp,
+        optimizer,
+        train_data,
+        reader("valid", train=False),
+        RunDir(out_dir),
+        _trainer_options(cfg, progress),
+        dataset_name=meta.name,
+        extra_summary=_oracle(meta.extra, oracle_key),
+        lr_scheduler=dense_lr_schedule(dense, cfg.optim, _total_steps(cfg.train, len(train_data))),
+    )
+    test = reader("test", train=False) if "test" in meta.split_files else None
+    return Run(trainer=trainer, meta=meta, test_data=test,
+               eval_reader=lambda split: reader(split, train=False))
+
+
+def _oracle(extra: dict[str, Any], key: str) -> dict[str, Any]:
+    oracle = extra.get(key, {})
+    return {key: oracle["test"]} if isinstance(oracle, dict) and "test" in oracle else {}
+
+
+def _trainer_options(cfg: Config, progress: Optional[bool]) -> TrainerOptions:
     t = cfg.train
-    options = TrainerOptions(
+    return TrainerOptions(
         epochs=t.epochs,
         max_steps=t.max_steps,
         eval_every=t.eval_every,
@@ -365,25 +411,34 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
         grad_accumulation=t.grad_accumulation,
         bf16_dense=t.bf16_dense,
     )
-    oracle = meta.extra.get(oracle_key, {})
-    if isinstance(oracle, dict) and "test" in oracle:
-        extra[oracle_key] = oracle["test"]
-    train_data = reader("train", train=True)
+
+
+def _build_gnn_run(cfg: Config, out_dir, progress, cluster, rank, world, device, local_batch,
+                   local_eval_batch) -> Run:
+    """Node classification / link prediction on a graph data set (``embedtrain datagen graph``)."""
+    from embedtrain.train import gnn_recipe
+
+    graph = gnn_recipe.load_gnn_graph(cfg)
+    model = gnn_recipe.gnn_model(cfg, graph, device=torch.device("meta"))
+    fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
+    dmp = shard_model(cfg, model, cluster, device, out_dir)
+    register_dense_allreduce(dmp, cfg.sharding.dense_allreduce, cfg.sharding.powersgd_rank)
+    optimizer, dense = combined_optimizer(dmp, cfg.optim)
+
+    def data(split: str, train: bool):
+        return gnn_recipe.gnn_data(cfg, graph, split, train,
+                                   local_batch if train else local_eval_batch, rank, world)
+
+    train_data = data("train", True)
     trainer = Trainer(
-        task,
-        dmp,
-        optimizer,
-        train_data,
-        reader("valid", train=False),
-        RunDir(out_dir),
-        options,
-        dataset_name=meta.name,
-        extra_summary=extra,
-        lr_scheduler=dense_lr_schedule(dense, cfg.optim, _total_steps(t, len(train_data))),
+        gnn_recipe.gnn_task(cfg, graph), dmp, optimizer, train_data, data("valid", False),
+        RunDir(out_dir), _trainer_options(cfg, progress), dataset_name=graph.name,
+        extra_summary=gnn_recipe.gnn_summary_extra(graph),
+        lr_scheduler=dense_lr_schedule(dense, cfg.optim, _total_steps(cfg.train, len(train_data))),
     )
-    test = reader("test", train=False) if "test" in meta.split_files else None
-    return Run(trainer=trainer, meta=meta, test_data=test,
-               eval_reader=lambda split: reader(split, train=False))
+    test = data("test", False) if "test" in graph.splits else None
+    return Run(trainer=trainer, meta=graph, test_data=test,
+               eval_reader=lambda split: data(split, False))
 
 
 def _xc_model(cfg: Config, meta: DatasetMeta, cluster: ClusterConfig, device: torch.device,
