@@ -183,6 +183,7 @@ class NegativeSampling(enum.Enum):
 class GNNConfig:
     """GraphSAGE on sampled neighbourhoods: node-id table + features -> one SAGEConv per hop."""
 
+    model: str = "sage"  # sage, or mlp: the same layers on the node alone (a no-graph baseline)
     fanouts: list[int] = field(default_factory=lambda: [15, 10])  # neighbours per hop (-1: all)
     eval_fanouts: list[int] = field(default_factory=list)  # empty: the training fanouts
     hidden: list[int] = field(default_factory=lambda: [128, 128])  # one SAGEConv per hop

@@ -37,11 +37,13 @@ class GraphSAGE(nn.Module):
         aggr: SAGEConv aggregation (``mean``, ``max``, ``sum``).
         dropout: between layers.
         device: of the table (``meta`` for planning or sharding).
+        use_graph: False makes the layers plain linear ones on each seed node alone (an MLP on
+            its id embedding and features): the baseline that shows what the graph adds.
     """
 
     def __init__(self, num_nodes: int, num_features: int, embedding_dim: int,
                  hidden: Sequence[int], out_dim: int, aggr: str = "mean", dropout: float = 0.0,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, use_graph: bool = True) -> None:
         super().__init__()
         from torch_geometric.nn import SAGEConv
 
@@ -57,8 +59,9 @@ class GraphSAGE(nn.Module):
         width = num_features + (embedding_dim if self.ebc is not None else 0)
         convs = []
         for size in hidden:
-            convs.append(SAGEConv(width, size, aggr=aggr))
+            convs.append(SAGEConv(width, size, aggr=aggr) if use_graph else nn.Linear(width, size))
             width = size
+        self.use_graph = use_graph
         self.convs = nn.ModuleList(convs)
         self.out = nn.Linear(width, out_dim)
         self.dropout = dropout
@@ -72,6 +75,13 @@ class GraphSAGE(nn.Module):
             parts.append(batch.features)
         x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         blocks = batch.blocks
+        if not self.use_graph:
+            x = x[: blocks.num_seeds]
+            for i, layer in enumerate(self.convs):
+                x = layer(x)
+                if i < len(self.convs) - 1:
+                    x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
+            return self.out(x)
         hops = len(blocks.edge_index)
         if hops != len(self.convs):
             raise ValueError(f"the sampler draws {hops} hop(s) but the model has "

@@ -37,8 +37,10 @@ def gnn_model(cfg: Config, graph: GraphData, device: Optional[torch.device] = No
     if len(g.fanouts) != len(g.hidden):
         raise ValueError(f"gnn.fanouts ({len(g.fanouts)} hops) and gnn.hidden "
                          f"({len(g.hidden)} layers) must have the same length")
+    if g.model not in ("sage", "mlp"):
+        raise ValueError(f"gnn.model: {g.model!r} is not one of sage, mlp")
     return GraphSAGE(graph.num_nodes, graph.num_features, g.embedding_dim, g.hidden, out,
-                     aggr=g.aggr, dropout=g.dropout, device=device)
+                     aggr=g.aggr, dropout=g.dropout, device=device, use_graph=g.model == "sage")
 
 
 def node_batch(ids: np.ndarray, rng: np.random.Generator, sampler: NeighborSampler,
@@ -59,6 +61,8 @@ def gnn_data(cfg: Config, graph: GraphData, split: str, train: bool, batch_size:
     """Seed batches of ``split`` with their sampled neighbourhoods (this rank's share)."""
     g = cfg.gnn
     fanouts = g.fanouts if train or not g.eval_fanouts else g.eval_fanouts
+    if g.model == "mlp":  # the baseline reads no neighbours: sample as little as possible
+        fanouts = [1] * len(fanouts)
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts,
                               weights=graph.weights if g.weighted else None, seed=cfg.train.seed)
     if split not in graph.splits:

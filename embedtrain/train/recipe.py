@@ -33,7 +33,8 @@ from torchrec.distributed.model_parallel import (
     DefaultDataParallelWrapper,
     DistributedModelParallel,
 )
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from embedtrain.config import (
@@ -274,9 +275,14 @@ def shard_model(cfg: Config, model: nn.Module, cluster: ClusterConfig, device: t
     if cluster.world_size != world:
         raise ValueError(f"cluster {cluster.name} has {cluster.world_size} ranks "
                          f"({cluster.hosts} x {cluster.devices_per_host}) but this run has {world}")
-    sharding_plan, report = invoke_on_rank_and_broadcast_result(
-        dist.GroupMember.WORLD, 0, _plan_for_broadcast, cfg, cluster,
-        planning_model if planning_model is not None else model)
+    tables = any(isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+                 for m in model.modules())
+    if tables:
+        sharding_plan, report = invoke_on_rank_and_broadcast_result(
+            dist.GroupMember.WORLD, 0, _plan_for_broadcast, cfg, cluster,
+            planning_model if planning_model is not None else model)
+    else:  # nothing to shard (e.g. a features-only baseline): plain data parallelism
+        sharding_plan, report = ShardingPlan(plan={}), None
     wrapper = None
     if sharded_head is not None:  # the head's slice is its own: no DDP all-reduce for it
         sharding_plan.plan.pop("head", None)
@@ -291,7 +297,7 @@ def shard_model(cfg: Config, model: nn.Module, cluster: ClusterConfig, device: t
         held = measure_head_bytes(sharded_head, head_optimizer, held)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, held)
-    if out_dir is not None and dist.get_rank() == 0:
+    if out_dir is not None and dist.get_rank() == 0 and report is not None:
         write_report(report, out_dir, ("json", "md"))
         comparison = plan_vs_measured(report, gathered)
         with open(os.path.join(out_dir, "plan_vs_measured.json"), "w") as f:
