@@ -21,9 +21,14 @@ from torch import nn
 
 from embedtrain.config import Config, TaskKind
 from embedtrain.data.graph_store import GraphData, load_graph
-from embedtrain.graph.sampler import NeighborSampler, SeedBatches
+from embedtrain.graph.sampler import LinkSampler, NegativeSampling, NeighborSampler, SeedBatches
 from embedtrain.models.gnn import NODE_TABLE, GraphSAGE
-from embedtrain.train.gnn import GraphBatch, NodeClassificationTask, gather_rows
+from embedtrain.train.gnn import (
+    GraphBatch,
+    LinkPredictionTask,
+    NodeClassificationTask,
+    gather_rows,
+)
 
 
 def gnn_model(cfg: Config, graph: GraphData, device: Optional[torch.device] = None) -> nn.Module:
@@ -56,19 +61,51 @@ def node_batch(ids: np.ndarray, rng: np.random.Generator, sampler: NeighborSampl
     )
 
 
+def link_batch(edge_ids: np.ndarray, rng: np.random.Generator, link: LinkSampler,
+               sampler: NeighborSampler, graph: GraphData, pairs: Optional[np.ndarray]
+               ) -> GraphBatch:
+    """One link-prediction batch: positive edges, their negatives, the endpoints' subgraph."""
+    pos = link.csr_edges(edge_ids) if pairs is None else pairs[:, edge_ids]
+    lb = link.sample(pos, rng)
+    blocks = sampler.sample(lb.node_ids.numpy(), rng)
+    n_id = blocks.n_id.numpy()
+    return GraphBatch(
+        blocks=blocks, num_nodes=len(n_id),
+        features=gather_rows(graph.features, n_id) if graph.features is not None else None,
+        labels=None, pairs=lb.pos_index, negatives=lb.neg_index)
+
+
 def gnn_data(cfg: Config, graph: GraphData, split: str, train: bool, batch_size: int, rank: int,
              world: int) -> SeedBatches:
-    """Seed batches of ``split`` with their sampled neighbourhoods (this rank's share)."""
+    """Seed batches of ``split`` with their sampled neighbourhoods (this rank's share).
+
+    Node classification: the split's nodes. Link prediction: every CSR edge for training, the
+    held-out positive edges (``edge_splits``) for evaluation, each with ``gnn.negatives``
+    sampled negatives.
+    """
     g = cfg.gnn
     fanouts = g.fanouts if train or not g.eval_fanouts else g.eval_fanouts
     if g.model == "mlp":  # the baseline reads no neighbours: sample as little as possible
         fanouts = [1] * len(fanouts)
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts,
                               weights=graph.weights if g.weighted else None, seed=cfg.train.seed)
+    seed = cfg.train.seed + (0 if train else 1)
+    if cfg.task is TaskKind.GNN_LINK:
+        pairs = None if train else graph.edge_splits.get(split)
+        if not train and pairs is None:
+            raise ValueError(f"{graph.root / 'metadata.json'}: no held-out {split} edges for link "
+                             f"prediction (embedtrain datagen graph --link-fraction 0.1)")
+        link = LinkSampler(graph.indptr, graph.indices, num_negatives=g.negatives,
+                           negative=NegativeSampling(g.negative_sampling.value))
+        count = link.num_edges if pairs is None else pairs.shape[1]
+        return SeedBatches(count, batch_size, shuffle=cfg.data.shuffle and train, seed=seed,
+                           rank=rank, world_size=world, num_workers=cfg.data.num_workers,
+                           collate=lambda ids, rng: link_batch(ids, rng, link, sampler, graph,
+                                                               pairs))
     if split not in graph.splits:
         raise ValueError(f"{graph.root / 'metadata.json'}: no {split} split")
     return SeedBatches(graph.splits[split], batch_size, shuffle=cfg.data.shuffle and train,
-                       seed=cfg.train.seed + (0 if train else 1), rank=rank, world_size=world,
+                       seed=seed, rank=rank, world_size=world,
                        num_workers=cfg.data.num_workers,
                        collate=lambda ids, rng: node_batch(ids, rng, sampler, graph))
 
@@ -76,7 +113,7 @@ def gnn_data(cfg: Config, graph: GraphData, split: str, train: bool, batch_size:
 def gnn_task(cfg: Config, graph: GraphData) -> Any:
     if cfg.task is TaskKind.GNN_NODE:
         return NodeClassificationTask(graph.num_classes)
-    raise NotImplementedError("task gnn_link: the link-prediction wiring is not built yet")
+    return LinkPredictionTask(cfg.gnn.link_ks)
 
 
 def gnn_pooling_factors(graph: GraphData) -> dict[str, float]:
