@@ -8,7 +8,9 @@ Nothing here runs during training. ``embedtrain ingest SPEC --input ... --out DI
 - :mod:`pipelines.transforms`: parse, drop reasons, split, encodings (Polars expressions);
 - :mod:`pipelines.stats`: the streaming statistics passes and vocabularies;
 - :mod:`pipelines.report`: ``metadata.json`` and ``ingest_report.json``;
-- :mod:`pipelines.hashing`: stable hashes for splits and hash buckets.
+- :mod:`pipelines.hashing`: stable hashes for splits and hash buckets;
+- :mod:`pipelines.graph`: the graph job (``kind: graph`` specs): edge lists and node tables to a
+  memory-mapped CSR with node arrays and splits.
 
 The synthetic generators live in ``embedtrain.data.datagen`` (parquet) and
 ``embedtrain.data.datagen_tsv`` (the same rows as raw TSV).

@@ -17,7 +17,7 @@ A graph spec is YAML with ``kind: graph`` at the top (:func:`is_graph_spec`); it
    repeated edges dropped, kept or summed as configured, and counted;
 6. optionally holds out edges for link prediction (the newest by ``timestamp`` if given, else
    random) and draws random node splits over the labelled nodes (all nodes without labels);
-7. writes the graph format (``GRAPH_FORMAT_DRAFT.md``, with ``nodes/ids.parquet`` mapping dense
+7. writes the graph format (:mod:`embedtrain.data.graph_store`, with ``nodes/ids.parquet`` mapping dense
    ids back to the original ones), ``ingest_report.json``, and ``metadata.json`` last.
 
 Every edge row read is accounted for: ``rows_read == rows_dropped_total + duplicates_merged +

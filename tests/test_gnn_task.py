@@ -63,3 +63,32 @@ def test_node_task_resume_equals_uninterrupted(graph, tmp_path):
     b = {k: v for k, v in resumed.model.named_parameters()}
     for k in a:
         assert torch.equal(a[k].detach(), b[k].detach()), k
+
+
+def test_cli_trains_and_plans_the_node_table(graph, tmp_path):
+    """`embedtrain train configs/gnn_node.yaml` end to end; the node table is in the plan."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "embedtrain", "train", "configs/gnn_node.yaml",
+                        "--out", str(run), "--no-progress", "--set", f"data.path={graph}",
+                        "--set", "train.max_steps=20", "--set", "train.eval_every=10",
+                        "--set", "data.batch_size=256"],
+                       capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["task"] == "gnn_node" and summary["steps"] == 20 and summary["accuracy"] > 0.3
+    plan = json.loads((run / "plan.json").read_text())
+    assert [t["name"] for t in plan["tables"]] == ["t_node"]
+    r = subprocess.run([sys.executable, "-m", "embedtrain", "plan", "configs/gnn_node.yaml",
+                        "--cluster", "configs/clusters/h100-16x8.yaml", "--out",
+                        str(tmp_path / "plan"), "--set", f"data.path={graph}"],
+                       capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "t_node" in (tmp_path / "plan" / "plan.md").read_text()

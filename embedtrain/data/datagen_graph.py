@@ -317,7 +317,7 @@ def _log(progress: bool, start: float, what: str) -> None:
 
 
 def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = True) -> dict:
-    """Writes a synthetic graph data set (``GRAPH_FORMAT_DRAFT.md``) to ``out_dir``.
+    """Writes a synthetic graph data set (the format of :mod:`embedtrain.data.graph_store`) to ``out_dir``.
 
     An earlier graph data set there is replaced; the same spec always gives identical files.
 

@@ -1,4 +1,4 @@
-"""The on-disk graph data set: a CSR over the nodes, node arrays, splits (GRAPH_FORMAT_DRAFT.md).
+"""The on-disk graph data set: a CSR over the nodes, node arrays, splits.
 
 A graph data set is a directory holding ``metadata.json`` and ``.npy`` files written by
 :func:`write_graph` (the synthetic generator :mod:`embedtrain.data.datagen_graph` and the ingestion
