@@ -91,12 +91,6 @@ class CTRDataSpec:
 
     def validate(self) -> None:
         """Raise ``ValueError`` with a one-line message naming the first bad field."""
-        def is_int(x: Any) -> bool:
-            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-        def is_real(x: Any) -> bool:
-            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
         checks = [
             ("rows", is_int, lambda v: v >= 10, "an integer >= 10"),
             ("seed", is_int, lambda v: v >= 0, "a non-negative integer"),
@@ -106,10 +100,7 @@ class CTRDataSpec:
             ("rows_per_file", is_int, lambda v: v >= 1, "an integer >= 1"),
             ("zipf_exponent", is_real, lambda v: 0 < v < math.inf, "positive and finite"),
         ]
-        for name, type_ok, value_ok, want in checks:
-            v = getattr(self, name)
-            if not (type_ok(v) and value_ok(v)):
-                raise ValueError(f"CTRDataSpec.{name} must be {want}, got {v!r}")
+        check_fields(self, checks)
         if self.valid_fraction + self.test_fraction >= 1:
             raise ValueError("CTRDataSpec.valid_fraction + test_fraction must be < 1, got "
                              f"{self.valid_fraction + self.test_fraction!r}")
@@ -351,6 +342,27 @@ class SplitWriter:
             self._flush(self.n_pending)
         if self.writer is not None:
             self.writer.close()
+
+
+def is_int(x: Any) -> bool:
+    """An integer that is not a bool (config values and NumPy scalars alike)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def is_real(x: Any) -> bool:
+    """A real number that is not a bool."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def check_fields(spec: Any, checks: list) -> None:
+    """Raises ``ValueError("Spec.field must be ..., got ...")`` for the first failing check.
+
+    ``checks``: ``(field, type_ok, value_ok, wanted)`` tuples, in order.
+    """
+    for name, type_ok, value_ok, want in checks:
+        v = getattr(spec, name)
+        if not (type_ok(v) and value_ok(v)):
+            raise ValueError(f"{type(spec).__name__}.{name} must be {want}, got {v!r}")
 
 
 def progress_line(what: str, done: int, total: int, start: float) -> None:

@@ -51,6 +51,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from embedtrain.data.datagen import check_fields, is_int, is_real
 from embedtrain.data.graph_store import (
     csr_from_edges, hold_out_edges, row_blocks, write_graph)
 
@@ -81,12 +82,6 @@ class GraphDataSpec:
 
     def validate(self) -> None:
         """Raise ``ValueError`` with a one-line message naming the first bad field."""
-        def is_int(x: Any) -> bool:
-            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-        def is_real(x: Any) -> bool:
-            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
         checks = [
             ("nodes", is_int, lambda v: 2 <= v < 2**31, "an integer in [2, 2**31)"),
             ("avg_degree", is_real, lambda v: 0 < v <= self.nodes - 1,
@@ -105,10 +100,7 @@ class GraphDataSpec:
             ("test_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
             ("link_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
         ]
-        for name, type_ok, value_ok, want in checks:
-            v = getattr(self, name)
-            if not (type_ok(v) and value_ok(v)):
-                raise ValueError(f"GraphDataSpec.{name} must be {want}, got {v!r}")
+        check_fields(self, checks)
         if self.valid_fraction + self.test_fraction >= 1:
             raise ValueError("GraphDataSpec.valid_fraction + test_fraction must be < 1, got "
                              f"{self.valid_fraction + self.test_fraction!r}")

@@ -79,7 +79,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedtrain.data.datagen import SPLITS, SplitWriter, clear_old, progress_line
+from embedtrain.data.datagen import (
+    SPLITS,
+    SplitWriter,
+    check_fields,
+    clear_old,
+    is_int,
+    is_real,
+    progress_line,
+)
 
 TOKEN_COLUMN = "tokens"
 _CHUNK_ROWS = 65_536
@@ -137,12 +145,6 @@ class XCDataSpec:
 
     def validate(self) -> None:
         """Raise ``ValueError`` with a one-line message naming the first bad field."""
-        def is_int(x: Any) -> bool:
-            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-        def is_real(x: Any) -> bool:
-            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
         def is_range(x: Any) -> bool:
             return isinstance(x, tuple) and len(x) == 2 and all(is_int(v) for v in x)
 
@@ -170,10 +172,7 @@ class XCDataSpec:
             ("rows_per_file", is_int, lambda v: v >= 1, "an integer >= 1"),
             ("oracle_rows", is_int, lambda v: v >= 0, "a non-negative integer"),
         ]
-        for name, type_ok, value_ok, want in checks:
-            v = getattr(self, name)
-            if not (type_ok(v) and value_ok(v)):
-                raise ValueError(f"XCDataSpec.{name} must be {want}, got {v!r}")
+        check_fields(self, checks)
         if self.valid_fraction + self.test_fraction >= 1:
             raise ValueError("XCDataSpec.valid_fraction + test_fraction must be < 1, got "
                              f"{self.valid_fraction + self.test_fraction!r}")
