@@ -228,7 +228,8 @@ def train_head(kind: HeadKind, args: argparse.Namespace, data: Path) -> dict[str
         return record
     summary = json.loads(summary_file.read_text())
     keys = ("p@1", "p@5", "ndcg@5", "recall@5", "loss", "train_examples_per_s", "examples",
-            "steps", "train_time_s", "wall_time_s", "oracle_p_at_1", "peak_rss_gb_per_rank")
+            "steps", "train_time_s", "wall_time_s", "oracle_p_at_1")
+    # Not peak_rss_gb_per_rank: ru_maxrss starts at this (large) process's high-water mark.
     record.update({k: summary.get(k) for k in keys})
     print(f"  {kind.value}: P@1 {record['p@1']:.4f}, {record['train_examples_per_s']:,.0f} ex/s, "
           f"wall {record['wall_s']:.0f} s", flush=True)
@@ -259,12 +260,14 @@ def print_tables(out: dict[str, Any]) -> None:
         step, phase = out["step_ms"], out["phase_ms"]
         print(f"\nstep time: {out['classes']:,} classes x {out['dim']}, batch {out['batch']}, "
               f"median of {out['rounds']} x {out['steps']} steps")
-        print(f"| head | ms/step | forward | backward | optimizer | full / head |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| head | ms/step | forward | backward | optimizer | full / head | per round |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for n, ms in step.items():
             p = phase[n]
+            rounds = out["round_ratios"].get(f"full_vs_{n}", [])
             print(f"| {n} | {ms:,.0f} | {p['forward']:,.0f} | {p['backward']:,.0f} | "
-                  f"{p['optimizer']:,.0f} | {step['full'] / ms:.1f}x |")
+                  f"{p['optimizer']:,.0f} | {step['full'] / ms:.1f}x | "
+                  f"{', '.join(f'{r:.1f}' for r in rounds) or '-'} |")
         print(f"hard_negatives step with an index rebuild: "
               f"{out['hard_negatives_refresh_step_ms']:,.0f} ms")
     if "accuracy" in out:

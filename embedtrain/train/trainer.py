@@ -321,15 +321,30 @@ class Trainer:
 
 
 def _peak_rss_gb_per_rank() -> list[float]:
-    """Every rank's peak resident memory so far (GiB), gathered (a collective)."""
+    """Every rank's peak resident memory so far (GiB), gathered (a collective).
+
+    From ``VmHWM`` in ``/proc/self/status``: ``ru_maxrss`` is inherited across fork + exec, so a
+    run started by a big process would report its launcher's peak.
+    """
+    mine = _peak_rss_gb()
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [mine]
+    every = [0.0] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def _peak_rss_gb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 2**20, 3)  # kB
+    except OSError:
+        pass
     import resource
 
-    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [round(mine, 3)]
-    every = [0.0] * dist.get_world_size()
-    dist.all_gather_object(every, round(mine, 3))
-    return every
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
 
 def _max_over_ranks(value: int) -> int:
