@@ -361,7 +361,7 @@ class ShardedSoftmaxHead(nn.Module):
 def _weight_as_dtensor(module: ShardedSoftmaxHead, state_dict: dict, prefix: str,
                        local_metadata: Any) -> None:
     key = prefix + "weight"
-    if key in state_dict and module.world_size >= 1 and dist.is_initialized():
+    if key in state_dict and dist.is_initialized():
         state_dict[key] = rows_as_dtensor(state_dict[key], module.num_classes, module.group)
 
 

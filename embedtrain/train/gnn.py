@@ -17,7 +17,7 @@ ranked against its sampled negatives for links.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -163,18 +163,3 @@ def gather_rows(array: np.ndarray, ids: np.ndarray) -> Tensor:
     out = np.empty((len(ids), *array.shape[1:]), array.dtype)
     out[order] = array[ids[order]]
     return torch.from_numpy(out)
-
-
-def iter_graph_batches(seed_batches: Iterator[np.ndarray], sampler: Any, features: Optional[np.ndarray],
-                       labels: Optional[np.ndarray], rng_for: Any) -> Iterator[GraphBatch]:
-    """Node-classification batches: sample each seed batch's neighbourhood, gather its inputs."""
-    for i, seeds in enumerate(seed_batches):
-        blocks = sampler.sample(seeds, rng_for(i))
-        ids = blocks.n_id.numpy()
-        yield GraphBatch(
-            blocks=blocks,
-            num_nodes=len(ids),
-            features=gather_rows(features, ids) if features is not None else None,
-            labels=torch.from_numpy(np.asarray(labels[np.asarray(seeds)], dtype=np.int64))
-            if labels is not None else None,
-        )
