@@ -1,5 +1,3 @@
-import sys
+from embedtrain.cli import entry
 
-from embedtrain.cli import main
-
-sys.exit(main())
+entry()

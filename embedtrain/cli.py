@@ -31,12 +31,45 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from embedtrain.config import ConfigError, dump_config, load_cluster, load_config
+from embedtrain.config import (
+    RESUME_SAFE_KEYS,
+    ConfigError,
+    changed_keys,
+    check_world_size,
+    dump_config,
+    load_cluster,
+    load_config,
+)
 from embedtrain.train.run_dir import RunDir
 
 
 class UsageError(Exception):
     """Bad input reported as one line and exit status 2."""
+
+
+def entry() -> None:
+    """The ``embedtrain`` console script and ``python -m embedtrain``: :func:`main`, then exit.
+
+    A process that joined a process group leaves through
+    :func:`embedtrain.train.dist.exit_process` (barrier on success, group destroyed, output
+    flushed, no interpreter finalization while gloo's threads run; see that module).
+    """
+    code, clean = 1, False
+    try:
+        code = main()
+        clean = code == 0
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        clean = code == 0
+    except BaseException:  # noqa: BLE001 - a bug: show it, then still shut down in order
+        import traceback
+
+        traceback.print_exc()
+    from embedtrain.train.dist import exit_process, joined_process_group
+
+    if joined_process_group():
+        exit_process(code, barrier=clean)
+    sys.exit(code)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -49,6 +82,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except (ConfigError, UsageError, ValueError, FileNotFoundError) as e:
         # ValueError covers DatasetError/DataError and model size checks, all one-line messages.
+        print(f"embedtrain {args.command}:{_rank_tag()} error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        checkpoint = sys.modules.get("embedtrain.train.checkpoint")  # not imported by datagen
+        if checkpoint is None or not isinstance(e, checkpoint.CheckpointError):
+            raise
         print(f"embedtrain {args.command}:{_rank_tag()} error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -151,8 +190,6 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Re-runs this command under ``torchrun`` with ``--nproc`` processes on this machine."""
     from embedtrain.train.dist import free_port
 
-    if args.nproc < 1:
-        raise UsageError(f"--nproc: must be at least 1, got {args.nproc}")
     rest, skip = [], False
     for a in argv:  # drop --nproc N / --max-restarts K (and their = forms)
         if skip:
@@ -175,53 +212,127 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    if args.nproc is not None and "LOCAL_RANK" not in os.environ:
-        return _launch(args, args.argv)
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
     cfg = load_config(args.config, args.overrides)
     cluster = load_cluster(args.cluster) if args.cluster else None
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite exclude each other")
+    if args.nproc is not None and "LOCAL_RANK" not in os.environ:
+        if args.nproc < 1:
+            raise UsageError(f"--nproc: must be at least 1, got {args.nproc}")
+        check_world_size(cfg, args.nproc, str(args.config))  # before launching, not in N ranks
+        _check_run_dir(cfg, out, args.resume, args.overwrite)
+        return _launch(args, args.argv)
     # torchrun restarts the workers after a rank dies: they continue from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     resume = args.resume or restarted
-    rank = int(os.environ.get("RANK", "0"))
-    if not resume and RunDir(out).has_run():
-        if not args.overwrite:
-            raise UsageError(f"{out}: holds an earlier run; pass --resume to continue it, "
-                             "--overwrite to replace it, or choose another --out")
-        if rank == 0:
-            RunDir(out).clear()
+    changes = _check_run_dir(cfg, out, resume, args.overwrite)
+    if changes is None:  # a finished run: said so, nothing changed
+        return 0
+    if not resume and RunDir(out, create=False).has_run() and _rank() == 0:
+        RunDir(out).clear()  # --overwrite (checked above)
     from embedtrain.train.recipe import build_run  # heavy (torchrec): after input checks
 
     run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
-    if run.trainer.rank == 0:
-        dump_config(cfg, out / "config.yaml")
-        data = run.trainer.train_data
-        rows = getattr(data, "num_rows", None)
-        what = "train rows" if rows is not None else "train seed nodes"
-        rows = rows if rows is not None else getattr(data, "num_ids", 0)
-        print(f"data: {run.meta.name} ({run.meta.root}), {what}: {rows:,}, "
-              f"steps: {run.trainer.total_steps:,}", file=sys.stderr)
-    summary = run.trainer.fit(test_data=run.test_data, resume=resume)
-    if run.trainer.rank == 0:
+    trainer = run.trainer
+    if changes:
+        trainer.resume_note = {"config_changes": {k: list(v) for k, v in changes.items()}}
+    if trainer.rank == 0:
+        if not (resume and not changes and (out / "config.yaml").is_file()):
+            dump_config(cfg, out / "config.yaml")
+        print(_banner(run.meta, trainer), file=sys.stderr)
+    summary = trainer.fit(test_data=run.test_data, resume=resume)
+    if trainer.rank == 0:
         _print_summary(summary, out)
     return 0
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[dict]:
+    """What ``train`` may do with ``out`` (read-only checks, before anything is built).
+
+    Returns:
+        The config keys a resume changes (``{}`` for a fresh run), or None when the run is
+        finished and there is nothing to do (printed).
+
+    Raises:
+        UsageError: an earlier run without --resume/--overwrite, or a resume whose config changes
+            the model, the data or the optimizer (the keys named).
+    """
+    run_dir = RunDir(out, create=False)
+    if not run_dir.has_run():
+        return {}
+    if not resume:
+        if not overwrite:
+            raise UsageError(f"{out}: holds an earlier run; pass --resume to continue it, "
+                             "--overwrite to replace it, or choose another --out")
+        return {}
+    saved_file = out / "config.yaml"
+    if not saved_file.is_file():
+        return {}
+    changes = changed_keys(load_config(saved_file), cfg)
+    unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE_KEYS}
+    if unsafe:
+        shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(unsafe.items())[:4])
+        more = f" (and {len(unsafe) - 4} more)" if len(unsafe) > 4 else ""
+        raise UsageError(f"{out}: --resume with a config that differs from {saved_file} in "
+                         f"{shown}{more}; a resumed run may change only its length, its "
+                         f"evaluation and checkpoint cadence and loader threads "
+                         f"({', '.join(sorted(RESUME_SAFE_KEYS))}): start a new run (--out)")
+    from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
+
+    latest = CheckpointManager(run_dir.checkpoints).latest()
+    try:
+        info = CheckpointManager(run_dir.checkpoints).info(latest) if latest else {}
+    except CheckpointError:
+        info = {}  # unreadable: the trainer falls back to an older checkpoint
+    longer = {"train.epochs", "train.max_steps"} & set(changes)
+    if info.get("finished") and not longer and (out / "summary.json").is_file():
+        if _rank() == 0:
+            print(f"{out}: finished at step {info['step']:,} of {info.get('total_steps', info['step']):,}; "
+                  "nothing to resume (to train longer, raise train.max_steps or train.epochs "
+                  "with --set)", file=sys.stderr)
+        return None
+    return changes
+
+
+def _banner(meta, trainer) -> str:
+    """The run's data in one line: rows over all ranks, each rank's share, steps."""
+    data = trainer.train_data
+    what = "train rows" if hasattr(meta, "split_files") else "train seeds"
+    shares = getattr(data, "rank_rows", [])
+    split = f" over {len(shares)} ranks ({' + '.join(f'{n:,}' for n in shares)})" \
+        if len(shares) > 1 else ""
+    per_epoch = len(data)
+    padding = sum(data.step_rows(i)[1] for i in range(max(per_epoch - 1, 0), per_epoch))
+    extra = f", {padding} padding row(s) in each epoch's last step" if padding else ""
+    dropped = getattr(data, "dropped_rows", 0)
+    extra += f", {dropped:,} rows dropped per epoch (data.drop_last)" if dropped else ""
+    return (f"data: {meta.name} ({meta.root}), {what}: {data.total_rows:,}{split}; "
+            f"{per_epoch:,} steps per epoch{extra}; steps: {trainer.total_steps:,}")
+
+
 def _eval(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise UsageError(f"{run_dir}: not a run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml")
     from embedtrain.train.recipe import build_run
 
-    run_dir = Path(args.run_dir)
-    cfg = load_config(run_dir / "config.yaml")
-    run = build_run(cfg, run_dir, progress=False)
-    if not run.trainer.restore(args.checkpoint):
+    # Read-only: no plan files, no records; the result goes to a file of its own.
+    run = build_run(cfg, run_dir, progress=False, record_plan=False)
+    if run.trainer.restore(args.checkpoint) is None:
         raise UsageError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
     data = run.eval_reader(args.split)
-    result = {"split": args.split, "step": run.trainer.state.step, **run.trainer.evaluate(data)}
+    step = run.trainer.state.step
+    result = {"split": args.split, "step": step, **run.trainer.evaluate(data)}
     if run.trainer.rank == 0:
-        (run_dir / f"eval_{args.split}.json").write_text(json.dumps(result, indent=2) + "\n")
+        path = RunDir(run_dir).write_eval(args.split, step, result)
         print(json.dumps(result, indent=2))
+        print(f"written: {path}", file=sys.stderr)
     return 0
 
 
@@ -398,4 +509,4 @@ def _quiet_libraries() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

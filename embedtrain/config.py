@@ -6,7 +6,13 @@ never execute code.
 
 Every problem is reported as a :class:`ConfigError` whose message is one line naming the file and
 the dotted key path, e.g. ``configs/dlrm.yaml: train.batch_sise: unknown key (did you mean
-'batch_size'?)``.
+'batch_size'?)``. Values are checked where they are read: sizes, rates and counts out of range
+(``model.embedding_dim: 0``, ``optim.dense_lr: -1``) are errors of the file and key too.
+
+Numbers follow YAML 1.2: ``1e-3`` and ``1E-3`` are floats (PyYAML's YAML 1.1 resolver reads them
+as strings), in files and in ``--set``. Relative paths (``data.path``) in a file are taken
+relative to that file's directory, so a config works from any working directory; a path given by
+``--set`` is relative to the working directory; a default is left as it is.
 
 Example:
     >>> cfg = load_config("configs/dlrm_synthetic.yaml", overrides=["train.max_steps=10"])
@@ -19,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import yaml
 
@@ -34,6 +42,25 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config problem; ``str(err)`` is one line naming the file and the key path."""
+
+
+# Checks of single values, run where a file or --set gives them: (test, what the error says).
+_POSITIVE = (lambda v: v > 0, "must be positive")
+_NON_NEGATIVE = (lambda v: v >= 0, "must be at least 0")
+_FRACTION = (lambda v: 0 < v <= 1, "must be in (0, 1]")
+_PROBABILITY = (lambda v: 0 <= v < 1, "must be in [0, 1)")
+_UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
+_FANOUT = (lambda v: v > 0 or v == -1, "must be positive, or -1 for all neighbours")
+
+
+def _field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
+           check: Optional[tuple[Callable[[Any], bool], str]] = None, path: bool = False) -> Any:
+    """A config field; ``check`` applies to the value (each element of a list), ``path`` marks
+    a file path resolved against the config file's directory."""
+    metadata = {"check": check, "path": path}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 class TaskKind(enum.Enum):
@@ -89,17 +116,21 @@ class DataConfig:
     """Where the data set lives and how it is batched.
 
     ``path`` is a directory holding ``metadata.json`` (written by ``embedtrain datagen`` or
-    ``embedtrain ingest``); a relative path is taken relative to the working directory.
+    ``embedtrain ingest``); relative to the config file's directory when the file gives it,
+    to the working directory when ``--set`` does.
     """
 
-    path: str = "data/synthetic_ctr"
-    batch_size: int = 2048
-    eval_batch_size: int = 8192
+    path: str = _field("data/synthetic_ctr", path=True)
+    batch_size: int = _field(2048, check=_POSITIVE)
+    eval_batch_size: int = _field(8192, check=_POSITIVE)
     shuffle: bool = True
-    drop_last: bool = True
-    shuffle_buffer_rows: int = 262_144  # rows mixed together before batches are cut
-    num_workers: int = 2  # background loader threads per rank (0: read in the training thread)
-    prefetch_batches: int = 8  # assembled batches the loader may hold ready for training
+    # Leave out an epoch's last, partial step (counted in summary.json's dropped_rows_per_epoch);
+    # false: every row once per epoch, the last step padded where the ranks' shares differ.
+    drop_last: bool = False
+    shuffle_buffer_rows: int = _field(262_144, check=_POSITIVE)  # rows mixed before batches are cut
+    # background loader threads per rank (0: read in the training thread)
+    num_workers: int = _field(2, check=_NON_NEGATIVE)
+    prefetch_batches: int = _field(8, check=_POSITIVE)  # batches the loader may hold ready
 
 
 @dataclass
@@ -107,11 +138,11 @@ class ModelConfig:
     """DLRM / DCNv2 architecture; all embedding tables share ``embedding_dim``."""
 
     interaction: Interaction = Interaction.DOT
-    embedding_dim: int = 16
-    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
-    top_mlp: list[int] = field(default_factory=lambda: [128, 64, 1])
-    dcn_num_layers: int = 3
-    dcn_low_rank_dim: int = 64
+    embedding_dim: int = _field(16, check=_POSITIVE)
+    bottom_mlp: list[int] = _field(factory=lambda: [64, 16], check=_POSITIVE)
+    top_mlp: list[int] = _field(factory=lambda: [128, 64, 1], check=_POSITIVE)
+    dcn_num_layers: int = _field(3, check=_POSITIVE)
+    dcn_low_rank_dim: int = _field(64, check=_POSITIVE)
 
 
 class HeadKind(enum.Enum):
@@ -149,29 +180,31 @@ class HeadConfig:
     """The class head of an XC model and its optimizer."""
 
     kind: HeadKind = HeadKind.FULL
-    sample_rate: float = 0.1  # partial_fc; hard_negatives' extra uniform sample (0: none)
-    hard_negatives: int = 10  # hard_negatives: nearest classes per example and rank
-    refresh_every: int = 100  # hard_negatives: steps between index rebuilds
+    # partial_fc; hard_negatives' extra uniform sample (0: none)
+    sample_rate: float = _field(0.1, check=_UNIT)
+    hard_negatives: int = _field(10, check=_NON_NEGATIVE)  # nearest classes per example and rank
+    refresh_every: int = _field(100, check=_POSITIVE)  # hard_negatives: steps between rebuilds
     margin: Margin = Margin.NONE
-    margin_value: float = 0.35  # m (CosFace ~0.35, ArcFace ~0.5)
-    scale: float = 30.0  # s, logit scale of the normalised heads
-    cutoffs: list[int] = field(default_factory=list)  # adaptive; empty: chosen from C
-    div_value: float = 4.0  # adaptive: dimension divisor per tail cluster
-    mach_buckets: int = 0  # mach: B (0: about sqrt(C), at least 64)
-    mach_repetitions: int = 4  # mach: R
+    margin_value: float = _field(0.35, check=_NON_NEGATIVE)  # m (CosFace ~0.35, ArcFace ~0.5)
+    scale: float = _field(30.0, check=_POSITIVE)  # s, logit scale of the normalised heads
+    cutoffs: list[int] = _field(factory=list, check=_POSITIVE)  # adaptive; empty: chosen from C
+    div_value: float = _field(4.0, check=_POSITIVE)  # adaptive: dimension divisor per cluster
+    mach_buckets: int = _field(0, check=_NON_NEGATIVE)  # mach: B (0: about sqrt(C), >= 64)
+    mach_repetitions: int = _field(4, check=_POSITIVE)  # mach: R
     optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
-    lr: float = 0.05
+    lr: float = _field(0.05, check=_POSITIVE)
 
 
 @dataclass
 class XCConfig:
     """Extreme classification: bag-of-ids encoder (+ dense features) -> MLP -> class head."""
 
-    embedding_dim: int = 64  # token tables' dimension
+    embedding_dim: int = _field(64, check=_POSITIVE)  # token tables' dimension
     pooling: Pooling = Pooling.MEAN
-    mlp: list[int] = field(default_factory=lambda: [256, 128])  # last: the feature dimension D
+    # last: the feature dimension D
+    mlp: list[int] = _field(factory=lambda: [256, 128], check=_POSITIVE)
     head: HeadConfig = field(default_factory=HeadConfig)
-    top_k: list[int] = field(default_factory=lambda: [1, 5])  # P@k, nDCG@k, recall@k
+    top_k: list[int] = _field(factory=lambda: [1, 5], check=_POSITIVE)  # P@k, nDCG@k, recall@k
 
 
 class NegativeSampling(enum.Enum):
@@ -184,45 +217,53 @@ class GNNConfig:
     """GraphSAGE on sampled neighbourhoods: node-id table + features -> one SAGEConv per hop."""
 
     model: str = "sage"  # sage, or mlp: the same layers on the node alone (a no-graph baseline)
-    fanouts: list[int] = field(default_factory=lambda: [15, 10])  # neighbours per hop (-1: all)
-    eval_fanouts: list[int] = field(default_factory=list)  # empty: the training fanouts
-    hidden: list[int] = field(default_factory=lambda: [128, 128])  # one SAGEConv per hop
-    embedding_dim: int = 32  # node-id table width (0: features only)
+    # neighbours per hop (-1: all)
+    fanouts: list[int] = _field(factory=lambda: [15, 10], check=_FANOUT)
+    # empty: the training fanouts
+    eval_fanouts: list[int] = _field(factory=list, check=_FANOUT)
+    hidden: list[int] = _field(factory=lambda: [128, 128], check=_POSITIVE)  # one SAGEConv a hop
+    embedding_dim: int = _field(32, check=_NON_NEGATIVE)  # node-id table width (0: features only)
     aggr: str = "mean"  # SAGEConv aggregation: mean, max or sum
-    dropout: float = 0.0
+    dropout: float = _field(0.0, check=_PROBABILITY)
     weighted: bool = False  # sample neighbours by edge weight
-    out_dim: int = 64  # link prediction: the node embedding size scored by dot products
-    negatives: int = 1  # link prediction: negatives per positive edge
+    # link prediction: the node embedding size scored by dot products
+    out_dim: int = _field(64, check=_POSITIVE)
+    negatives: int = _field(1, check=_POSITIVE)  # link prediction: negatives per positive edge
     negative_sampling: NegativeSampling = NegativeSampling.UNIFORM
-    link_ks: list[int] = field(default_factory=lambda: [1, 3, 10])  # Hits@K
+    link_ks: list[int] = _field(factory=lambda: [1, 3, 10], check=_POSITIVE)  # Hits@K
 
 
 @dataclass
 class OptimConfig:
     sparse: SparseOptimizer = SparseOptimizer.ROWWISE_ADAGRAD
-    sparse_lr: float = 0.05
+    sparse_lr: float = _field(0.05, check=_POSITIVE)
     dense: DenseOptimizer = DenseOptimizer.ADAM
-    dense_lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9  # sgd and lars
-    warmup_steps: int = 0  # linear warmup of the dense learning rate
+    dense_lr: float = _field(1e-3, check=_POSITIVE)
+    weight_decay: float = _field(0.0, check=_NON_NEGATIVE)
+    momentum: float = _field(0.9, check=_PROBABILITY)  # sgd and lars
+    warmup_steps: int = _field(0, check=_NON_NEGATIVE)  # linear warmup of the dense lr
     lr_decay: LRDecay = LRDecay.NONE
-    lr_step_size: int = 1000  # steps between decays (lr_decay: step)
-    lr_gamma: float = 0.1  # factor per decay (lr_decay: step)
-    min_lr_ratio: float = 0.0  # floor of the cosine decay, as a fraction of dense_lr
+    lr_step_size: int = _field(1000, check=_POSITIVE)  # steps between decays (lr_decay: step)
+    lr_gamma: float = _field(0.1, check=_POSITIVE)  # factor per decay (lr_decay: step)
+    # floor of the cosine decay, as a fraction of dense_lr
+    min_lr_ratio: float = _field(0.0, check=_UNIT)
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
-    max_steps: Optional[int] = None  # stop early after this many steps (overrides epochs)
-    eval_every: int = 500  # steps between validation evaluations; 0: only at the end
-    eval_max_batches: Optional[int] = None  # cap on validation batches per evaluation
-    checkpoint_every: int = 1000  # steps between checkpoints; 0: only at the end
-    keep_checkpoints: int = 2
+    epochs: int = _field(1, check=_POSITIVE)
+    # stop early after this many steps (overrides epochs)
+    max_steps: Optional[int] = _field(None, check=_POSITIVE)
+    # steps between validation evaluations; 0: only at the end
+    eval_every: int = _field(500, check=_NON_NEGATIVE)
+    # cap on validation batches per evaluation
+    eval_max_batches: Optional[int] = _field(None, check=_POSITIVE)
+    # steps between checkpoints; 0: only at the end
+    checkpoint_every: int = _field(1000, check=_NON_NEGATIVE)
+    keep_checkpoints: int = _field(2, check=_POSITIVE)
     seed: int = 0
     progress: bool = True
-    grad_accumulation: int = 1  # micro-batches per dense optimizer step
+    grad_accumulation: int = _field(1, check=_POSITIVE)  # micro-batches per dense optimizer step
     bf16_dense: bool = False  # run the dense part under bfloat16 autocast
     pipeline: bool = True  # TorchRec's TrainPipelineSparseDist where the device supports it
 
@@ -265,8 +306,9 @@ class TableConstraint:
     tables: list[str] = field(default_factory=list)
     sharding_types: list[ShardingType] = field(default_factory=list)
     compute_kernels: list[ComputeKernel] = field(default_factory=list)
-    cache_load_factor: Optional[float] = None  # fraction of rows cached in HBM (uvm_caching)
-    pooling_factor: Optional[float] = None  # mean ids per example for this table
+    # fraction of rows cached in HBM (uvm_caching)
+    cache_load_factor: Optional[float] = _field(None, check=_FRACTION)
+    pooling_factor: Optional[float] = _field(None, check=_POSITIVE)  # mean ids per example
 
 
 @dataclass
@@ -282,8 +324,9 @@ class ShardingConfig:
     backward_comm_precision: CommPrecision = CommPrecision.FP32
     pooling_factors_from_data: bool = True  # measure mean ids per example from the train split
     dense_allreduce: DenseAllReduce = DenseAllReduce.FP32
-    powersgd_rank: int = 2  # matrix rank of PowerSGD's approximation
-    search_budget: int = 48  # extra partitions the planner's local search may try
+    powersgd_rank: int = _field(2, check=_POSITIVE)  # matrix rank of PowerSGD's approximation
+    # extra partitions the planner's local search may try
+    search_budget: int = _field(48, check=_NON_NEGATIVE)
 
 
 @dataclass
@@ -331,6 +374,30 @@ class ClusterConfig:
         return self.hosts * self.devices_per_host
 
 
+def check_world_size(cfg: Config, world_size: int, source: str = "") -> None:
+    """The global batches split evenly over ``world_size`` ranks (checked before launching).
+
+    Raises:
+        ConfigError: naming ``source`` (the config file, if given) and the key.
+    """
+    prefix = f"{source}: " if source else ""
+    for key in ("batch_size", "eval_batch_size"):
+        value = getattr(cfg.data, key)
+        if value % world_size:
+            raise ConfigError(f"{prefix}data.{key}: {value} (the global batch) does not split "
+                              f"evenly over {world_size} ranks; use a multiple of {world_size}")
+
+
+# Config keys a resumed run may change: how long it trains and how often it evaluates and
+# checkpoints, and loader knobs that do not change the batches. Anything else (the model, the
+# data, the optimizer, the batches) would make the resumed run something else.
+RESUME_SAFE_KEYS = frozenset({
+    "train.epochs", "train.max_steps", "train.eval_every", "train.eval_max_batches",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.progress", "train.pipeline",
+    "data.num_workers", "data.prefetch_batches", "data.eval_batch_size",
+})
+
+
 def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> ClusterConfig:
     """Reads a cluster description (``configs/clusters/*.yaml``); errors as in :func:`load_config`."""
     cluster = load_dataclass(path, ClusterConfig, overrides)
@@ -376,7 +443,7 @@ def load_dataclass(
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -388,9 +455,70 @@ def load_dataclass(
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    _resolve_paths(cls, raw, path.resolve().parent)
     for item in overrides or []:
-        _apply_override(raw, item, path)
+        _apply_override(raw, item, path, cls)
     return from_dict(cls, raw, source=str(path))
+
+
+class SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with YAML 1.2's float rule: ``1e-3``, ``1E-3``, ``5e4`` are floats."""
+
+
+SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def parse_scalar(text: str) -> Any:
+    """A ``--set`` value as YAML (1.2 floats); text that is not valid YAML stays a string."""
+    try:
+        return yaml.load(text, Loader=SafeLoader) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _path_fields(cls: type) -> tuple[dict[str, Any], dict[str, type]]:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    return fields, typing.get_type_hints(cls)
+
+
+def _resolve_paths(cls: type, raw: Any, base: Path) -> None:
+    """Makes the relative paths ``raw`` gives (fields marked ``path``) relative to ``base``."""
+    if not isinstance(raw, dict):
+        return  # from_dict reports it
+    fields, hints = _path_fields(cls)
+    for key, value in raw.items():
+        f = fields.get(key)
+        if f is None:
+            continue
+        if f.metadata.get("path") and isinstance(value, str) and value:
+            raw[key] = _absolute(value, base)
+        elif dataclasses.is_dataclass(hints[key]):
+            _resolve_paths(hints[key], value, base)
+
+
+def _absolute(value: str, base: Path) -> str:
+    expanded = Path(os.path.expanduser(value))
+    return str(expanded if expanded.is_absolute() else Path(os.path.normpath(base / expanded)))
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """``{key path: (old value, new value)}`` of every field that differs between two configs."""
+    out: dict[str, tuple[Any, Any]] = {}
+    if dataclasses.is_dataclass(old) and type(old) is type(new):
+        for f in dataclasses.fields(old):
+            out.update(changed_keys(getattr(old, f.name), getattr(new, f.name),
+                                    f"{prefix}{f.name}."))
+        return out
+    if old != new:
+        out[prefix.rstrip(".")] = (to_dict(old), to_dict(new))
+    return out
 
 
 def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "") -> Any:
@@ -408,7 +536,21 @@ def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "") 
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(fields)})"
             raise ConfigError(f"{source}: {key_path}: unknown key{hint}")
         kwargs[key] = _convert(hints[key], value, source, key_path)
+        check = fields[key].metadata.get("check")
+        if check is not None:
+            _check(kwargs[key], check, source, key_path)
     return cls(**kwargs)
+
+
+def _check(value: Any, check: tuple[Callable[[Any], bool], str], source: str,
+           key_path: str) -> None:
+    if value is None:
+        return
+    test, what = check
+    for i, v in enumerate(value) if isinstance(value, list) else [(None, value)]:
+        if isinstance(v, float) and not math.isfinite(v) or not test(v):
+            where = key_path if i is None else f"{key_path}[{i}]"
+            raise ConfigError(f"{source}: {where}: {what}, got {v!r}")
 
 
 def to_dict(obj: Any) -> Any:
@@ -480,14 +622,11 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
-def _apply_override(raw: dict, item: str, path: Path) -> None:
+def _apply_override(raw: dict, item: str, path: Path, cls: Optional[type] = None) -> None:
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"--set {item!r}: expected key.path=value")
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
+    value = parse_scalar(text)
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -495,4 +634,19 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{path}: {'.'.join(parts[: i + 1])}: --set {key}: not a section")
         node = child
+        cls = _section(cls, part)
+    if cls is not None and isinstance(value, str) and value:
+        f = _path_fields(cls)[0].get(parts[-1])
+        if f is not None and f.metadata.get("path"):  # --set paths: the working directory's
+            value = _absolute(value, Path.cwd())
     node[parts[-1]] = value
+
+
+def _section(cls: Optional[type], name: str) -> Optional[type]:
+    """The dataclass of section ``name`` of ``cls`` (None when unknown: from_dict reports it)."""
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    fields, hints = _path_fields(cls)
+    if name not in fields or not dataclasses.is_dataclass(hints[name]):
+        return None
+    return hints[name]

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from pipelines.report import build_metadata, build_report, dense_statistics
 from pipelines.sources import (
     ROW, IngestError, check_inputs, check_row_limit, describe_row, resolve_inputs, scan_inputs)
-from pipelines.spec import Encoding, IngestSpec, OnInvalid, SplitMethod
+from pipelines.spec import CRITEO_COLUMNS, Encoding, IngestSpec, OnInvalid, SplitMethod
 from pipelines.stats import PassStats, build_vocabulary, row_statistics, value_counts
 from pipelines.transforms import (
     DROP, SPLIT, SPLITS, DropReason, Vocabulary, assign_split, dense_output, parse,
@@ -212,6 +212,10 @@ def _raise_first_invalid(files: Sequence[Path], spec: IngestSpec, reasons: list[
             r = reasons[code]
             value = scan_inputs([path], spec).filter(pl.col(ROW) == row).select(r.column).collect(
                 engine="streaming").item()
+            if r.reason == "wrong_field_count":
+                raise IngestError(f"{path}: {describe_row(spec, row)}: {value} tab-separated "
+                                  f"field(s), criteo_tsv expects {len(CRITEO_COLUMNS)} (on_invalid: "
+                                  "drop would drop and count such lines)")
             raise IngestError(f"{path}: {describe_row(spec, row)}: column {r.column}: "
                               f"{r.reason.replace('_', ' ')} (value {value!r}; on_invalid: drop "
                               "would drop and count such rows)")

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from pipelines.spec import CRITEO_COLUMNS, InputFormat, IngestSpec, SplitMethod, ValueType
 
 ROW = "__row"
+FIELDS = "__fields"  # Criteo TSV: tab-separated fields of the line (a wrong count is dropped)
 MAX_ROWS = 2**32 - 1  # Polars' row index is 32-bit (IdxSize) in the default runtime
 _MIN_TSV_ROW_BYTES = 40  # a Criteo line is at least 39 tabs and a newline
 _EXTENSIONS = {
@@ -143,7 +144,8 @@ def check_row_limit(files: Sequence[Path], spec: IngestSpec) -> None:
 def scan_inputs(files: Sequence[Path], spec: IngestSpec) -> pl.LazyFrame:
     """One lazy frame over all files: ``__row`` and :func:`input_columns`, in file order.
 
-    Text inputs give every column as String (parsing, and counting what fails to parse, is the
+    Criteo TSV inputs also give ``__fields``, the line's field count. Text inputs give every
+    column as String (parsing, and counting what fails to parse, is the
     next stage's job); parquet inputs give label/dense as Float64 and categorical values as String
     or Int64 (or lists of them); a date/datetime split column is left for the split stage.
     """
@@ -155,19 +157,40 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec) -> pl.LazyFrame:
             # files may differ in widths (int32 here, int64 there): the parse stage casts anyway
             cast_options=pl.ScanCastOptions(integer_cast="upcast", float_cast="upcast"))
         return frame.select(ROW, *(_parquet_column(c, spec) for c in columns))
-    criteo = spec.input.format is InputFormat.CRITEO_TSV
+    if spec.input.format is InputFormat.CRITEO_TSV:
+        return _scan_criteo_lines(paths, columns, spec.input.null_values)
     frame = pl.scan_csv(
         paths,
-        has_header=not criteo,
-        separator="\t" if criteo else (spec.input.separator or ","),
-        schema={c: pl.String for c in CRITEO_COLUMNS} if criteo else None,
+        has_header=True,
+        separator=spec.input.separator or ",",
         infer_schema=False,  # all String: parse failures are counted, not guessed around
-        quote_char=None if criteo else '"',
+        quote_char='"',
         null_values=spec.input.null_values or None,
         row_index_name=ROW,
         raise_if_empty=False,
     )
     return frame.select(ROW, *columns)
+
+
+def _scan_criteo_lines(paths: list[str], columns: list[str], null_values: list[str]
+                       ) -> pl.LazyFrame:
+    """Criteo TSV as lines cut on tabs, with each line's field count in ``FIELDS``.
+
+    Not ``scan_csv``: it fills the missing fields of a short line with nulls (a silent repair)
+    and fails the whole job, without a line number, on a line with too many. Here every line is
+    kept as it is and cut into at most ``len(CRITEO_COLUMNS)`` fields; a line with another field
+    count is dropped and counted by the parse stage (``wrong_field_count``). Empty fields and the
+    spec's ``null_values`` are nulls.
+    """
+    line = pl.col("line").str.strip_suffix("\r")
+    fields = line.str.splitn("\t", len(CRITEO_COLUMNS)).struct.rename_fields(CRITEO_COLUMNS)
+    frame = pl.scan_lines(paths, row_index_name=ROW).select(
+        ROW, (line.str.count_matches("\t", literal=True) + 1).cast(pl.UInt32).alias(FIELDS),
+        fields.alias("__fields_struct")).unnest("__fields_struct")
+    missing = ["", *null_values]
+    return frame.select(ROW, FIELDS, *(
+        pl.when(pl.col(c).is_in(missing)).then(None).otherwise(pl.col(c)).alias(c)
+        for c in columns))
 
 
 def describe_row(spec: IngestSpec, row: int) -> str:
@@ -245,15 +268,20 @@ def _check_csv_header(path: Path, spec: IngestSpec) -> Optional[list[str]]:
     return names
 
 
-def _check_criteo_line(path: Path, spec: IngestSpec) -> None:
+def _check_criteo_line(path: Path, spec: IngestSpec, lines: int = 5) -> None:
+    """Refuses a file none of whose first ``lines`` lines has Criteo's 40 fields (not Criteo TSV
+    at all); single malformed lines are the parse stage's to drop and count."""
+    counts = []
     with open(path, "rb") as f:
-        line = f.readline(1 << 20)
-    if not line:
-        return
-    fields = line.rstrip(b"\r\n").count(b"\t") + 1
-    if fields != len(CRITEO_COLUMNS):
-        raise IngestError(f"{path}: line 1 has {fields} tab-separated fields; criteo_tsv expects "
-                          f"{len(CRITEO_COLUMNS)} (label, I1..I13, C1..C26)")
+        for _ in range(lines):
+            line = f.readline(1 << 20)
+            if not line:
+                break
+            counts.append(line.rstrip(b"\r\n").count(b"\t") + 1)
+    if counts and len(CRITEO_COLUMNS) not in counts:
+        raise IngestError(f"{path}: not Criteo TSV: line 1 has {counts[0]} tab-separated "
+                          f"fields, and none of the first {len(counts)} line(s) has the "
+                          f"{len(CRITEO_COLUMNS)} criteo_tsv expects (label, I1..I13, C1..C26)")
 
 
 def _first_line(e: BaseException) -> str:

@@ -19,9 +19,10 @@ from typing import Optional
 import polars as pl
 
 from pipelines.hashing import splitmix64, string_hash, unit_interval
-from pipelines.sources import ROW
+from pipelines.sources import FIELDS, ROW
 from pipelines.spec import (
-    DenseSpec, EmptyList, Encoding, IngestSpec, InputFormat, SparseSpec, SplitMethod, ValueType)
+    CRITEO_COLUMNS, DenseSpec, EmptyList, Encoding, IngestSpec, InputFormat, SparseSpec,
+    SplitMethod, ValueType)
 
 SPLIT, DROP = "__split", "__drop"
 SPLITS = ("train", "valid", "test")
@@ -32,8 +33,9 @@ SPLIT_DTYPE = pl.Enum(list(SPLITS))
 class DropReason:
     """Why a row was dropped (its code is the value of ``__drop``) and the column that said so.
 
-    Reasons: ``null_label``, ``label_out_of_range`` (not in [0, 1]), ``null_split_key`` (no time or
-    key to split by), ``unparsable_value`` (text that is not a number/integer), ``null_id`` and
+    Reasons: ``wrong_field_count`` (a Criteo TSV line without its 40 tab-separated fields),
+    ``null_label``, ``label_out_of_range`` (not in [0, 1]), ``null_split_key`` (no time or key to
+    split by), ``unparsable_value`` (text that is not a number/integer), ``null_id`` and
     ``id_out_of_range`` (pre-encoded ids).
     """
 
@@ -91,8 +93,11 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
     def unparsable(name: str) -> pl.Expr:
         return pl.col(name).is_not_null() & p(name).is_null()
 
-    conditions: list[tuple[pl.Expr, DropReason]] = [
-        (pl.col(spec.label).is_null(), DropReason("null_label", spec.label))]
+    conditions: list[tuple[pl.Expr, DropReason]] = []
+    if spec.input.format is InputFormat.CRITEO_TSV:  # before anything read from its fields
+        conditions.append((pl.col(FIELDS) != len(CRITEO_COLUMNS),
+                           DropReason("wrong_field_count", FIELDS)))
+    conditions.append((pl.col(spec.label).is_null(), DropReason("null_label", spec.label)))
     if text:
         conditions.append((unparsable(spec.label), DropReason("unparsable_value", spec.label)))
     y = p(spec.label)

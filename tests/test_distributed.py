@@ -119,8 +119,8 @@ def test_checkpoint_of_two_ranks_loads_on_one(setup, tmp_path):
     _, _, two = setup
     r = embedtrain("eval", str(two), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads((two / "eval_test.json").read_text())
     final = _summary(two)
+    result = json.loads((two / f"eval_test_{final['steps']:08d}.json").read_text())
     assert result["step"] == final["steps"]
     assert result["auc"] == pytest.approx(final["auc"], abs=1e-9)
     assert result["logloss"] == pytest.approx(final["logloss"], rel=1e-6)
@@ -136,7 +136,7 @@ def test_checkpoint_of_one_rank_loads_on_two_and_resumes(setup, tmp_path):
          f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "embedtrain", "eval", str(one), "--split", "test"],
         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads((one / "eval_test.json").read_text())
+    result = json.loads((one / "eval_test_00000040.json").read_text())
     assert result["step"] == 40
     assert result["auc"] == pytest.approx(_summary(one)["auc"], abs=1e-9)
     # Training continues on two ranks from the one-rank checkpoint (optimizer state resharded).
@@ -172,7 +172,7 @@ def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
     assert final["world_size"] == 2 and len(final["peak_rss_gb_per_rank"]) == 2
     r = embedtrain("eval", str(run), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads((run / "eval_test.json").read_text())
+    result = json.loads((run / "eval_test_00000030.json").read_text())
     assert result["step"] == 30
     for key in ("p@1", "p@5", "ndcg@5"):
         assert result[key] == pytest.approx(final[key], abs=1e-9), key

@@ -185,51 +185,104 @@ def test_prefetcher_reraises_the_original_exception():
         next(it)
 
 
-def test_last_batch_drop_keep_pad(dataset):
-    files, spec, _ = dataset
-    world, batch = 3, 48
-    per_rank = {}
+def _real(batch) -> list[float]:
+    """Keys of the batch's real rows (padding rows come last)."""
+    return keys(batch)[: len(batch.labels) - getattr(batch, "padding", 0)]
+
+
+def _check_padding(batch) -> None:
+    """Padding rows: label -1, zero dense features, an empty bag for every sparse feature."""
+    pad = getattr(batch, "padding", 0)
+    n = len(batch.labels)
+    if not pad:
+        return
+    assert (batch.labels[n - pad:] == -1).all() and (batch.labels[: n - pad] >= 0).all()
+    assert (batch.dense_features[n - pad:] == 0).all()
+    lengths = batch.sparse_features.lengths().view(len(batch.sparse_features.keys()), n)
+    assert (lengths[:, n - pad:] == 0).all()
+
+
+@pytest.mark.parametrize("world, batch", [(3, 48), (2, 64), (4, 50), (3, 333)])
+def test_last_batch_drop_keep_pad(dataset, world, batch):
+    """PAD: every row exactly once over the ranks, equal batches everywhere, padding only in the
+    last step (at most one row per rank) and marked; KEEP: every row once, ranks may differ in
+    length; DROP: only full batches, as many on every rank, the rest counted as dropped."""
+    files, spec, table = dataset
+    runs = {}
     for mode in LastBatch:
-        per_rank[mode] = []
-        for rank in range(world):
-            reader = ParquetBatchReader(files, spec, batch, rank=rank, world_size=world,
-                                        last_batch=mode, num_workers=2)
-            batches = list(reader)
+        readers = [ParquetBatchReader(files, spec, batch, rank=rank, world_size=world,
+                                      last_batch=mode, num_workers=2) for rank in range(world)]
+        runs[mode] = (readers, [list(r) for r in readers])
+        for reader, batches in zip(*runs[mode]):
             assert len(batches) == len(reader)
-            per_rank[mode].append((reader.num_rows, [keys(b) for b in batches]))
-    for (rows, drop), (_, keep) in zip(per_rank[LastBatch.DROP], per_rank[LastBatch.KEEP]):
-        assert len(drop) == rows // batch and all(len(b) == batch for b in drop)
-        assert len(keep) == -(-rows // batch) and sum(map(len, keep)) == rows
-        assert drop == keep[: len(drop)]
-    longest = max(rows for rows, _ in per_rank[LastBatch.KEEP])
-    for (rows, pad), (_, keep) in zip(per_rank[LastBatch.PAD], per_rank[LastBatch.KEEP]):
-        assert len(pad) == -(-longest // batch)  # every rank runs the same number of steps
-        assert all(len(b) == batch for b in pad)
-        flat, own = sum(pad, []), sum(keep, [])
-        assert flat[:rows] == own  # this rank's data, then ...
-        assert flat[rows:] == (own * 3)[: len(flat) - rows]  # ... wrapped around to its start
+    every = sorted(table.column("d0").to_numpy().astype("float32").tolist())
+    readers, keep = runs[LastBatch.KEEP]
+    assert sorted(k for batches in keep for b in batches for k in keys(b)) == every
+    assert [sum(len(b.labels) for b in batches) for batches in keep] == readers[0].rank_rows
+    assert max(readers[0].rank_rows) - min(readers[0].rank_rows) <= 1
+
+    readers, pad = runs[LastBatch.PAD]
+    assert len({len(batches) for batches in pad}) == 1  # every rank runs the same steps
+    steps = len(pad[0])
+    for i in range(steps):  # equal batch sizes across ranks at every step
+        sizes = {len(batches[i].labels) for batches in pad}
+        assert sizes == ({batch} if i < steps - 1 else sizes) and len(sizes) == 1
+    for batches, own in zip(pad, keep):
+        assert [k for b in batches for k in _real(b)] == [k for b in own for k in keys(b)]
+        assert all(getattr(b, "padding", 0) == 0 for b in batches[:-1])
+        _check_padding(batches[-1])
+    padding = sum(getattr(batches[-1], "padding", 0) for batches in pad)
+    assert padding == (-len(every)) % world  # world - (N mod world) rows, or none
+    counted = [readers[0].step_rows(i) for i in range(steps)]
+    assert sum(e for e, _ in counted) == len(every) and sum(p for _, p in counted) == padding
+
+    readers, drop = runs[LastBatch.DROP]
+    full = min(readers[0].rank_rows) // batch
+    for batches, own in zip(drop, keep):
+        assert len(batches) == full and all(len(b.labels) == batch for b in batches)
+        assert [keys(b) for b in batches] == [keys(b) for b in own[:full]]
+    assert readers[0].dropped_rows == len(every) - full * batch * world
 
 
 def test_pad_reaches_the_same_length_when_shuffled(dataset):
     files, spec, table = dataset
     lengths, seen = set(), []
-    for rank in range(3):
-        reader = ParquetBatchReader(files, spec, 40, shuffle=True, rank=rank, world_size=3,
-                                    last_batch=LastBatch.PAD, num_workers=1)
+    readers = [ParquetBatchReader(files, spec, 40, shuffle=True, rank=rank, world_size=3,
+                                  last_batch=LastBatch.PAD, num_workers=1) for rank in range(3)]
+    for reader in readers:
         batches = list(reader.iter_epoch(2))
         lengths.add(len(batches))
-        assert all(b.labels.numel() == 40 for b in batches)
-        seen += [k for b in batches for k in keys(b)]
-    assert len(lengths) == 1 and set(seen) == set(table.column("d0").to_pylist())
+        assert all(b.labels.numel() == 40 for b in batches[:-1])
+        assert batches[-1].labels.numel() == max(reader.rank_rows) - 40 * (len(batches) - 1)
+        _check_padding(batches[-1])
+        seen += [k for b in batches for k in _real(b)]
+    assert len(lengths) == 1
+    assert sorted(seen) == sorted(table.column("d0").to_numpy().astype("float32").tolist())
 
 
-def test_empty_input_is_an_error_and_few_row_groups_are_shared_by_rows(tmp_path):
+def test_rank_with_no_row_left_gets_a_padding_batch(tmp_path):
+    """7 rows, 3 ranks, batch 2: shares 3, 2, 2; the step-2 batches hold 1 real row on rank 0
+    and none on ranks 1 and 2, which get a one-row padding batch each (equal sizes)."""
+    table, spec = random_ctr_table(rows=7)
+    f = write_parquet(table, tmp_path / "seven.parquet")
+    per_rank = [list(ParquetBatchReader([f], spec, 2, rank=r, world_size=3, num_workers=0,
+                                        last_batch=LastBatch.PAD)) for r in range(3)]
+    assert [len(b) for b in per_rank] == [2, 2, 2]
+    assert [len(b[-1].labels) for b in per_rank] == [1, 1, 1]
+    assert [getattr(b[-1], "padding", 0) for b in per_rank] == [0, 1, 1]
+    for batches in per_rank:
+        _check_padding(batches[-1])
+    reader = ParquetBatchReader([f], spec, 2, rank=0, world_size=3, last_batch=LastBatch.PAD)
+    assert reader.step_rows(0) == (6, 0) and reader.step_rows(1) == (1, 2)
+
+
+def test_empty_input_is_an_error_and_rows_split_within_row_groups(tmp_path):
     table, spec = random_ctr_table(rows=100)
     empty = write_parquet(table.slice(0, 0), tmp_path / "empty.parquet")
     with pytest.raises(DataError, match=r"empty.parquet: no rows"):
         ParquetBatchReader([empty], spec, 16)
     one_group = write_parquet(table, tmp_path / "one.parquet")
-    # One row group, three ranks: each reads a third of its rows, none twice, none idle.
+    # One row group, three ranks: each reads a third of its rows (34, 33, 33), none twice.
     for last in (LastBatch.KEEP, LastBatch.PAD):
         seen = []
         for rank in range(3):
@@ -237,12 +290,10 @@ def test_empty_input_is_an_error_and_few_row_groups_are_shared_by_rows(tmp_path)
                                         num_workers=2, last_batch=last)
             batches = list(reader)
             assert len(batches) == len(reader) == 3
-            seen.append([x for b in batches for x in b.dense_features[:, 0].tolist()])
-        if last is LastBatch.KEEP:
-            assert sorted(x for part in seen for x in part) == sorted(
-                table.column("d0").to_numpy().astype("float32").tolist())
-        else:  # padded to 3 full batches each, from the rank's own rows
-            assert all(len(part) == 48 and len(set(part)) <= 34 for part in seen)
+            seen.append([x for b in batches for x in _real(b)])
+        assert [len(part) for part in seen] == [34, 33, 33]
+        assert sorted(x for part in seen for x in part) == sorted(
+            table.column("d0").to_numpy().astype("float32").tolist())
 
 
 def test_list_and_single_columns_must_agree_across_files(tmp_path):

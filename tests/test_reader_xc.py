@@ -67,7 +67,8 @@ def _padded(labels: list[list[int]], max_labels: int) -> np.ndarray:
 def _row_ids(batch) -> torch.Tensor:
     """Each row's first token, i.e. its row number in the file."""
     tokens = batch.sparse_features["tokens"]
-    return tokens.values()[tokens.offsets()[:-1]]
+    starts = tokens.offsets()[:-1][tokens.lengths() > 0]  # padding rows have no token
+    return tokens.values()[starts]
 
 
 def test_single_label_is_int64_and_exact_above_2_pow_24(tmp_path):
@@ -105,21 +106,22 @@ def test_shuffle_keeps_labels_with_their_rows(tmp_path, multi, num_workers):
     expected = torch.from_numpy(_padded(labels, max_labels))
     expected = expected if multi else expected[:, 0]
     spec = _spec(5000, max_labels, multi)
-    for last_batch in LastBatch.KEEP, LastBatch.PAD:  # PAD wraps around: part of a row group
+    for rank, world in (0, 1), (1, 3):  # 3 ranks: this rank's 333 rows, a partial row group
         reader = ParquetBatchReader(files, spec, 64, shuffle=True, seed=7, shuffle_buffer_rows=300,
-                                    num_workers=num_workers, last_batch=last_batch)
+                                    num_workers=num_workers, last_batch=LastBatch.PAD,
+                                    rank=rank, world_size=world)
         seen = []
         for batch in reader.iter_epoch(1):
-            ids = _row_ids(batch)
-            assert torch.equal(batch.labels, expected[ids])
-            assert torch.equal(batch.dense_features[:, 0], ids.float())
+            real = len(batch.labels) - getattr(batch, "padding", 0)
+            ids = _row_ids(batch)  # padding rows have no tokens: only the real rows' ids
+            assert len(ids) == real and (batch.labels[real:] == -1).all()
+            assert torch.equal(batch.labels[:real], expected[ids])
+            assert torch.equal(batch.dense_features[:real, 0], ids.float())
             seen.append(ids)
         seen = torch.cat(seen)
-        if last_batch is LastBatch.KEEP:
-            assert sorted(seen.tolist()) == list(range(rows))  # every row exactly once
-            assert not torch.equal(seen, torch.arange(rows))  # and shuffled
-        else:
-            assert len(seen) == len(reader) * 64 == 1024
+        first = 334 if world == 3 else 0  # rank 1 of 3 holds rows 334 .. 666
+        assert sorted(seen.tolist()) == list(range(first, first + reader.num_rows))
+        assert not torch.equal(seen, torch.arange(first, first + reader.num_rows))  # shuffled
 
 
 def _with_label(table: pa.Table, column: pa.Array) -> pa.Table:
@@ -198,6 +200,8 @@ def test_list_and_single_label_files_do_not_mix(tmp_path):
 
 def test_ctr_labels_unchanged_without_num_classes(tmp_path):
     table, labels = _xc_table(100, 1000, 1, multi=False, seed=7)
+    labels = [[row[0] % 2] for row in labels]  # clicks: CTR labels must be 0 or 1
+    table = table.set_column(0, "label", pa.array([row[0] for row in labels]))
     f = write_parquet(table, tmp_path / "t.parquet")
     spec = FeatureSpec("label", ("d0",), (SparseFeature("tokens", VOCAB, True, 3),))
     batch = next(iter(ParquetBatchReader([f], spec, 100, num_workers=0)))

@@ -280,12 +280,17 @@ def test_seed_batches_cover_every_id_once_across_ranks(num_ids, world_size, batc
     ranks = [SeedBatches(ids, batch, seed=1, rank=r, world_size=world_size)
              for r in range(world_size)]
     assert len({len(r) for r in ranks}) == 1  # equal batch counts
-    got = np.concatenate([np.concatenate(list(r.iter_epoch(2))) for r in ranks])
-    per_rank = -(-num_ids // world_size)
-    assert len(got) == per_rank * world_size  # padded like DistributedSampler
-    values, counts = np.unique(got, return_counts=True)
-    assert values.tolist() == ids.tolist() and counts.sum() - num_ids < world_size
-    assert (counts <= 2).all()
+    epochs = [list(r.iter_epoch(2)) for r in ranks]
+    got = np.concatenate([b for batches in epochs for b in batches])
+    assert sorted(got.tolist()) == ids.tolist()  # every id exactly once, no padding
+    # Step b of all ranks together is one slice of the epoch's permutation (the global batch).
+    order = ids[np.random.default_rng([1, 2]).permutation(num_ids)]
+    for b in range(len(ranks[0])):
+        step = np.concatenate([batches[b] for batches in epochs])
+        expect = order[b * batch * world_size:(b + 1) * batch * world_size]
+        assert sorted(step.tolist()) == sorted(expect.tolist())
+        assert ranks[0].step_rows(b) == (len(expect), 0)
+    assert sum(ranks[0].step_rows(b)[0] for b in range(len(ranks[0]))) == num_ids
     e2, e3 = ranks[0].rank_ids(2), ranks[0].rank_ids(3)
     assert not np.array_equal(e2, e3)  # reshuffled per epoch
 

@@ -1,5 +1,6 @@
 """End to end through the CLI: run files, eval, config errors, and resume == uninterrupted."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from embedtrain.testing import tiny_ctr_dataset
+from embedtrain.train.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +35,12 @@ model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [32, 1]}}
 train: {{epochs: 2, eval_every: 6, checkpoint_every: 5, keep_checkpoints: 3, progress: false}}
 """)
     return root, config
+
+
+def _files(run: Path) -> dict[str, str]:
+    """Every file of a run directory (relative path -> content hash)."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run.rglob("*")) if p.is_file()}
 
 
 def _params(checkpoint: Path, tmp: Path) -> dict:
@@ -63,27 +71,51 @@ def test_train_eval_and_resume(tiny, tmp_path):
     # the run directory contract
     assert (full / "config.yaml").read_text().startswith("task: ctr")
     records = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [6, 12, 18, 24]
+    # 3,2xx training rows in batches of 256: 13 steps per epoch (the last one short), 2 epochs.
+    train_rows = json.loads((root / "data" / "metadata.json").read_text())["splits"]["train"]["rows"]
+    assert -(-train_rows // 256) == 13
+    assert [r["step"] for r in records] == [6, 12, 18, 24, 26]
     for rec in records:
         assert {"step", "examples", "loss", "auc", "ne", "logloss", "calibration"} <= rec.keys()
-    assert records[-1]["examples"] == 24 * 256
+    assert records[-1]["examples"] == 2 * train_rows  # every row once per epoch
     summary = json.loads((full / "summary.json").read_text())
     assert summary["dataset"] == "synthetic_ctr" and summary["split"] == "test"
     assert 0.5 < summary["auc"] <= 1 and summary["train_examples_per_s"] > 0
     assert summary["oracle_auc"] > 0.6
     assert (full / "curves.png").stat().st_size > 10_000
+    assert summary["steps"] == 26 and summary["examples"] == 2 * train_rows
+    assert summary["train_rows"] == train_rows and summary["padded_rows"] == 0
     assert sorted(p.name for p in (full / "checkpoints").iterdir()) == [
-        "step_00000015", "step_00000020", "step_00000024"]
+        "step_00000020", "step_00000025", "step_00000026"]
 
     # a second run into the same directory must not clobber it silently
     r = embedtrain("train", str(config), "--out", str(full))
     assert r.returncode == 2 and "holds an earlier run; pass --resume" in r.stderr
 
-    # eval of the final checkpoint reproduces the summary's test metrics
+    # eval of the final checkpoint reproduces the summary's test metrics, and of an older one
+    # leaves the run's history alone: eval only adds its own eval_<split>_<step>.json
+    before = _files(full)
     r = embedtrain("eval", str(full), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
-    evaluated = json.loads((full / "eval_test.json").read_text())
-    assert evaluated["step"] == 24 and evaluated["auc"] == pytest.approx(summary["auc"], abs=1e-9)
+    evaluated = json.loads((full / "eval_test_00000026.json").read_text())
+    assert evaluated["step"] == 26 and evaluated["auc"] == pytest.approx(summary["auc"], abs=1e-9)
+    r = embedtrain("eval", str(full), "--split", "valid", "--checkpoint",
+                   str(full / "checkpoints" / "step_00000020"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((full / "eval_valid_00000020.json").read_text())["step"] == 20
+    after = _files(full)
+    assert {k: v for k, v in after.items() if not k.startswith("eval_")} == before
+
+    # resuming the finished run says so and changes nothing
+    r = embedtrain("train", str(config), "--out", str(full), "--resume")
+    assert r.returncode == 0 and "finished at step 26 of 26; nothing to resume" in r.stderr
+    assert _files(full) == after
+    # resuming with another model is refused, naming the key; nothing changes either
+    r = embedtrain("train", str(config), "--out", str(full), "--resume",
+                   "--set", "model.embedding_dim=4", "--set", "model.bottom_mlp=[16,4]")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "model.embedding_dim: 8 -> 4; model.bottom_mlp: [16, 8] -> [16, 4]" in r.stderr
+    assert _files(full) == after
 
     # interrupted after step 16 with its last checkpoint at 15, then resumed
     part = tmp_path / "part"
@@ -94,12 +126,17 @@ def test_train_eval_and_resume(tiny, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout + r.stderr
 
-    a = _params(full / "checkpoints" / "step_00000024", tmp_path)
-    b = _params(part / "checkpoints" / "step_00000024", tmp_path)
+    a = _params(full / "checkpoints" / "step_00000026", tmp_path)
+    b = _params(part / "checkpoints" / "step_00000026", tmp_path)
     assert any("embedding_bags" in k for k in a["model"])
     _assert_equal(a, b)  # model, fused sparse and dense optimizer state: bit for bit
-    resumed = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in resumed] == [6, 12, 18, 24]
+    # The history is append-only: the crashed run's evaluation at step 16 stays, followed by the
+    # resume at 15 (which supersedes it) and the resumed run's records.
+    history = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [(r.get("event"), r["step"]) for r in history] == [
+        (None, 6), (None, 12), (None, 16), ("resume", 15), (None, 18), (None, 24), (None, 26)]
+    resumed = RunDir(part).read_metrics()
+    assert [r["step"] for r in resumed] == [6, 12, 18, 24, 26]
     assert resumed[-1]["auc"] == records[-1]["auc"]
 
 

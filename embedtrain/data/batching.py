@@ -13,6 +13,13 @@ how many rows each batch takes from each block (a multivariate hypergeometric dr
 rows as the next slice of each block. Batches hold the same random sets of rows as with a full
 permutation; only the order inside a batch is grouped by block, which no loss depends on.
 
+Padding (:func:`pad_batch`): when the ranks' shares of a split differ by a row, the last batch of
+an epoch is topped up so that every rank's has the same size (TorchRec's row-wise all-to-all and
+the sharded class heads' all-gathers need equal batch sizes). Padding rows come last in a
+:class:`PaddedBatch`: label -1 (every class id -1), zero dense features, an empty bag for every
+sparse feature (no embedding row is looked up, so no table or optimizer state is touched). Tasks
+leave them out of losses and metrics; the trainer never counts them as examples.
+
 Example:
     >>> layout = SparseLayout.of(table.schema, spec)
     >>> blocks = [Rows.from_table(table, spec, layout, np.random.default_rng(0))]
@@ -38,6 +45,52 @@ from embedtrain.features import DenseTransform, FeatureSpec
 
 # A batch made of more slices than this (tiny row groups) is concatenated first: fewer NumPy calls.
 _MAX_PARTS = 16
+
+
+@dataclass
+class PaddedBatch(Batch):
+    """A ``Batch`` whose last ``padding`` rows are padding (see the module docstring)."""
+
+    padding: int = 0
+
+
+def num_padding(batch: object) -> int:
+    """Trailing padding rows of ``batch`` (0 for anything but a :class:`PaddedBatch`)."""
+    return getattr(batch, "padding", 0)
+
+
+def pad_batch(batch: Batch, rows: int) -> PaddedBatch:
+    """``batch`` with ``rows`` padding rows appended (label -1, zero dense, empty bags)."""
+    kjt = batch.sparse_features
+    keys = kjt.keys()
+    n = kjt.stride()
+    lengths = torch.cat([kjt.lengths().view(len(keys), n),
+                         torch.zeros(len(keys), rows, dtype=kjt.lengths().dtype)], dim=1)
+    labels = batch.labels
+    return PaddedBatch(
+        dense_features=torch.cat([batch.dense_features,
+                                  batch.dense_features.new_zeros(rows, batch.dense_features.shape[1])]),
+        sparse_features=KeyedJaggedTensor(
+            keys=keys, values=kjt.values(), lengths=lengths.view(-1), stride=n + rows,
+            length_per_key=kjt.length_per_key(), offset_per_key=kjt.offset_per_key()),
+        labels=torch.cat([labels, labels.new_full((rows, *labels.shape[1:]), -1)]),
+        padding=num_padding(batch) + rows,
+    )
+
+
+def empty_batch(features: FeatureSpec, layout: SparseLayout) -> Batch:
+    """A batch of no rows in ``features``' layout (to be padded: a rank with no rows left)."""
+    label_shape = (0, features.max_labels) if layout.label_is_list else (0,)
+    label_dtype = torch.float32 if features.num_classes is None else torch.int64
+    keys = features.sparse_names
+    return Batch(
+        dense_features=torch.zeros(0, len(features.dense)),
+        sparse_features=KeyedJaggedTensor(
+            keys=keys, values=torch.zeros(0, dtype=torch.int64),
+            lengths=torch.zeros(0, dtype=torch.int32), stride=0,
+            length_per_key=[0] * len(keys), offset_per_key=[0] * (len(keys) + 1)),
+        labels=torch.zeros(label_shape, dtype=label_dtype),
+    )
 
 
 def is_list_type(tp: pa.DataType) -> bool:

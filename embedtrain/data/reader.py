@@ -8,15 +8,18 @@ and ``labels``: float32 ``[B]``, or, when ``FeatureSpec.num_classes`` is set, in
 
 How an epoch is made:
 
-1. Units. Every file is opened with ``pyarrow.dataset`` and split into row-group fragments; rank
-   ``r`` of ``world_size`` owns the units ``r, r + world_size, ...`` (fixed across epochs, so
-   ``len()`` is too). With ``shuffle`` their order is permuted by ``(seed, epoch)``.
+1. Rows over ranks. Every file is opened with ``pyarrow.dataset`` and split into row-group
+   fragments; their rows, in file order, are cut into ``world_size`` contiguous ranges of
+   ``N // world_size`` or one more rows (``N``: rows of all files), so every row belongs to exactly
+   one rank whatever the row groups' sizes, and a row group on a boundary is shared by row ranges
+   (:attr:`ParquetBatchReader.row_groups` are this rank's, trimmed). The split is fixed across
+   epochs, so ``len()`` is too; with ``shuffle`` the order of the rank's row groups is permuted by
+   ``(seed, epoch)``.
 2. Workers. ``num_workers`` threads split the rank's units round-robin (worker ``w`` reads units
    ``w, w + num_workers, ...`` of the epoch's order), validate them and convert each row group to
    NumPy once (:class:`~embedtrain.data.batching.Rows`), its rows permuted by a generator seeded
-   with ``(seed, epoch, position)``. Each row is thus read exactly once per epoch across all ranks
-   and workers. Threads, not processes: Arrow decoding and NumPy release the GIL, and blocks reach
-   the assembler without pickling or shared-memory copies.
+   with ``(seed, epoch, position)``. Threads, not processes: Arrow decoding and NumPy release the
+   GIL, and blocks reach the assembler without pickling or shared-memory copies.
 3. Assembly. One more thread takes the workers' row groups round-robin, i.e. in the epoch's order
    whatever the timing, mixes them in the shuffle buffer (``shuffle_buffer_rows``, seeded by
    ``(seed, epoch)``) and builds ``KeyedJaggedTensor`` batches into a queue of
@@ -24,11 +27,17 @@ How an epoch is made:
    ``num_workers`` (0 does all of it in the iterating thread), which makes ``skip_batches`` resume
    exact and lets evaluation, training and tests share one definition of an epoch.
 
-The last batch (:class:`LastBatch`): ``DROP`` a short one, ``KEEP`` it short, or ``PAD`` it by
-wrapping around to the start of this rank's data (its first row groups in this epoch's order), as
-``DistributedSampler`` pads; with ``PAD`` every rank yields ``ceil(max rows of any rank /
-batch_size)`` full batches, so all ranks run the same number of steps. With ``DROP``/``KEEP``
-ranks whose row groups hold different row counts get different ``len()``: use ``PAD`` under DDP.
+The last batch (:class:`LastBatch`): ``PAD`` (what training and evaluation on several ranks use):
+every rank yields ``ceil(ceil(N / world_size) / batch_size)`` batches of equal size on all ranks;
+since the ranks' shares differ by at most one row, only the last batch of an epoch can need
+padding, at most one row per rank (``world_size - 1`` in all, or a whole one-row batch for a rank
+with no row left), and padding rows are marked (:class:`~embedtrain.data.batching.PaddedBatch`:
+label -1, zero dense, empty bags) so that tasks leave them out of losses and metrics. ``KEEP``:
+each rank's last batch as short as it is (ranks may then run different numbers of batches: one
+process, or no collectives). ``DROP``: only full batches, as many on every rank; the rest of the
+epoch's rows (:attr:`ParquetBatchReader.dropped_rows`) is not read. :meth:`~ParquetBatchReader.
+step_rows` says how many real and padding rows a step holds over all ranks, so a trainer counts
+examples exactly: over an epoch they sum to ``N`` (``PAD``, ``KEEP``).
 
 Validation (types, nulls, ids in ``[0, num_embeddings)``, class ids in ``[0, num_classes)`` and
 1 to ``max_labels`` of them per row) runs on every row group as it is read and raises
@@ -36,9 +45,7 @@ Validation (types, nulls, ids in ``[0, num_embeddings)``, class ids in ``[0, num
 parquet row-group statistics where the writer recorded them; otherwise the ids are scanned.
 
 Inputs with no rows at all raise :class:`DataError` when the reader is built: an empty split is an
-ingestion mistake, and an empty epoch would let training silently do nothing. With fewer row groups
-than ranks, every row group is cut into ``world_size`` row ranges shared out instead (each rank
-then reads whole row groups and keeps its ranges), so no rank is left without data.
+ingestion mistake, and an empty epoch would let training silently do nothing.
 
 Memory is bounded by the knobs, not the data set: about ``2 x (shuffle_buffer_rows + one row
 group)`` rows (the buffer, and the workers' read-ahead of one buffer's worth of row groups) plus
@@ -71,7 +78,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from torchrec.datasets.utils import Batch
 
-from embedtrain.data.batching import Rows, SparseLayout, cut_batches, is_list_type, to_batch
+from embedtrain.data.batching import (
+    Rows, SparseLayout, cut_batches, empty_batch, is_list_type, pad_batch, to_batch)
 from embedtrain.data.prefetch import OrderedPrefetcher
 from embedtrain.features import FeatureSpec
 
@@ -98,7 +106,7 @@ class RowGroup:
     # (min, max) of each sparse (and class-id label) column's ids from the file's row-group
     # statistics, where written.
     id_ranges: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
-    offset: int = 0  # a part of a row group: its rows start this far in (see _split_units)
+    offset: int = 0  # a part of a row group (shared by two ranks): its rows start this far in
 
 
 class ParquetBatchReader:
@@ -112,9 +120,10 @@ class ParquetBatchReader:
         seed: base seed of the shuffle.
         drop_last: shorthand for ``last_batch=LastBatch.DROP`` (else ``KEEP``).
         shuffle_buffer_rows: rows mixed together before batches are cut (with ``shuffle``).
-        rank: this reader's rank among ``world_size`` readers; each gets disjoint row groups.
+        rank: this reader's rank among ``world_size`` readers; each gets its own rows.
         world_size: number of readers sharing the files.
-        last_batch: drop, keep or pad the last short batch; overrides ``drop_last``.
+        last_batch: drop, keep or pad the last short batch (module docstring); overrides
+            ``drop_last``.
         num_workers: threads reading row groups, plus one assembling batches (0: no threads,
             everything in the iterating thread; the batches are the same either way).
         prefetch_batches: assembled batches that may wait for the consumer.
@@ -177,25 +186,50 @@ class ParquetBatchReader:
         if not units:
             names = ", ".join(str(f) for f in files)
             raise DataError(f"{names}: no rows (no non-empty row groups)")
-        if len(units) < world_size:  # too few row groups to go round: share them by rows
-            units = _split_units(units, world_size)
         self.layout = layouts[0][1]
-        self.row_groups = units[rank::world_size]
-        # The longest rank's row count: with PAD every rank runs as many batches as that one.
-        self._max_rank_rows = max(sum(u.num_rows for u in units[r::world_size])
-                                  for r in range(world_size))
+        self.total_rows = sum(u.num_rows for u in units)
+        base, extra = divmod(self.total_rows, world_size)
+        #: Rows of every rank (``N // world_size``, the first ``N % world_size`` ranks one more).
+        self.rank_rows = [base + (r < extra) for r in range(world_size)]
+        first = base * rank + min(rank, extra)
+        self.row_groups = _row_range(units, first, first + self.rank_rows[rank])
 
     @property
     def num_rows(self) -> int:
         """Rows this rank owns (before padding)."""
-        return sum(u.num_rows for u in self.row_groups)
+        return self.rank_rows[self.rank]
 
     def __len__(self) -> int:
-        """Batches per epoch (the same every epoch)."""
+        """Batches per epoch (the same every epoch; with ``PAD``/``DROP`` the same on every rank)."""
+        b = self.batch_size
         if self.last_batch is LastBatch.PAD:
-            return -(-self._max_rank_rows // self.batch_size)
-        full, rest = divmod(self.num_rows, self.batch_size)
-        return full + (1 if rest and self.last_batch is LastBatch.KEEP else 0)
+            return -(-max(self.rank_rows) // b)
+        if self.last_batch is LastBatch.DROP:
+            return min(self.rank_rows) // b
+        return -(-self.num_rows // b)
+
+    def _batch_size_of(self, rows: int, index: int) -> tuple[int, int]:
+        """``(real rows, rows with padding)`` of batch ``index`` of a rank holding ``rows``."""
+        real = min(self.batch_size, max(0, rows - index * self.batch_size))
+        if self.last_batch is LastBatch.PAD and index == len(self) - 1:
+            return real, max(self.rank_rows) - index * self.batch_size
+        if self.last_batch is LastBatch.DROP or index >= len(self):
+            return (self.batch_size, self.batch_size) if index < len(self) else (0, 0)
+        return real, real
+
+    def step_rows(self, index: int) -> tuple[int, int]:
+        """``(examples, padding rows)`` of batch ``index`` of an epoch, summed over all ranks."""
+        sizes = [self._batch_size_of(rows, index) for rows in self.rank_rows]
+        if self.last_batch is LastBatch.KEEP:  # ranks may differ in length: count what exists
+            return sum(real for real, _ in sizes), 0
+        return sum(real for real, _ in sizes), sum(size - real for real, size in sizes)
+
+    @property
+    def dropped_rows(self) -> int:
+        """Rows of every epoch that ``DROP`` leaves out, over all ranks (0 otherwise)."""
+        if self.last_batch is not LastBatch.DROP:
+            return 0
+        return self.total_rows - len(self) * self.batch_size * self.world_size
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = epoch
@@ -222,10 +256,14 @@ class ParquetBatchReader:
         load = functools.partial(_load_rows, features=self.features, layout=self.layout,
                                  seed=(self.seed, epoch) if self.shuffle else None,
                                  arrow_threads=self.num_workers < 2)
+        pad_to = (max(self.rank_rows) - (len(self) - 1) * self.batch_size
+                  if self.last_batch is LastBatch.PAD else 0)
         assemble = functools.partial(
-            _assemble, layout=self.layout, keys=self._keys, batch_size=self.batch_size,
-            buffer_rows=self.shuffle_buffer_rows, rng=rng if self.shuffle else None,
-            keep_partial=self.last_batch is LastBatch.KEEP, skip=skip_batches)
+            _assemble, features=self.features, layout=self.layout, keys=self._keys,
+            batch_size=self.batch_size, buffer_rows=self.shuffle_buffer_rows,
+            rng=rng if self.shuffle else None,
+            keep_partial=self.last_batch is not LastBatch.DROP, skip=skip_batches,
+            num_batches=len(self), pad_to=pad_to)
         if self.num_workers == 0 or not plan:
             return assemble(map(load, plan))
         # The shuffle buffer takes a buffer's worth of row groups at once, then cuts batches for a
@@ -243,19 +281,7 @@ class ParquetBatchReader:
         """The epoch's ``(position, row group, rows to use from its start)`` in reading order."""
         units = self.row_groups
         order = rng.permutation(len(units)) if self.shuffle else range(len(units))
-        plan = [(p, units[i], units[i].num_rows) for p, i in enumerate(order)]
-        if self.last_batch is LastBatch.PAD:
-            want = len(self) * self.batch_size
-            if not plan:
-                raise DataError(f"rank {self.rank} of {self.world_size} has no row group to pad "
-                                f"from: write more, smaller row groups than ranks")
-            have, i, base = self.num_rows, 0, len(plan)
-            while have < want:  # wrap around to the start of this rank's data
-                unit = plan[i % base][1]
-                plan.append((len(plan), unit, min(unit.num_rows, want - have)))
-                have += plan[-1][2]
-                i += 1
-        return plan
+        return [(p, units[i], units[i].num_rows) for p, i in enumerate(order)]
 
 
 def _load_rows(item: tuple[int, RowGroup, int], features: FeatureSpec, layout: SparseLayout,
@@ -269,26 +295,37 @@ def _load_rows(item: tuple[int, RowGroup, int], features: FeatureSpec, layout: S
     return Rows.from_table(table, features, layout, rng)
 
 
-def _assemble(blocks: Iterable[Rows], layout: SparseLayout, keys: list[str], batch_size: int,
-              buffer_rows: int, rng: Optional[np.random.Generator], keep_partial: bool,
-              skip: int) -> Iterator[Batch]:
+def _assemble(blocks: Iterable[Rows], features: FeatureSpec, layout: SparseLayout,
+              keys: list[str], batch_size: int, buffer_rows: int,
+              rng: Optional[np.random.Generator], keep_partial: bool, skip: int,
+              num_batches: int, pad_to: int) -> Iterator[Batch]:
+    """Batches ``skip .. num_batches - 1`` of the epoch; with ``pad_to``, the last one is padded
+    to ``pad_to`` rows (or, when this rank has no row left for it, made of padding alone)."""
+    index = skip
     for parts in cut_batches(blocks, batch_size, buffer_rows, rng, keep_partial, skip):
-        yield to_batch(parts, layout, keys)
+        if index >= num_batches:  # DROP: the other ranks have no more full batches
+            return
+        batch = to_batch(parts, layout, keys)
+        if pad_to and index == num_batches - 1 and len(batch.labels) < pad_to:
+            batch = pad_batch(batch, pad_to - len(batch.labels))
+        yield batch
+        index += 1
+    if pad_to and index == num_batches - 1:
+        yield pad_batch(empty_batch(features, layout), pad_to)
 
 
 _LOCAL = pafs.LocalFileSystem()
 _PARQUET = ds.ParquetFileFormat()
 
 
-def _split_units(units: list[RowGroup], parts: int) -> list[RowGroup]:
-    """Each row group cut into ``parts`` row ranges, so that every one of ``parts`` ranks gets
-    rows (small splits, e.g. a validation set in one row group, on many ranks)."""
-    out = []
-    for k in range(parts):
-        for u in units:
-            lo, hi = u.num_rows * k // parts, u.num_rows * (k + 1) // parts
-            if hi > lo:
-                out.append(dataclasses.replace(u, num_rows=hi - lo, offset=u.offset + lo))
+def _row_range(units: list[RowGroup], first: int, stop: int) -> list[RowGroup]:
+    """The parts of ``units`` (in order) holding rows ``[first, stop)`` of their concatenation."""
+    out, start = [], 0
+    for u in units:
+        lo, hi = max(first, start), min(stop, start + u.num_rows)
+        if hi > lo:
+            out.append(dataclasses.replace(u, num_rows=hi - lo, offset=u.offset + lo - start))
+        start += u.num_rows
     return out
 
 
@@ -375,6 +412,8 @@ def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
                 or pa.types.is_boolean(column.type)):
             raise DataError(f"{unit.file}: column {name}: expected a number, got {column.type}")
         _check_no_nulls(column, name, unit)
+    if features.num_classes is None:
+        _check_click_labels(table.column(features.label), features.label, unit)
     for feat in features.sparse:
         _check_ids(table.column(feat.name), feat.name, feat.num_embeddings, unit)
 
@@ -401,6 +440,23 @@ def _check_ids(column: pa.ChunkedArray, name: str, limit: int, unit: RowGroup,
             f"{unit.file}: column {name}: {what} {lo if lo < 0 else hi} outside "
             f"[0, {limit}) at row {_first_row(column, bad, is_list, unit)}"
         )
+
+
+def _check_click_labels(column: pa.ChunkedArray, name: str, unit: RowGroup) -> None:
+    """CTR labels are clicks, 0 or 1, or click probabilities in [0, 1]: nothing else trains."""
+    if pa.types.is_boolean(column.type) or not len(column):
+        return
+    values = pc.cast(column, pa.float64())
+    bounds = pc.min_max(values)
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    finite = not pa.types.is_floating(column.type) or not pc.any(pc.is_nan(values)).as_py()
+    if finite and lo >= 0 and hi <= 1:
+        return
+    bad = pc.or_(pc.or_(pc.less(values, 0), pc.greater(values, 1)), pc.is_nan(values))
+    row = _first_row(column, bad, False, unit)
+    value = values[row - unit.first_row].as_py()
+    raise DataError(f"{unit.file}: column {name}: label {value:g} at row {row} is not a click "
+                    f"(CTR labels are 0 or 1, or a probability in [0, 1])")
 
 
 def _check_class_labels(column: pa.ChunkedArray, features: FeatureSpec, unit: RowGroup) -> None:

@@ -14,7 +14,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedtrain.data.reader import DataError
 from embedtrain.features import DatasetMeta
+
+
+def _batches(path, batch_size: int, columns: list[str]):
+    """``path``'s record batches of ``columns``; an unreadable file is a DataError naming it."""
+    try:
+        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        text = str(e).strip().splitlines()
+        raise DataError(f"{path}: not a readable parquet file (truncated or corrupt?): "
+                        f"{text[0] if text else type(e).__name__}") from None
 
 
 def measure_pooling_factors(meta: DatasetMeta, split: str = "train",
@@ -34,8 +45,7 @@ def measure_pooling_factors(meta: DatasetMeta, split: str = "train",
     totals = dict.fromkeys(lists, 0)
     rows = 0
     for path in meta.files(split):
-        pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(batch_size=65_536, columns=lists):
+        for batch in _batches(path, 65_536, lists):
             take = min(batch.num_rows, max_rows - rows)
             batch = batch.slice(0, take)
             for name in lists:
@@ -62,8 +72,7 @@ def class_counts(meta: DatasetMeta, split: str = "train") -> np.ndarray:
         raise ValueError(f"{meta.root}: not a classification data set (no num_classes)")
     counts = np.zeros(features.num_classes, np.int64)
     for path in meta.files(split):
-        pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(batch_size=262_144, columns=[features.label]):
+        for batch in _batches(path, 262_144, [features.label]):
             column = batch.column(0)
             if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
                 column = pc.list_flatten(column)

@@ -423,11 +423,13 @@ class NeighborSampler:
 class SeedBatches(Generic[T]):
     """Seed ids of one rank, in batches, per epoch: the trainer's ``EpochData``.
 
-    An epoch permutes all ids with ``(seed, epoch)`` (the same order on every rank), pads the
-    list by repeating its start to a multiple of ``world_size`` (as ``DistributedSampler`` does)
-    and gives rank ``r`` the entries ``r, r + world_size, ...``. Every id thus lands on exactly one
-    rank once per epoch (plus at most ``world_size - 1`` padding repeats), and all ranks yield
-    the same number of batches. Batch ``b`` of the epoch is ``collate(ids, rng)`` with ``rng =
+    An epoch permutes all ids with ``(seed, epoch)`` (the same order on every rank) and gives
+    rank ``r`` the entries ``r, r + world_size, ...``: every id lands on exactly one rank once per
+    epoch, with no padding, and step ``b``'s batches of all ranks together are one contiguous
+    slice of the permutation (what one rank with the global batch would take). All ranks yield
+    ``len()`` batches (the ranks' shares differ by at most one id, so only the last batch of a rank
+    can be shorter than the others' or, when fewer ids than ranks are left, empty: tasks give an
+    empty batch a zero loss). Batch ``b`` of the epoch is ``collate(ids, rng)`` with ``rng =
     default_rng([seed, epoch, rank, b])``, so a batch is the same whatever ``num_workers`` is and
     when resuming with ``skip_batches``.
 
@@ -440,7 +442,8 @@ class SeedBatches(Generic[T]):
         num_workers: threads running ``collate`` ahead of the consumer (0: in the caller).
         collate: ``(ids, rng) -> batch``, e.g. ``lambda ids, rng: sampler.sample(ids, rng)``;
             default: the int64 id array itself.
-        drop_last: drop each rank's last batch when it is short.
+        drop_last: only full batches, as many on every rank (the rest is counted in
+            ``dropped_rows``).
         prefetch_batches: ready batches the workers may hold.
 
     Example:
@@ -468,22 +471,45 @@ class SeedBatches(Generic[T]):
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.collate, self.drop_last, self.prefetch_batches = collate, drop_last, prefetch_batches
-        self.num_rank_ids = -(-self.num_ids // world_size)
+        #: Ids of every rank per epoch (``ceil((n - r) / world_size)``).
+        self.rank_rows = [len(range(r, self.num_ids, world_size)) for r in range(world_size)]
+        self.num_rank_ids = self.rank_rows[rank]
+
+    @property
+    def total_rows(self) -> int:
+        """Seed ids per epoch over all ranks."""
+        return self.num_ids
+
+    @property
+    def num_rows(self) -> int:
+        """This rank's seed ids per epoch."""
+        return self.num_rank_ids
 
     def __len__(self) -> int:
         if self.drop_last:
-            return self.num_rank_ids // self.batch_size
-        return -(-self.num_rank_ids // self.batch_size)
+            return min(self.rank_rows) // self.batch_size
+        return -(-max(self.rank_rows) // self.batch_size)
+
+    def step_rows(self, index: int) -> tuple[int, int]:
+        """``(seeds, padding)`` of batch ``index`` over all ranks (never any padding)."""
+        if index >= len(self):
+            return 0, 0
+        if self.drop_last:
+            return self.batch_size * self.world_size, 0
+        b = self.batch_size
+        return sum(min(b, max(0, n - index * b)) for n in self.rank_rows), 0
+
+    @property
+    def dropped_rows(self) -> int:
+        """Seed ids ``drop_last`` leaves out per epoch, over all ranks."""
+        return self.num_ids - len(self) * self.batch_size * self.world_size if self.drop_last else 0
 
     def rank_ids(self, epoch: int) -> np.ndarray:
-        """This rank's ids for ``epoch``, padded, in batch order."""
+        """This rank's ids for ``epoch``, in batch order."""
         if self.shuffle:
             order = np.random.default_rng([self.seed, epoch]).permutation(self.num_ids)
         else:
             order = np.arange(self.num_ids, dtype=np.int64)
-        padded = self.num_rank_ids * self.world_size
-        if padded > self.num_ids:
-            order = np.resize(order, padded)  # repeats from the start, as DistributedSampler
         mine = order[self.rank::self.world_size]
         return mine if self.node_ids is None else self.node_ids[mine]
 

@@ -21,6 +21,8 @@ Heads (all share :class:`ShardedSoftmaxHead`'s interface, see :class:`ClassHead`
 
 Targets are global class ids, ``[B]`` (one per example) or ``[B, L]`` padded with ``-1``
 (multi-label: the loss is the softmax over the positives, ``logsumexp - mean positive logit``).
+An example without any label (all ``-1``: a padding row of an epoch's last batch) is left out of
+the training loss.
 Optional margins for embedding learning (features and class weights L2-normalised, logits
 ``s cos``): CosFace (``s (cos - m)`` for the positives) and ArcFace (``s cos(theta + m)``).
 
@@ -183,6 +185,14 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+def _mean_over_labelled(losses: Tensor, labelled: Tensor) -> Tensor:
+    """Mean of ``losses`` over the examples that have a label: rows without any (padding rows
+    of an epoch's last batch, all -1) add nothing to the loss or the gradient."""
+    if bool(labelled.all()):
+        return losses.mean()
+    return (losses * labelled).sum() / labelled.sum().clamp(min=1)
+
+
 def all_gather_rows(local: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
     """Concatenates every rank's ``local`` rows (equal counts); differentiable (sums back)."""
     world = _world(group)[1]
@@ -302,7 +312,8 @@ class ShardedSoftmaxHead(nn.Module):
         local_targets = self._local_targets(targets, candidates)
         logits = self._logits(gathered, weight, local_targets)
         self.steps += 1
-        return sharded_softmax_cross_entropy(logits, local_targets, counts, self.group).mean()
+        losses = sharded_softmax_cross_entropy(logits, local_targets, counts, self.group)
+        return _mean_over_labelled(losses, counts > 0)
 
     @torch.no_grad()
     def _eval_weight(self) -> Tensor:

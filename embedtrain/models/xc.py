@@ -94,6 +94,8 @@ class XCModel(nn.Module):
         features = self.encoder(dense, sparse)
         if self.training:
             return self.head(features, targets)
+        if targets.dim() == 1:  # padding rows (-1, last) get class 0's loss, dropped by the task
+            targets = targets.clamp(min=0)
         losses = self.head.eval_loss(features, targets)
         return losses, self.head.topk(features, k)[1] if k else None
 

@@ -45,6 +45,15 @@ _MAX_SHORTLIST = 4096
 _MERSENNE_31 = 2 ** 31 - 1  # prime modulus of MACH's hashes; (a c + b) < 2^63 for c < 2^31
 
 
+def labelled_rows(features: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """The examples with at least one label: padding rows (all -1) are dropped (other negative
+    ids stay, for the heads' range checks to name)."""
+    labelled = targets != -1 if targets.dim() == 1 else (targets != -1).any(dim=1)
+    if bool(labelled.all()):
+        return features, targets
+    return features[labelled], targets[labelled]
+
+
 def _empty_topk(features: Tensor) -> TopK:
     b = features.shape[0]
     return features.new_empty((b, 0)), torch.zeros(b, 0, dtype=torch.long, device=features.device)
@@ -179,7 +188,13 @@ class AdaptiveSoftmaxHead(nn.Module):
         return self.rank_of[targets]
 
     def forward(self, features: Tensor, targets: Tensor) -> Tensor:
-        """Mean negative log-likelihood of ``targets [B]`` (class ids) given ``features [B, D]``."""
+        """Mean negative log-likelihood of ``targets [B]`` (class ids) given ``features [B, D]``.
+
+        Rows with target -1 (padding) are left out; with none left the loss is 0 (same graph).
+        """
+        features, targets = labelled_rows(features, targets)
+        if not targets.numel():
+            return sum(p.sum() for p in self.parameters()) * 0.0 + features.sum() * 0.0
         loss = self.adaptive(features, self._ranks(targets)).loss
         if torch.is_grad_enabled():  # DDP: every tail weight gets a gradient (see the class)
             loss = loss + 0.0 * sum(p.view(-1)[0] for p in self.adaptive.tail.parameters())
@@ -344,7 +359,13 @@ class MACHHead(nn.Module):
         return losses.mean(dim=1)
 
     def forward(self, features: Tensor, targets: Tensor) -> Tensor:
-        """Mean loss over the examples; ``targets [B]`` or ``[B, L]`` padded with -1."""
+        """Mean loss over the examples; ``targets [B]`` or ``[B, L]`` padded with -1.
+
+        Examples without any label (padding rows) are left out.
+        """
+        features, targets = labelled_rows(features, targets)
+        if not targets.shape[0]:
+            return self.buckets(features).sum() * 0.0
         return self._losses(features, targets).mean()
 
     @torch.no_grad()

@@ -2,7 +2,8 @@
 
 Like TorchRec's ``distributed/test_utils/multi_process.py``, but returning each rank's result to
 the caller. Every rank runs ``fn(rank, world_size, *args)`` inside a freshly initialised gloo
-group on 127.0.0.1 (a free port), which is destroyed afterwards. Results travel through
+group on 127.0.0.1 (a free port), which is destroyed afterwards (and the rank leaves through
+:func:`embedtrain.train.dist.exit_process`). Results travel through
 ``torch.save`` files in a temporary directory (not a queue: shared-memory tensors would die
 with the child), so they should be small and picklable: dicts of tensors, floats, strings.
 
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from embedtrain.train.dist import free_port
+from embedtrain.train.dist import exit_process, free_port
 
 
 class RankError(RuntimeError):
@@ -60,11 +61,10 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, out
         summary = traceback.format_exception_only(*sys.exc_info()[:2])[0].strip().splitlines()[0]
         (out / f"rank{rank}.err.tmp").write_text(f"{when}\n{summary}\n{traceback.format_exc()}")
         os.replace(out / f"rank{rank}.err.tmp", out / f"rank{rank}.err")  # whole or absent
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if failed:
-        raise SystemExit(1)
+    # Not a return into multiprocessing's interpreter exit: gloo's worker threads may still
+    # release a collective's Python tensors, which aborts a finalizing interpreter (see
+    # embedtrain.train.dist). The group is destroyed and the process leaves at once.
+    exit_process(1 if failed else 0)
 
 
 def _failure_report(procs: list, out: Path) -> str:

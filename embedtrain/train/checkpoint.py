@@ -5,6 +5,12 @@ A checkpoint is a directory ``checkpoints/step_00001000/`` holding DCP shards of
 name and renamed only once complete, so a crash mid-write leaves the previous checkpoint usable and
 no half-written one is ever picked up. Loading goes through DCP, never through pickle.
 
+Failing safe: a save that fails on any rank (a full disk, an I/O error) removes its temporary
+directory and raises :class:`CheckpointError` on every rank, one line naming the checkpoint and
+the cause, the earlier checkpoints untouched. A checkpoint that cannot be read (a truncated shard,
+a corrupt ``trainer_state.json``) is reported by :class:`CheckpointError` too; the trainer then
+falls back to the next older one (:meth:`embedtrain.train.trainer.Trainer.restore`).
+
 Example:
     >>> ckpts = CheckpointManager(run_dir / "checkpoints", keep=2)
     >>> ckpts.save(100, {"model": model.state_dict()}, {"step": 100})
@@ -13,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -27,6 +34,37 @@ from torch.distributed.checkpoint import DefaultLoadPlanner
 
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d{8,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; ``str(err)`` is one line naming it."""
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for a failed read or write, plain words for a full disk."""
+    chain, seen = [e], set()
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        nxt = chain[-1].__cause__ or chain[-1].__context__
+        if id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        chain.append(nxt)
+    text = " ".join(str(x) for x in chain)
+    if any(getattr(x, "errno", None) == errno.ENOSPC for x in chain) or \
+            "No space left" in text or "unexpected pos" in text:
+        return "no space left on device"
+    for x in chain:  # DCP wraps the rank's exception: show the innermost message
+        failures = getattr(x, "failures", None)
+        if failures:
+            first = next(iter(failures.values()))
+            inner = first[0] if isinstance(first, tuple) else first
+            return _first_line(inner)
+    return _first_line(chain[-1] if len(chain) > 1 else e)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 
 
 class CheckpointManager:
@@ -50,15 +88,29 @@ class CheckpointManager:
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".tmp-step_{step:08d}"
         leader = _rank() == 0
+        error: Optional[BaseException] = None
         if leader:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        _barrier()
-        if rank_state is not None:
-            torch.save(rank_state, tmp / _rank_file(_rank()))
-        dcp.save(state, checkpoint_id=tmp)  # returns once every rank's shards are written
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            except OSError as e:
+                error = e
+        if _all_ok(error is None):  # a collective: every rank learns of the leader's failure
+            try:
+                dcp.save(state, checkpoint_id=tmp)  # collective: a failed rank fails them all
+                if rank_state is not None:
+                    torch.save(rank_state, tmp / _rank_file(_rank()))
+                if leader:
+                    _write_json(tmp / STATE_FILE, trainer_state)
+            except Exception as e:  # noqa: BLE001 - reported as one line below
+                error = e
+        if not _all_ok(error is None):
+            if leader:
+                shutil.rmtree(tmp, ignore_errors=True)
+            why = describe_error(error) if error is not None else "failed on another rank"
+            raise CheckpointError(f"{final}: checkpoint not written: {why} (the partial one is "
+                                  f"removed; earlier checkpoints are kept)")
         if leader:
-            _write_json(tmp / STATE_FILE, trainer_state)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -78,11 +130,21 @@ class CheckpointManager:
         return found[-1] if found else None
 
     def info(self, path: str | os.PathLike) -> dict[str, Any]:
-        """The checkpoint's trainer state (``trainer_state.json``)."""
+        """The checkpoint's trainer state (``trainer_state.json``).
+
+        Raises:
+            CheckpointError: missing, unreadable or not a JSON object (file named).
+        """
         info_file = Path(path) / STATE_FILE
         if not info_file.is_file():
-            raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
-        return json.loads(info_file.read_text())
+            raise CheckpointError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
+        try:
+            info = json.loads(info_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{info_file}: unreadable: {_first_line(e)}") from None
+        if not isinstance(info, dict) or not isinstance(info.get("step"), int):
+            raise CheckpointError(f"{info_file}: not a trainer state (no integer 'step')")
+        return info
 
     def load(self, path: str | os.PathLike, state: dict[str, Any],
              missing_ok: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -102,13 +164,19 @@ class CheckpointManager:
         info = self.info(path)
         missing: list[str] = []
         if missing_ok:
-            saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+            try:
+                saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+            except Exception as e:  # noqa: BLE001 - a truncated or corrupt .metadata
+                raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
             missing = [k for k in _flat_keys(state) if k not in saved]
             bad = [k for k in missing if not k.startswith(missing_ok)]
             if bad:
                 raise ValueError(f"{path}: checkpoint lacks {bad[0]} (and {len(bad) - 1} more)")
         planner = DefaultLoadPlanner(allow_partial_load=bool(missing))
-        dcp.load(state, checkpoint_id=path, planner=planner)
+        try:
+            dcp.load(state, checkpoint_id=path, planner=planner)
+        except Exception as e:  # noqa: BLE001 - DCP raises many kinds; one line for all
+            raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
         return {**info, "missing_keys": missing}
 
     def load_rank_state(self, path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -116,7 +184,10 @@ class CheckpointManager:
         path = Path(path)
         for candidate in (path / _rank_file(_rank()), path / _rank_file(0)):
             if candidate.is_file():
-                return torch.load(candidate, weights_only=True)
+                try:
+                    return torch.load(candidate, weights_only=True)
+                except Exception as e:  # noqa: BLE001 - a truncated or corrupt file
+                    raise CheckpointError(f"{candidate}: unreadable: {describe_error(e)}") from None
         return {}
 
     def _prune(self) -> None:
@@ -149,3 +220,16 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def all_ranks_ok(ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (a collective when distributed)."""
+    return _all_ok(ok)
+
+
+def _all_ok(ok: bool) -> bool:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

@@ -22,6 +22,7 @@ from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
 from torchrec.metrics.ne import compute_ne
 
+from embedtrain.data.batching import num_padding
 from embedtrain.train.task import StepOutput
 
 _ETA = 1e-12  # torchrec's default clamp for NE
@@ -36,7 +37,7 @@ class CTRMetrics:
 
     def update(self, output: StepOutput, batch: Batch) -> None:
         p = output.predictions.detach().double()
-        y = batch.labels.double()
+        y = batch.labels[: len(p)].double()  # padding rows (see ParquetBatchReader) come last
         ce = F.binary_cross_entropy(p.clamp(_ETA, 1 - _ETA), y, reduction="sum")
         self.auc.update(p, y.long())
         self.sums["ce"].update(ce)
@@ -68,8 +69,13 @@ class CTRTask:
 
     def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
         logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-        return StepOutput(loss=loss, predictions=torch.sigmoid(logits), num_examples=logits.numel())
+        n = logits.numel() - num_padding(batch)  # padding rows take part in the forward only
+        real = logits[:n]
+        if n:
+            loss = F.binary_cross_entropy_with_logits(real, batch.labels[:n])
+        else:  # a rank with only padding in the epoch's last step: no gradient, same graph
+            loss = logits.sum() * 0.0
+        return StepOutput(loss=loss, predictions=torch.sigmoid(real), num_examples=n)
 
     def new_metrics(self) -> CTRMetrics:
         return CTRMetrics()

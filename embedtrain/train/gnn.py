@@ -6,9 +6,10 @@ the node-id table (one id per node; under several ranks the rows are padded to t
 on every rank with empty bags, as TorchRec's sharded lookups expect equal batch sizes), their
 features, and the targets: the seeds' labels, or the positive and negative node pairs.
 
-:class:`GraphBatches` makes such batches from seed batches (split over ranks like the parquet
-loader's rows) and a neighbour sampler; it follows the trainer's ``EpochData`` protocol, so
-resume restarts on exactly the batch an uninterrupted run would have seen.
+Batches come from :class:`~embedtrain.graph.sampler.SeedBatches` (every seed once per epoch,
+split over ranks) with a collate that samples the neighbourhood; they follow the trainer's
+``EpochData`` protocol, so resume restarts on exactly the batch an uninterrupted run would have
+seen.
 
 Metrics: accuracy and macro-F1 (``torchmetrics``) for nodes; MRR and Hits@K of each positive
 ranked against its sampled negatives for links.
@@ -102,7 +103,9 @@ class NodeClassificationTask:
 
     def forward(self, model: nn.Module, batch: GraphBatch) -> StepOutput:
         logits = model(batch.with_node_ids())
-        loss = F.cross_entropy(logits, batch.labels)
+        # A rank may have no seed left in an epoch's last step: it still runs the step (the
+        # node table's all-to-all), with a zero loss.
+        loss = F.cross_entropy(logits, batch.labels) if len(batch.labels) else logits.sum() * 0.0
         return StepOutput(loss=loss, predictions=logits.detach(), num_examples=batch.num_examples)
 
     def new_metrics(self) -> NodeMetrics:
@@ -148,8 +151,11 @@ class LinkPredictionTask:
         neg = (h[batch.negatives[0]] * h[batch.negatives[1]]).sum(dim=1)
         scores = torch.cat([pos, neg])
         target = torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
-        loss = F.binary_cross_entropy_with_logits(scores, target)
-        k = neg.numel() // max(pos.numel(), 1)
+        if scores.numel():
+            loss = F.binary_cross_entropy_with_logits(scores, target)
+        else:  # no positive edge left on this rank in the epoch's last step
+            loss = h.sum() * 0.0
+        k = max(neg.numel() // max(pos.numel(), 1), 1)
         return StepOutput(loss=loss, predictions=(pos.detach(), neg.detach().view(-1, k)),
                           num_examples=batch.num_examples)
 

@@ -100,13 +100,14 @@ def gnn_data(cfg: Config, graph: GraphData, split: str, train: bool, batch_size:
         count = link.num_edges if pairs is None else pairs.shape[1]
         return SeedBatches(count, batch_size, shuffle=cfg.data.shuffle and train, seed=seed,
                            rank=rank, world_size=world, num_workers=cfg.data.num_workers,
+                           drop_last=cfg.data.drop_last and train,
                            collate=lambda ids, rng: link_batch(ids, rng, link, sampler, graph,
                                                                pairs))
     if split not in graph.splits:
         raise ValueError(f"{graph.root / 'metadata.json'}: no {split} split")
     return SeedBatches(graph.splits[split], batch_size, shuffle=cfg.data.shuffle and train,
                        seed=seed, rank=rank, world_size=world,
-                       num_workers=cfg.data.num_workers,
+                       num_workers=cfg.data.num_workers, drop_last=cfg.data.drop_last and train,
                        collate=lambda ids, rng: node_batch(ids, rng, sampler, graph))
 
 

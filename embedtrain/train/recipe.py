@@ -47,6 +47,7 @@ from embedtrain.config import (
     ShardingType,
     TableConstraint,
     TaskKind,
+    check_world_size,
 )
 from embedtrain.data.reader import LastBatch, ParquetBatchReader
 from embedtrain.data.stats import class_counts, measure_pooling_factors
@@ -311,7 +312,7 @@ def _plan_for_broadcast(cfg: Config, cluster: ClusterConfig, model: nn.Module):
 
 
 def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None,
-              cluster: Optional[ClusterConfig] = None) -> Run:
+              cluster: Optional[ClusterConfig] = None, record_plan: bool = True) -> Run:
     """Builds the sharded model, optimizers, readers and trainer of a run of ``cfg.task``.
 
     Args:
@@ -319,16 +320,16 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
         out_dir: the run directory.
         progress: overrides ``cfg.train.progress``.
         cluster: the cluster this run is on (its world size must match); default: this machine.
+        record_plan: write the plan used into ``out_dir`` (``plan.json``, ``plan.md``,
+            ``plan_vs_measured.json``); off for read-only commands (``embedtrain eval``).
 
     Returns:
         The run; call ``run.trainer.fit(test_data=run.test_data)``.
     """
     rank, world, device = init_process_group()
     d = cfg.data
-    for key in ("batch_size", "eval_batch_size"):
-        if getattr(d, key) % world:
-            raise ValueError(f"data.{key}: {getattr(d, key)} (the global batch) does not split "
-                             f"evenly over {world} ranks")
+    check_world_size(cfg, world)
+    plan_dir = out_dir if record_plan else None
     local_batch, local_eval_batch = d.batch_size // world, d.eval_batch_size // world
     k = cfg.train.grad_accumulation
     if k < 1:
@@ -345,13 +346,13 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
     os.makedirs(out_dir, exist_ok=True)
     if cfg.task in GNN_TASKS:
         return _build_gnn_run(cfg, out_dir, progress, cluster, rank, world, device,
-                              local_batch, local_eval_batch)
+                              local_batch, local_eval_batch, plan_dir)
     meta = load_dataset_meta(d.path)
     if cfg.task is TaskKind.XC:
-        dmp, optimizer, dense, task = _xc_model(cfg, meta, cluster, device, out_dir)
+        dmp, optimizer, dense, task = _xc_model(cfg, meta, cluster, device, plan_dir)
         oracle_key = "oracle_p_at_1"
     else:
-        dmp = shard_model(cfg, model_for_planning(cfg, meta), cluster, device, out_dir)
+        dmp = shard_model(cfg, model_for_planning(cfg, meta), cluster, device, plan_dir)
         register_dense_allreduce(dmp, cfg.sharding.dense_allreduce, cfg.sharding.powersgd_rank)
         optimizer, dense = combined_optimizer(dmp, cfg.optim)
         task, oracle_key = CTRTask(), "oracle_auc"
@@ -361,10 +362,10 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
         print(f"train.pipeline: TorchRec's TrainPipelineSparseDist is not used ({where}); "
               "the plain loop runs, with the same results", file=sys.stderr)
 
-    # Under several ranks every rank must run the same number of steps: the last batch of each
-    # rank is padded from the start of its data (DistributedSampler-style) instead of dropped.
-    train_last = (LastBatch.PAD if world > 1
-                  else LastBatch.DROP if d.drop_last else LastBatch.KEEP)
+    # Every row once per epoch, the same number of equal-sized batches on every rank: an
+    # epoch's last step is padded (marked rows, left out of losses and metrics) where the ranks'
+    # shares differ by a row. drop_last leaves the last partial step out instead (counted).
+    train_last = LastBatch.DROP if d.drop_last else LastBatch.PAD
 
     def reader(split: str, train: bool) -> ParquetBatchReader:
         return ParquetBatchReader(
@@ -373,7 +374,7 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
             batch_size=local_batch if train else local_eval_batch,
             shuffle=d.shuffle and train,
             seed=cfg.train.seed,
-            last_batch=train_last if train else LastBatch.KEEP,
+            last_batch=train_last if train else LastBatch.PAD,
             shuffle_buffer_rows=d.shuffle_buffer_rows,
             rank=rank,
             world_size=world,
@@ -382,6 +383,7 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
         )
 
     train_data = reader("train", train=True)
+    check_batch_fits(d.batch_size, train_data, f"the train split of {meta.root}")
     trainer = Trainer(
         task,
         dmp,
@@ -397,6 +399,17 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
     test = reader("test", train=False) if "test" in meta.split_files else None
     return Run(trainer=trainer, meta=meta, test_data=test,
                eval_reader=lambda split: reader(split, train=False))
+
+
+def check_batch_fits(global_batch: int, train_data: Any, what: str) -> None:
+    """A global batch larger than the training split is a config mistake (a run of 0 or 1 steps)."""
+    rows = train_data.total_rows
+    if global_batch > rows:
+        raise ValueError(f"data.batch_size: {global_batch:,} (the global batch) is larger than "
+                         f"{what} ({rows:,} rows); lower data.batch_size")
+    if len(train_data) == 0:  # drop_last with fewer rows per rank than a local batch
+        raise ValueError(f"data.batch_size: {global_batch:,} leaves no full batch of {what} "
+                         f"({rows:,} rows) with data.drop_last: true")
 
 
 def _oracle(extra: dict[str, Any], key: str) -> dict[str, Any]:
@@ -420,14 +433,14 @@ def _trainer_options(cfg: Config, progress: Optional[bool]) -> TrainerOptions:
 
 
 def _build_gnn_run(cfg: Config, out_dir, progress, cluster, rank, world, device, local_batch,
-                   local_eval_batch) -> Run:
+                   local_eval_batch, plan_dir) -> Run:
     """Node classification / link prediction on a graph data set (``embedtrain datagen graph``)."""
     from embedtrain.train import gnn_recipe
 
     graph = gnn_recipe.load_gnn_graph(cfg)
     model = gnn_recipe.gnn_model(cfg, graph, device=torch.device("meta"))
     fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
-    dmp = shard_model(cfg, model, cluster, device, out_dir)
+    dmp = shard_model(cfg, model, cluster, device, plan_dir)
     register_dense_allreduce(dmp, cfg.sharding.dense_allreduce, cfg.sharding.powersgd_rank)
     optimizer, dense = combined_optimizer(dmp, cfg.optim)
 
@@ -436,6 +449,7 @@ def _build_gnn_run(cfg: Config, out_dir, progress, cluster, rank, world, device,
                                    local_batch if train else local_eval_batch, rank, world)
 
     train_data = data("train", True)
+    check_batch_fits(cfg.data.batch_size, train_data, f"the train split of {graph.root}")
     trainer = Trainer(
         gnn_recipe.gnn_task(cfg, graph), dmp, optimizer, train_data, data("valid", False),
         RunDir(out_dir), _trainer_options(cfg, progress), dataset_name=graph.name,
@@ -448,7 +462,7 @@ def _build_gnn_run(cfg: Config, out_dir, progress, cluster, rank, world, device,
 
 
 def _xc_model(cfg: Config, meta: DatasetMeta, cluster: ClusterConfig, device: torch.device,
-              out_dir: str | os.PathLike):
+              out_dir: Optional[str | os.PathLike]):
     """The sharded XC model, its optimizers (fused sparse + dense [+ head]) and task."""
     _check_xc_data(cfg, meta)
     h, num_classes, dim = cfg.xc.head, meta.features.num_classes, cfg.xc.mlp[-1]

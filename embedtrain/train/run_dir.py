@@ -1,6 +1,13 @@
 """The run directory contract: ``metrics.jsonl``, ``summary.json`` and ``curves.png``.
 
 Users script against these names; keep them stable.
+
+``metrics.jsonl`` is append-only history: one JSON object per evaluation, and, where a run was
+resumed, one ``{"event": "resume", "step": S, ...}`` line. A run that crashed after its last
+checkpoint may have logged evaluations past ``S``; they stay in the file, superseded by what the
+resumed run logs (:meth:`RunDir.read_metrics` returns the records in effect, :meth:`RunDir.
+read_records` every line). Nothing but training appends to it: ``embedtrain eval`` writes its own
+``eval_<split>_<step>.json``.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ CURVES_FILE = "curves.png"
 class RunDir:
     """Writes a run's records; only the rank that owns it (rank 0) should write."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, create: bool = True) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
 
     def has_run(self) -> bool:
         """Whether an earlier run left records or checkpoints here."""
@@ -33,6 +41,8 @@ class RunDir:
         """Removes an earlier run's records and checkpoints (for ``--overwrite``)."""
         for name in (METRICS_FILE, SUMMARY_FILE, CURVES_FILE):
             (self.root / name).unlink(missing_ok=True)
+        for old in self.root.glob("eval_*.json"):
+            old.unlink()
         shutil.rmtree(self.checkpoints, ignore_errors=True)
 
     @property
@@ -43,16 +53,33 @@ class RunDir:
         with open(self.root / METRICS_FILE, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def read_metrics(self) -> list[dict[str, Any]]:
+    def log_resume(self, step: int, checkpoint: str, note: Optional[dict[str, Any]] = None) -> None:
+        """Marks in the history that training continued from ``checkpoint`` at ``step``."""
+        self.log_metrics({"event": "resume", "step": step, "checkpoint": checkpoint,
+                          **(note or {})})
+
+    def read_records(self) -> list[dict[str, Any]]:
+        """Every line of ``metrics.jsonl`` as written (evaluations and resume events)."""
         path = self.root / METRICS_FILE
         if not path.is_file():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def truncate_metrics_after(self, step: int) -> None:
-        """On resume: drop records a crashed run wrote after its last checkpoint."""
-        kept = [r for r in self.read_metrics() if r.get("step", 0) <= step]
-        (self.root / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """The evaluation records in effect: a resume at step S supersedes earlier records past S."""
+        kept: list[dict[str, Any]] = []
+        for record in self.read_records():
+            if record.get("event") == "resume":
+                kept = [r for r in kept if r.get("step", 0) <= record["step"]]
+            else:
+                kept.append(record)
+        return kept
+
+    def write_eval(self, split: str, step: int, result: dict[str, Any]) -> Path:
+        """``eval_<split>_<step>.json`` (``embedtrain eval``'s result; the history is untouched)."""
+        path = self.root / f"eval_{split}_{step:08d}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        return path
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.root / SUMMARY_FILE

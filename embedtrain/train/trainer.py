@@ -12,10 +12,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol
 
 import torch
@@ -24,18 +28,26 @@ from torch import nn
 from torchrec.optim.keyed import KeyedOptimizer
 from tqdm import tqdm
 
-from embedtrain.train.checkpoint import CheckpointManager
+from embedtrain.train.checkpoint import CheckpointError, CheckpointManager, all_ranks_ok
 from embedtrain.train.optim import init_optimizer_state
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.task import Task
 
 
 class EpochData(Protocol):
-    """A source of batches that can restart at any batch of any epoch."""
+    """A source of batches that can restart at any batch of any epoch.
+
+    ``len()`` is the number of batches per epoch, the same on every rank (the ranks step
+    together). ``step_rows(i)`` is ``(examples, padding rows)`` of batch ``i`` summed over all
+    ranks: the trainer counts examples with it, so an epoch counts every row of the split once
+    and padding (equal batch sizes in an epoch's last step) never.
+    """
 
     def __len__(self) -> int: ...
 
     def iter_epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]: ...
+
+    def step_rows(self, index: int) -> tuple[int, int]: ...
 
 
 @dataclass
@@ -60,7 +72,8 @@ class TrainState:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0  # batches of ``epoch`` already consumed: the loader position
-    examples: int = 0  # global (all ranks)
+    examples: int = 0  # global (all ranks), padding rows excluded
+    padded_rows: int = 0  # global padding rows trained on (equal batches in an epoch's last step)
     train_time_s: float = 0.0  # time spent in training steps only
     loss_sum: float = 0.0  # training loss summed since the last evaluation
     loss_steps: int = 0
@@ -84,7 +97,8 @@ class Trainer:
     Every rank runs the loop; only rank 0 shows progress and writes records. Ranks must get
     the same number of training batches (``LastBatch.PAD``); evaluation copes with ranks holding
     different numbers of batches (the ones that run out repeat a forward pass without counting
-    it, so the sharded model's collectives stay matched).
+    it, so the sharded model's collectives stay matched). Every loader iterator is closed (its
+    threads stopped and joined) when the loop leaves it, also on errors.
     """
 
     def __init__(
@@ -110,6 +124,7 @@ class Trainer:
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.lr_scheduler = lr_scheduler
         self.state = TrainState()
+        self.resume_note: dict[str, Any] = {}  # e.g. config keys changed on resume, for the record
         self._saved_step: Optional[int] = None
         param = next(model.parameters(), None)
         self._device_type = param.device.type if param is not None else "cpu"
@@ -130,35 +145,36 @@ class Trainer:
             The summary (also written to ``summary.json``).
         """
         started = time.perf_counter()
-        if resume and not self.restore() and self.rank == 0:
-            tqdm.write(f"no checkpoint in {self.checkpoints.root}: starting from step 0")
+        if resume:
+            self._resume()
         opts, st = self.options, self.state
         interactive = sys.stderr.isatty()  # a log file gets a line every 10 s, not every step
         bar = tqdm(total=self.total_steps, initial=st.step, disable=not opts.progress or self.rank,
                    unit="step", dynamic_ncols=True, mininterval=0.1 if interactive else 10)
         self.model.train()
         while st.step < self.total_steps:
-            for batch in self.train_data.iter_epoch(st.epoch, skip_batches=st.batch_in_epoch):
-                self._train_step(batch)
-                bar.set_postfix(loss=f"{st.loss_sum / max(st.loss_steps, 1):.4f}",
-                                ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}",
-                                refresh=False)
-                bar.update(1)
-                done = st.step >= self.total_steps
-                if opts.eval_every and st.step % opts.eval_every == 0 and not done:
-                    self._evaluate_and_log()
-                if opts.checkpoint_every and st.step % opts.checkpoint_every == 0 and not done:
-                    self.save()
-                if done:
-                    break
-            else:
-                st.epoch, st.batch_in_epoch = st.epoch + 1, 0
+            with _closing(self.train_data.iter_epoch(st.epoch, st.batch_in_epoch)) as batches:
+                for batch in batches:
+                    self._train_step(batch)
+                    bar.set_postfix(loss=f"{st.loss_sum / max(st.loss_steps, 1):.4f}",
+                                    ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}",
+                                    refresh=False)
+                    bar.update(1)
+                    done = st.step >= self.total_steps
+                    if opts.eval_every and st.step % opts.eval_every == 0 and not done:
+                        self._evaluate_and_log()
+                    if opts.checkpoint_every and st.step % opts.checkpoint_every == 0 and not done:
+                        self.save()
+                    if done:
+                        break
+                else:
+                    st.epoch, st.batch_in_epoch = st.epoch + 1, 0
         bar.close()
         if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
             self._optimizer_step()
         final_valid = self._evaluate_and_log(max_batches=None)
         if self._saved_step != st.step:
-            self.save()
+            self.save(final=True)
         test = self.evaluate(test_data) if test_data is not None else final_valid
         split = "test" if test_data is not None else "valid"
         return self._write_summary(test, final_valid, split, time.perf_counter() - started)
@@ -176,11 +192,14 @@ class Trainer:
         if completes:
             self._optimizer_step()
         st = self.state
-        st.loss_sum += out.loss.item()
-        st.loss_steps += 1
+        if out.num_examples:  # a rank with only padding in this step has no loss to report
+            st.loss_sum += out.loss.item()
+            st.loss_steps += 1
+        examples, padding = self.train_data.step_rows(st.batch_in_epoch)
         st.step += 1
         st.batch_in_epoch += 1
-        st.examples += out.num_examples * self.world_size
+        st.examples += examples
+        st.padded_rows += padding
         st.train_time_s += time.perf_counter() - start
 
     def _optimizer_step(self) -> None:
@@ -199,9 +218,8 @@ class Trainer:
         loss_sum, count = 0.0, 0
         local = len(data) if max_batches is None else min(len(data), max_batches)
         steps = _max_over_ranks(local) if self.world_size > 1 else local
-        batches = data.iter_epoch(0)
         last = None
-        try:
+        with _closing(data.iter_epoch(0)) as batches:
             for _ in range(steps):
                 batch = next(batches, None)
                 if batch is None:  # this rank ran out: keep the collectives matched, count nothing
@@ -211,13 +229,10 @@ class Trainer:
                     continue
                 last = batch
                 out = self.task.forward(self.model, batch)
-                metrics.update(out, batch)
-                loss_sum += out.loss.item() * out.num_examples
-                count += out.num_examples
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
+                if out.num_examples:
+                    metrics.update(out, batch)
+                    loss_sum += out.loss.item() * out.num_examples
+                    count += out.num_examples
         if self.world_size > 1:
             totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
             dist.all_reduce(totals)
@@ -248,19 +263,49 @@ class Trainer:
             "rng": {"torch": torch.get_rng_state()},
         }
 
-    def save(self) -> None:
-        info = {**asdict(self.state), "world_size": self.world_size}
+    def save(self, final: bool = False) -> None:
+        """Checkpoints the run; ``final``: the end of the schedule (``--resume`` has nothing to do)."""
+        info = {**asdict(self.state), "world_size": self.world_size, "finished": final,
+                "total_steps": self.total_steps}
         if self.lr_scheduler is not None:
             info["lr_scheduler"] = self.lr_scheduler.state_dict()
         self.checkpoints.save(self.state.step, self._checkpoint_state(), info,
                               rank_state={"torch_rng": torch.get_rng_state()})
         self._saved_step = self.state.step
 
-    def restore(self, path: Optional[str] = None) -> bool:
-        """Loads the newest (or the given) checkpoint; returns False when there is none."""
-        ckpt = path or self.checkpoints.latest()
-        if ckpt is None:
-            return False
+    def restore(self, path: Optional[str | os.PathLike] = None) -> Optional[Path]:
+        """Loads the given checkpoint, or else the newest readable one.
+
+        Without ``path``, a checkpoint that cannot be read (on any rank) is skipped with a
+        one-line warning naming it, and the next older one is tried.
+
+        Returns:
+            The checkpoint loaded; None when the run has none.
+
+        Raises:
+            CheckpointError: ``path`` cannot be read, or no checkpoint of the run can.
+        """
+        candidates = [Path(path)] if path is not None else self.checkpoints.all()[::-1]
+        failures: list[str] = []
+        for ckpt in candidates:
+            error: Optional[CheckpointError] = None
+            try:
+                self._load_checkpoint(ckpt)
+            except CheckpointError as e:
+                error = e
+            if all_ranks_ok(error is None):
+                return ckpt
+            failures.append(str(error) if error is not None else f"{ckpt}: unreadable on a rank")
+            if path is not None:
+                raise CheckpointError(failures[-1])
+            if self.rank == 0:
+                tqdm.write(f"warning: {failures[-1]}; trying an older checkpoint", file=sys.stderr)
+        if failures:
+            raise CheckpointError(f"{self.checkpoints.root}: no readable checkpoint "
+                                  f"({len(failures)} tried; the newest: {failures[0]})")
+        return None
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
         init_optimizer_state(self.optimizer)
         state = self._checkpoint_state()
         resharding = self.checkpoints.info(ckpt).get("world_size", self.world_size) != self.world_size
@@ -268,8 +313,12 @@ class Trainer:
         # from data_parallel changes which optimizer (fused or dense) holds its state.
         info = self.checkpoints.load(ckpt, state, missing_ok=("optimizer.",) if resharding else ())
         missing = info.pop("missing_keys")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{ckpt}: does not fit this model: "
+                                  f"{str(e).strip().splitlines()[-1]}") from None
         rank_state = self.checkpoints.load_rank_state(ckpt)
         torch.set_rng_state(rank_state.get("torch_rng", state["rng"]["torch"]))
         saved_world = info.pop("world_size", self.world_size)
@@ -279,7 +328,8 @@ class Trainer:
             for group, lr in zip(self.lr_scheduler.optimizer.param_groups,
                                  self.lr_scheduler.get_last_lr()):
                 group["lr"] = lr  # the schedule's, not the construction-time warmup value
-        self.state = TrainState(**info)
+        known = {f.name for f in dataclasses.fields(TrainState)}
+        self.state = TrainState(**{k: v for k, v in info.items() if k in known})
         if saved_world != self.world_size:
             # Resharded: the model and optimizer state were redistributed by DCP; the loader
             # position is kept in global batches, over this world's split of the data.
@@ -290,10 +340,19 @@ class Trainer:
                 tqdm.write(f"checkpoint written by {saved_world} rank(s), loaded on "
                            f"{self.world_size}: tables resharded{fresh}")
         self._saved_step = self.state.step
+
+    def _resume(self) -> None:
+        """Restores the newest readable checkpoint and marks the resume in ``metrics.jsonl``."""
+        path = self.restore()
+        if path is None:
+            if self.rank == 0:
+                tqdm.write(f"no checkpoint in {self.checkpoints.root}: starting from step 0")
+            return
         if self.rank == 0:
-            self.run_dir.truncate_metrics_after(self.state.step)
-            tqdm.write(f"resumed from {ckpt} at step {self.state.step}")
-        return True
+            # Append-only history: records a crashed run wrote after this step stay in the
+            # file, superseded from here on (RunDir.read_metrics applies it).
+            self.run_dir.log_resume(self.state.step, str(path), self.resume_note)
+            tqdm.write(f"resumed from {path} at step {self.state.step}")
 
     def _write_summary(self, test: dict, valid: dict, split: str, wall_s: float) -> dict[str, Any]:
         st = self.state
@@ -304,6 +363,9 @@ class Trainer:
             "task": self.task.name,
             "steps": st.step,
             "examples": st.examples,
+            "train_rows": getattr(self.train_data, "total_rows", None),
+            "padded_rows": st.padded_rows,
+            "dropped_rows_per_epoch": getattr(self.train_data, "dropped_rows", 0),
             "train_examples_per_s": st.examples / st.train_time_s if st.train_time_s else None,
             "train_time_s": st.train_time_s,
             "wall_time_s": wall_s,
@@ -318,6 +380,17 @@ class Trainer:
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
                                      reference=reference)
         return summary
+
+
+@contextlib.contextmanager
+def _closing(iterator: Iterator[Any]) -> Iterator[Iterator[Any]]:
+    """``iterator``, closed on leaving the block (loader threads stopped and joined)."""
+    try:
+        yield iterator
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
 
 
 def _peak_rss_gb_per_rank() -> list[float]:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torchrec.datasets.utils import Batch
 
+from embedtrain.data.batching import num_padding
 from embedtrain.train.task import StepOutput
 from embedtrain.train.xc_metrics import XCMetrics
 
@@ -30,7 +31,7 @@ class XCTaskMetrics:
         self.metrics = XCMetrics(ks)
 
     def update(self, output: StepOutput, batch: Batch) -> None:
-        self.metrics.update(output.predictions, batch.labels)
+        self.metrics.update(output.predictions, batch.labels[: output.num_examples])
 
     def compute(self) -> dict[str, float]:
         return self.metrics.compute()
@@ -49,13 +50,16 @@ class XCTask:
         self.main_metric = f"p@{self.ks[0]}"
 
     def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
-        n = batch.labels.shape[0]
+        # Padding rows (label -1, last) run through the model, whose heads leave them out of
+        # the loss; they are left out of the metrics here.
+        n = batch.labels.shape[0] - num_padding(batch)
         if model.training:
             loss = model(batch.dense_features, batch.sparse_features, batch.labels)
             return StepOutput(loss=loss, predictions=torch.empty(0), num_examples=n)
         losses, top = model(batch.dense_features, batch.sparse_features, batch.labels,
                             max(self.ks))
-        return StepOutput(loss=losses.mean(), predictions=top, num_examples=n)
+        loss = losses[:n].mean() if n else losses.sum() * 0.0
+        return StepOutput(loss=loss, predictions=top[:n], num_examples=n)
 
     def new_metrics(self) -> XCTaskMetrics:
         return XCTaskMetrics(self.ks)
