@@ -9,7 +9,12 @@ All in one process, alternating rounds so machine noise hits each alike; medians
 
 Usage:
     python benchmarks/bench_loader.py --rows 2000000 --json benchmarks/out/loader.json \
-        [--data /tmp/bench_ctr] [--rounds 3] [--naive-rows 50000]
+        [--data /tmp/bench_ctr] [--rounds 3] [--naive-rows 50000] [--baseline /tmp/base]
+
+With ``--baseline PATH`` (another checkout, e.g. ``git worktree add /tmp/base <commit>``) that
+checkout's loader runs in the same process, in the same alternating rounds (its package copied
+under the name ``embedtrain_baseline``): a before/after comparison one machine's noise cannot
+skew, reported as ``baseline_loader_vs_decode`` and ``loader_vs_baseline``.
 
 Without ``--data`` a data set of ``--rows`` rows is generated once under /tmp. With it, the data
 set's files (train, valid, test) are used in order until they hold ``--rows`` rows. Prints a table
@@ -52,6 +57,7 @@ def main() -> None:
     parser.add_argument("--data", help="a data set directory (default: generate one)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--naive-rows", type=int, default=50_000)
+    parser.add_argument("--baseline", help="another embedtrain checkout to measure alongside")
     parser.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -69,9 +75,9 @@ def main() -> None:
         print(json.dumps({"before_mb": before, "peak_mb": _rss_mb("VmHWM:")}))
         return
 
-    def loader(num_workers: int) -> Callable[[int], float]:
+    def loader(num_workers: int, reader_class=ParquetBatchReader) -> Callable[[int], float]:
         def run(epoch: int) -> float:
-            reader = ParquetBatchReader(
+            reader = reader_class(
                 files, spec, BATCH, shuffle=True, seed=0,
                 shuffle_buffer_rows=defaults.shuffle_buffer_rows, num_workers=num_workers,
                 prefetch_batches=defaults.prefetch_batches)
@@ -99,6 +105,8 @@ def main() -> None:
         "loader (num_workers=1)": loader(1),
         "naive": naive,
     }
+    if args.baseline:
+        runs["loader (baseline)"] = loader(defaults.num_workers, _baseline_reader(args.baseline))
     results: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(args.rounds):
         for name, run in runs.items():
@@ -118,6 +126,9 @@ def main() -> None:
     ratios = {"loader_vs_decode": med["loader"] / med["pyarrow_decode"],
               "loader_vs_naive": med["loader"] / med["naive"],
               "threads_vs_sync": med["loader"] / med["loader (num_workers=0)"]}
+    if args.baseline:
+        ratios["baseline_loader_vs_decode"] = med["loader (baseline)"] / med["pyarrow_decode"]
+        ratios["loader_vs_baseline"] = med["loader"] / med["loader (baseline)"]
     print("  ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
     print(f"loader alone (fresh process, one epoch): peak RSS {peak_rss_mb:,.0f} MB, "
           f"{rss['before_mb']:,.0f} MB before iterating (Python, torch, torchrec, metadata)")
@@ -132,11 +143,43 @@ def main() -> None:
             "loader_num_workers": defaults.num_workers,
             "shuffle_buffer_rows": defaults.shuffle_buffer_rows,
             "rss_before_iterating_mb": rss["before_mb"], "medians": med, "all": results,
+            "baseline": args.baseline,
         },
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.json}")
+
+
+def _baseline_reader(checkout: str):
+    """``ParquetBatchReader`` of another checkout, imported as package ``embedtrain_baseline``."""
+    import importlib
+    import re
+    import shutil
+    import tempfile
+
+    source = Path(checkout) / "embedtrain"
+    if not (source / "data" / "reader.py").is_file():
+        raise SystemExit(f"--baseline {checkout}: not an embedtrain checkout")
+    root = Path(tempfile.mkdtemp(prefix="embedtrain_baseline_"))
+    shutil.copytree(source, root / "embedtrain_baseline")
+    for path in (root / "embedtrain_baseline").rglob("*.py"):
+        text = path.read_text()
+        path.write_text(re.sub(r"\bembedtrain\.", "embedtrain_baseline.", text))
+    sys.path.insert(0, str(root))
+    module = importlib.import_module("embedtrain_baseline.data.reader")
+    features = importlib.import_module("embedtrain_baseline.features")
+
+    def make(files, spec, *args, **kwargs):  # the baseline's own FeatureSpec type
+        theirs = features.FeatureSpec(
+            spec.label, spec.dense,
+            tuple(features.SparseFeature(f.name, f.num_embeddings, f.multi_hot, f.max_length)
+                  for f in spec.sparse),
+            features.DenseTransform(spec.dense_transform.value), spec.num_classes,
+            spec.max_labels)
+        return module.ParquetBatchReader(files, theirs, *args, **kwargs)
+
+    return make
 
 
 def _generated(rows: int) -> Path:

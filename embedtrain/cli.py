@@ -12,11 +12,13 @@ Examples:
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
     embedtrain train configs/dlrm_synthetic.yaml --out runs/two --nproc 2   # 2 ranks via torchrun
     torchrun --nproc-per-node 2 -m embedtrain train configs/dlrm_synthetic.yaml --out runs/two
-    embedtrain eval runs/demo --split test
+    embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --resume  # newest readable ckpt
+    embedtrain eval runs/demo --split test     # writes runs/demo/eval_test_<step>.json only
     embedtrain plan configs/dlrm.yaml --cluster configs/clusters/h100-16x8.yaml --out plans/dlrm
 
-Bad input (a config typo, a missing file, a malformed data set) ends with one line naming the
-file and key or column, and exit status 2.
+Bad input (a config typo, a missing file, a malformed data set, an unreadable checkpoint) ends
+with one line naming the file and key or column, and exit status 2. Read-only commands (``eval``,
+``plan``, a ``--resume`` of a finished run) change none of a run's files.
 """
 
 from __future__ import annotations
@@ -221,7 +223,8 @@ def _train(args: argparse.Namespace) -> int:
         if args.nproc < 1:
             raise UsageError(f"--nproc: must be at least 1, got {args.nproc}")
         check_world_size(cfg, args.nproc, str(args.config))  # before launching, not in N ranks
-        _check_run_dir(cfg, out, args.resume, args.overwrite)
+        if _check_run_dir(cfg, out, args.resume, args.overwrite) is None:
+            return 0  # a finished run: nothing to launch
         return _launch(args, args.argv)
     # torchrun restarts the workers after a rank dies: they continue from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -237,11 +240,13 @@ def _train(args: argparse.Namespace) -> int:
     trainer = run.trainer
     if changes:
         trainer.resume_note = {"config_changes": {k: list(v) for k, v in changes.items()}}
+    if resume:
+        trainer.resume()  # before any record changes: an unreadable run fails here, untouched
     if trainer.rank == 0:
         if not (resume and not changes and (out / "config.yaml").is_file()):
             dump_config(cfg, out / "config.yaml")
         print(_banner(run.meta, trainer), file=sys.stderr)
-    summary = trainer.fit(test_data=run.test_data, resume=resume)
+    summary = trainer.fit(test_data=run.test_data)
     if trainer.rank == 0:
         _print_summary(summary, out)
     return 0
@@ -302,7 +307,7 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[di
 def _banner(meta, trainer) -> str:
     """The run's data in one line: rows over all ranks, each rank's share, steps."""
     data = trainer.train_data
-    what = "train rows" if hasattr(meta, "split_files") else "train seeds"
+    what = f"train {getattr(data, 'unit', 'examples')}"
     shares = getattr(data, "rank_rows", [])
     split = f" over {len(shares)} ranks ({' + '.join(f'{n:,}' for n in shares)})" \
         if len(shares) > 1 else ""

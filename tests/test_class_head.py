@@ -163,6 +163,7 @@ def two_ranks(tmp_path_factory):
     return spawn(_rank, 2, str(path)), path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(_CASES)))
 def test_two_ranks_equal_one(two_ranks, case):
     multi, margin = _CASES[case]
@@ -193,6 +194,7 @@ def test_two_ranks_equal_one(two_ranks, case):
         torch.testing.assert_close(r["scores"], ref_scores)
 
 
+@pytest.mark.slow
 def test_checkpoint_of_two_ranks_loads_on_one(two_ranks):
     import torch.distributed.checkpoint as dcp
 

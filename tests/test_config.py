@@ -1,12 +1,23 @@
-"""Typed configs: every shipped YAML loads; typos and wrong types name the file and key path."""
+"""Typed configs: every shipped YAML loads, builds and plans; typos, wrong types and bad values
+name the file and key path; YAML 1.2 numbers; paths relative to the config file."""
 
 from pathlib import Path
 
 import pytest
 
-from embedtrain.config import Config, ConfigError, Interaction, SparseOptimizer, load_config, to_dict
+from embedtrain.config import (
+    Config,
+    ConfigError,
+    Interaction,
+    SparseOptimizer,
+    TaskKind,
+    load_cluster,
+    load_config,
+    to_dict,
+)
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+ROOT = Path(__file__).parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -76,3 +87,73 @@ def test_missing_file(tmp_path):
 def test_yaml_cannot_execute_code(tmp_path):
     path = _write(tmp_path, "data:\n  path: !!python/object/apply:os.system ['echo pwned']\n")
     assert "invalid YAML" in _error(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    """A tiny data set of each task family, for the shipped configs that train on local data."""
+    from embedtrain.testing import tiny_ctr_dataset, tiny_graph_dataset, tiny_xc_dataset
+
+    root = tmp_path_factory.mktemp("shipped")
+    graph = tiny_graph_dataset(root / "graph")
+    return {TaskKind.CTR: tiny_ctr_dataset(root / "ctr", rows=3000),
+            TaskKind.XC: tiny_xc_dataset(root / "xc"),
+            TaskKind.GNN_NODE: graph, TaskKind.GNN_LINK: graph}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_build_on_meta_and_plan(path, tiny_data):
+    """What each shipped config describes is built (on ``meta``: no memory) and planned: its data
+    set where the repository has one (configs/datasets/), else a tiny one of its task."""
+    from embedtrain.train.recipe import plan_model
+
+    cfg = load_config(path)
+    big = "datasets" in Path(cfg.data.path).parts
+    if not big:
+        cfg.data.path = str(tiny_data[cfg.task])
+    cluster = load_cluster(ROOT / "configs/clusters" /
+                           ("h100-16x8.yaml" if big else "cpu-1x2.yaml"))
+    report = plan_model(cfg, cluster).report
+    assert report["model"]["task"] == cfg.task.value
+    assert report["tables"] and all(t["shards"] for t in report["tables"])
+    assert report["summary"]["peak_rank_memory_bytes"] <= report["summary"][
+        "rank_memory_capacity_bytes"]
+
+
+def test_shipped_config_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # any working directory
+    cfg = load_config(ROOT / "configs" / "dlrm.yaml")
+    assert cfg.data.path == str(ROOT / "configs" / "datasets" / "criteo_1tb")
+    assert load_config(ROOT / "configs" / "dlrm_synthetic.yaml").data.path == str(
+        ROOT / "data" / "synthetic_ctr")
+    # --set paths are the working directory's; absolute paths stay as they are.
+    cfg = load_config(ROOT / "configs" / "dlrm.yaml", ["data.path=mine"])
+    assert cfg.data.path == str(tmp_path / "mine")
+    path = _write(tmp_path, "data:\n  path: /abs/olute\n")
+    assert load_config(path).data.path == "/abs/olute"
+
+
+@pytest.mark.parametrize("text", ["1e-3", "1E-3", "1.0e-3", "+1e-3", "0.001"])
+def test_yaml_1_2_floats(tmp_path, text):
+    cfg = load_config(_write(tmp_path, f"optim:\n  dense_lr: {text}\n"))
+    assert cfg.optim.dense_lr == pytest.approx(0.001)
+    cfg = load_config(_write(tmp_path, ""), [f"optim.dense_lr={text}", "optim.sparse_lr=5E-2"])
+    assert cfg.optim.dense_lr == pytest.approx(0.001) and cfg.optim.sparse_lr == 0.05
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("model:\n  embedding_dim: 0\n", "model.embedding_dim: must be positive, got 0"),
+    ("model:\n  top_mlp: [32, 0, 1]\n", "model.top_mlp[1]: must be positive, got 0"),
+    ("optim:\n  dense_lr: -1e-3\n", "optim.dense_lr: must be positive, got -0.001"),
+    ("optim:\n  sparse_lr: 0\n", "optim.sparse_lr: must be positive, got 0.0"),
+    ("data:\n  batch_size: -8\n", "data.batch_size: must be positive, got -8"),
+    ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
+    ("xc:\n  head:\n    sample_rate: 1.5\n", "xc.head.sample_rate: must be in [0, 1], got 1.5"),
+    ("gnn:\n  fanouts: [10, 0]\n", "gnn.fanouts[1]: must be positive, or -1 for all"),
+    ("gnn:\n  dropout: 1.0\n", "gnn.dropout: must be in [0, 1), got 1.0"),
+    ("optim:\n  dense_lr: .nan\n", "optim.dense_lr: must be positive, got nan"),
+])
+def test_out_of_range_values_are_one_line(tmp_path, text, expected):
+    assert expected in _error(_write(tmp_path, text))
+    key, _, value = text.replace(":\n    ", ".").replace(":\n  ", ".").strip().partition(": ")
+    assert expected in _error(_write(tmp_path, ""), [f"{key}={value}"])  # and through --set

@@ -16,6 +16,7 @@ import pytest
 
 from embedtrain.testing import tiny_ctr_dataset
 from embedtrain.train.dist import free_port
+from embedtrain.train.run_dir import RunDir
 from test_train_cli import _assert_equal, _params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +116,29 @@ def test_sigkill_restart_equals_uninterrupted(setup, tmp_path):
     assert _summary(run)["auc"] == _summary(two)["auc"]
 
 
+def test_every_training_row_once_per_epoch_on_1_2_3_ranks(tmp_path):
+    """7,211 training rows (odd, 1 mod 3) in 512-row groups: on 1, 2 and 3 ranks an epoch counts
+    exactly 7,211 examples, the ranks step together, and padding (never counted) is the
+    world_size - (rows mod world_size) rows that equalise the last step's batches."""
+    data = tiny_ctr_dataset(tmp_path / "data", rows=9005)
+    rows = json.loads((data / "metadata.json").read_text())["splits"]["train"]["rows"]
+    assert rows == 7211 and rows % 2 == 1 and rows % 3 == 2
+    for n in (1, 2, 3):
+        run = tmp_path / f"ranks{n}"
+        r = embedtrain("train", "configs/dlrm_synthetic.yaml", "--out", str(run), "--nproc", str(n),
+                       "--no-progress", "--set", f"data.path={data}", "--set", "data.batch_size=192",
+                       "--set", "data.eval_batch_size=1536", "--set", "train.eval_every=0",
+                       "--set", "train.checkpoint_every=0", "--set", "train.epochs=1")
+        assert r.returncode == 0, r.stderr[-3000:]
+        s = _summary(run)
+        assert s["examples"] == s["train_rows"] == rows, (n, s["examples"])
+        assert s["steps"] == -(-(-(-rows // n)) // (192 // n))
+        assert s["padded_rows"] == (-rows) % n
+        shares = " + ".join(f"{rows // n + (k < rows % n):,}" for k in range(n))
+        expected = f"train rows: {rows:,}" + (f" over {n} ranks ({shares})" if n > 1 else "")
+        assert expected in r.stderr, r.stderr[-2000:]
+
+
 def test_checkpoint_of_two_ranks_loads_on_one(setup, tmp_path):
     _, _, two = setup
     r = embedtrain("eval", str(two), "--split", "test")
@@ -145,6 +169,10 @@ def test_checkpoint_of_one_rank_loads_on_two_and_resumes(setup, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "loaded on 2" in r.stdout + r.stderr
     assert _summary(one)["steps"] == 60 and _summary(one)["world_size"] == 2
+    # The allowed change is recorded with the resume, and config.yaml is the config now in use.
+    (resume,) = [x for x in RunDir(one).read_records() if x.get("event") == "resume"]
+    assert resume["step"] == 40 and resume["config_changes"] == {"train.max_steps": [40, 60]}
+    assert "max_steps: 60" in (one / "config.yaml").read_text()
 
 
 def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):

@@ -134,6 +134,7 @@ def ingested(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]
     return root / "raw", root / "data", r
 
 
+@pytest.mark.slow
 def test_cli_ingest_output_contract(ingested):
     raw, out, r = ingested
     assert "read 20,000 rows" in r.stdout and str(out) in r.stdout
@@ -163,6 +164,7 @@ def test_cli_ingest_output_contract(ingested):
     assert report["repairs"]["dense_null_filled"]["I1"] > 0
 
 
+@pytest.mark.slow
 def test_output_types_ranges_and_reader(ingested):
     from embedtrain.data.reader import ParquetBatchReader
 
@@ -194,6 +196,7 @@ def test_output_types_ranges_and_reader(ingested):
     assert reader.num_rows == meta.split_rows["train"]
 
 
+@pytest.mark.slow
 def test_vocabulary_matches_training_ids(ingested):
     """Each id's count in the training split is its vocabulary count; the rest went to id 0."""
     _, out, _ = ingested
@@ -208,6 +211,7 @@ def test_vocabulary_matches_training_ids(ingested):
         assert seen["count"].cast(pl.Int64).to_list() == vocab["count"].to_list()
 
 
+@pytest.mark.slow
 def test_standardised_with_training_statistics(ingested):
     _, out, _ = ingested
     train, valid = read_split(out, "train"), read_split(out, "valid")
@@ -518,6 +522,7 @@ def test_refuses_foreign_output_dir_and_replaces_own(tmp_path, timed_csv):
     assert report["rows_written"]["test"] == 30
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line_with_exit_2(tmp_path, timed_csv):
     spec = spec_file(tmp_path, TIME_CSV_SPEC.replace("name: cat,", "name: x,"))
     r = embedtrain("ingest", str(spec), "--input", str(timed_csv), "--out", str(tmp_path / "o"))
@@ -531,3 +536,28 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path, timed_csv):
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"embedtrain ingest: error: {tmp_path}/none/*.csv: no input files match"]
     assert not (tmp_path / "o").exists()
+
+
+def test_criteo_lines_with_a_wrong_field_count_are_dropped_and_counted(tmp_path):
+    """A short line is not padded with nulls, a long one does not stop a drop job: each is
+    dropped under wrong_field_count and the totals stay exact; on_invalid: error names the line."""
+    from embedtrain.testing import tiny_ctr_tsv
+
+    (path,) = tiny_ctr_tsv(tmp_path / "raw", rows=300)
+    lines = path.read_text().splitlines()
+    lines[6] = "\t".join(lines[6].split("\t")[:20])  # line 7: 20 of 40 fields
+    lines[9] = lines[9] + "\textra\tfields"  # line 10: 42 fields
+    lines[12] = lines[12] + "\r"  # a CRLF line is a good line
+    path.write_text("\n".join(lines) + "\n")
+    spec = load_spec(ROOT / "configs" / "ingest" / "criteo_synthetic.yaml")
+    report = ingest(spec, [str(path)], tmp_path / "out", progress=False)
+    assert report["rows_read"] == 300
+    assert report["rows_dropped"] == {"wrong_field_count": 2}
+    assert_balanced(report)
+    written = sum(len(read_split(tmp_path / "out", s)) for s in SPLITS)
+    assert written == 298
+    spec = load_spec(ROOT / "configs" / "ingest" / "criteo_synthetic.yaml", ["on_invalid=error"])
+    with pytest.raises(IngestError) as err:
+        ingest(spec, [str(path)], tmp_path / "out2", progress=False)
+    assert str(err.value) == (f"{path}: line 7: 20 tab-separated field(s), criteo_tsv expects 40 "
+                              "(on_invalid: drop would drop and count such lines)")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embedtrain.data.reader import DataError, ParquetBatchReader
-from embedtrain.features import DenseTransform, FeatureSpec, SparseFeature
+from embedtrain.features import DenseTransform, FeatureSpec, SparseFeature, load_dataset_meta
 from embedtrain.testing import random_ctr_table, write_parquet
 
 
@@ -145,3 +145,36 @@ def test_corrupt_file_is_named(tmp_path):
     f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
     with pytest.raises(DataError, match="t.parquet: not a readable parquet file"):
         ParquetBatchReader([f], spec, 16)
+
+
+@pytest.mark.parametrize("value", [7, -1, 1.5, float("nan")])
+def test_ctr_label_that_is_not_a_click_is_named_with_row(tmp_path, value):
+    table, spec = random_ctr_table(rows=100)
+    labels = (np.arange(100) % 2).astype(np.float32)
+    labels[57] = value
+    table = table.set_column(0, "label", pa.array(labels))
+    _bad(tmp_path, table, spec, rf"column label: label {value:g} at row 57 is not a click "
+                                r"\(CTR labels are 0 or 1, or a probability in \[0, 1\]\)")
+
+
+def test_soft_labels_in_the_unit_interval_are_clicks(tmp_path):
+    table, spec = random_ctr_table(rows=100)
+    table = table.set_column(0, "label", pa.array(np.linspace(0, 1, 100, dtype=np.float32)))
+    batch = next(iter(ParquetBatchReader([write_parquet(table, tmp_path / "s.parquet")], spec, 100)))
+    assert batch.labels.min() == 0 and batch.labels.max() == 1
+
+
+def test_truncated_parquet_is_named_when_measured_for_planning(tmp_path):
+    from embedtrain.data.stats import measure_pooling_factors
+    from embedtrain.testing import tiny_ctr_dataset
+
+    data = tiny_ctr_dataset(tmp_path / "d", rows=2000)
+    meta = load_dataset_meta(data)
+    victim = meta.files("train")[0]
+    with open(victim, "r+b") as f:
+        f.truncate(victim.stat().st_size // 2)
+    with pytest.raises(DataError, match=rf"^{victim}: not a readable parquet file \(truncated or "
+                                        r"corrupt\?\)"):
+        measure_pooling_factors(meta)
+    with pytest.raises(DataError, match=rf"^{victim}: not a readable parquet file"):
+        ParquetBatchReader(meta.files("train"), meta.features, 64)

@@ -32,6 +32,8 @@ import torch
 
 from embedtrain.testing.dist import spawn
 
+pytestmark = pytest.mark.slow  # two spawned ranks
+
 WORLD = 2
 LOCAL_BATCH = 16
 LR = 0.1

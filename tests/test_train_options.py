@@ -61,19 +61,31 @@ def test_grad_accumulation_equals_the_big_batch(data, tmp_path):
         torch.testing.assert_close(after_small[k], after_big[k], rtol=1e-5, atol=1e-6)
 
 
-def test_bf16_dense_forward(data, tmp_path):
+@pytest.mark.parametrize("bf16", [True, False])
+def test_bf16_dense_runs_the_training_forward_under_autocast(data, tmp_path, bf16):
+    """With train.bf16_dense the trainer's training step runs the dense layers in bfloat16 (their
+    outputs are bf16 tensors), the loss stays fp32; without it everything is fp32."""
     from embedtrain.train.recipe import build_run
 
-    run = build_run(_cfg(data, 256, bf16_dense=True), tmp_path / "bf16")
-    trainer = run.trainer
-    batch = next(iter(trainer.train_data.iter_epoch(0)))
-    with torch.no_grad():
-        fp32 = trainer.task.forward(trainer.model, batch).loss
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            bf16 = trainer.task.forward(trainer.model, batch).loss
-    assert bf16.dtype == torch.float32  # the loss is computed in fp32 under autocast
-    assert bf16.item() != fp32.item() and bf16.item() == pytest.approx(fp32.item(), rel=2e-2)
-    trainer._train_step(batch)  # a training step runs under autocast
+    trainer = build_run(_cfg(data, 256, bf16_dense=bf16), tmp_path / "bf16").trainer
+    seen = {}
+    linear = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear))
+    hook = linear.register_forward_hook(
+        lambda module, args, out: seen.update(dtype=out.dtype,
+                                              autocast=torch.is_autocast_enabled("cpu")))
+    forward = trainer.task.forward
+
+    def recording(model, batch):
+        out = forward(model, batch)
+        seen["loss_dtype"] = out.loss.dtype
+        return out
+
+    trainer.task.forward = recording
+    trainer._train_step(next(iter(trainer.train_data.iter_epoch(0))))
+    hook.remove()
+    assert seen["autocast"] is bf16
+    assert seen["dtype"] == (torch.bfloat16 if bf16 else torch.float32)
+    assert seen["loss_dtype"] == torch.float32  # binary cross-entropy is autocast to fp32
     assert trainer.state.step == 1 and torch.isfinite(torch.tensor(trainer.state.loss_sum))
 
 

@@ -211,6 +211,7 @@ def two_ranks():
     return results, (x, w, bias, xt, wt, topk, y)
 
 
+@pytest.mark.slow
 def test_distributed_topk_on_two_ranks(two_ranks):
     results, (x, w, bias, xt, wt, _, _) = two_ranks
     want_s, want_i = torch.topk(x @ w.T + bias, 7)
@@ -222,6 +223,7 @@ def test_distributed_topk_on_two_ranks(two_ranks):
         assert torch.equal(r["tied"][0], tied_s) and torch.equal(r["tied"][1], tied_i)
 
 
+@pytest.mark.slow
 def test_xc_metrics_on_two_ranks_equals_union(two_ranks):
     results, (*_, topk, y) = two_ranks
     one = XCMetrics(ks=(1, 5))

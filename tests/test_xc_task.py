@@ -36,7 +36,6 @@ def test_every_head_learns(xc_data, tmp_path, kind):
     # Zipf(1.1) over 300 classes: always answering the most frequent class scores about 0.17;
     # after 150 steps the heads reach 0.49 (adaptive) to 0.6.
     assert summary["p@1"] > 0.4, summary
-    assert summary["p@5"] <= summary["p@1"] and summary["recall@5"] >= summary["p@1"]
     assert summary["oracle_p_at_1"] > summary["p@1"]
 
 
@@ -56,8 +55,18 @@ def test_resume_equals_uninterrupted(xc_data, tmp_path):
     whole.fit()
     part = build_run(_cfg(xc_data, *common, "train.max_steps=10"), tmp_path / "part").trainer
     part.fit()
+    at_ten = _state(part)
     resumed = build_run(_cfg(xc_data, *common, "train.max_steps=20"), tmp_path / "part").trainer
-    resumed.fit(resume=True)
+    fresh = _state(resumed)
+    # The restore happened, at step 10, and brought the part run's weights and optimizer state
+    # (a fresh, seeded model would train 20 steps to the same end: the end alone proves nothing).
+    assert resumed.resume() == tmp_path / "part" / "checkpoints" / "step_00000010"
+    assert resumed.state.step == 10 and resumed.state.epoch == 0
+    restored = _state(resumed)
+    assert not torch.equal(fresh[0], at_ten[0]) and torch.equal(restored[0], at_ten[0])
+    for k in at_ten[2]:
+        assert torch.equal(restored[2][k], at_ten[2][k]), k
+    resumed.fit()
     assert resumed.state.step == 20
     w1, opt1, tables1 = _state(whole)
     w2, opt2, tables2 = _state(resumed)
@@ -143,13 +152,22 @@ def _one_step(rank, world, data, out, kind):
     optimizer.step()
     tables = dmp.state_dict()["encoder.ebc.embedding_bags.t_tokens.weight"]
     head = dmp.module.head
-    return {"loss": float(loss), "head": (head.start, head.weight.detach().clone()),
+    if hasattr(head, "start"):  # sharded: this rank's slice of classes
+        head_state = (head.start, head.weight.detach().clone())
+    else:  # replicated (DDP): every parameter
+        head_state = (0, torch.cat([p.detach().reshape(-1) for p in head.parameters()])[:, None])
+    return {"loss": float(loss), "head": head_state,
             "mlp": {n: p.detach().clone() for n, p in dmp.named_parameters() if "mlp" in n},
             "tables": [(s.metadata.shard_offsets, s.tensor.clone()) for s in tables.local_shards()]}
 
 
 def _assemble(results):
-    head = torch.cat([w for _, w in sorted((r["head"] for r in results), key=lambda x: x[0])])
+    if all(r["head"][0] == 0 for r in results):  # replicated: every rank holds all of it
+        torch.testing.assert_close(results[0]["head"][1], results[-1]["head"][1])
+        head = results[0]["head"][1]
+    else:
+        head = torch.cat([w for _, w in sorted((r["head"] for r in results),
+                                               key=lambda x: x[0])])
     rows = max(o[0] + t.shape[0] for r in results for o, t in r["tables"])
     table = torch.full((rows, 32), float("nan"))
     for r in results:
@@ -158,17 +176,37 @@ def _assemble(results):
     return head, table
 
 
-def test_two_ranks_step_like_one(xc_data, tmp_path, kind="full"):
-    """One SGD step of the sharded model on 2 ranks (tables sharded by the planner, MLP under DDP,
-    head split by classes) equals the step on 1 rank with the global batch."""
+HEADS = ["full", "partial_fc", "hard_negatives", "adaptive", "mach"]
+
+
+def _steps(rank, world, data, out, kinds):
+    return {kind: _one_step(rank, world, data, f"{out}/{kind}", kind) for kind in kinds}
+
+
+@pytest.fixture(scope="module")
+def two_rank_steps(xc_data, tmp_path_factory):
+    """Every head's one step on one pair of spawned ranks (TorchRec's import is paid once)."""
     from embedtrain.testing.dist import spawn
 
-    two = spawn(_one_step, 2, str(xc_data), str(tmp_path / "two"), kind, timeout=240)
+    out = tmp_path_factory.mktemp("two")
+    return spawn(_steps, 2, str(xc_data), str(out), HEADS, timeout=400)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", HEADS)
+def test_two_ranks_step_like_one(xc_data, two_rank_steps, tmp_path, kind):
+    """One SGD step of the sharded model on 2 ranks (tables sharded by the planner, MLP under DDP,
+    head split by classes, or replicated under DDP for adaptive/MACH) equals the step on 1 rank
+    with the global batch (sampling heads at sample_rate 1: every class takes part)."""
     from embedtrain.train.dist import init_process_group
 
+    two = [rank[kind] for rank in two_rank_steps]
     init_process_group()  # a world of one in this process, as `embedtrain train` makes
     one = _one_step(0, 1, str(xc_data), str(tmp_path / "one"), kind)
-    assert two[0]["loss"] == pytest.approx(one["loss"], rel=1e-6)  # the global batch's mean
+    if kind in ("adaptive", "mach"):  # replicated: each rank's local mean, averaged by DDP
+        assert (two[0]["loss"] + two[1]["loss"]) / 2 == pytest.approx(one["loss"], rel=1e-6)
+    else:  # sharded: the global batch's mean on every rank
+        assert two[0]["loss"] == two[1]["loss"] == pytest.approx(one["loss"], rel=1e-6)
     head2, table2 = _assemble(two)
     head1, table1 = _assemble([one])
     torch.testing.assert_close(head2, head1, atol=1e-6, rtol=1e-5)
@@ -213,8 +251,7 @@ def test_multi_label_heads_learn(multi_label_data, tmp_path, kind):
     run = build_run(_cfg(multi_label_data, f"xc.head.kind={kind}", "xc.head.sample_rate=0.3",
                          "train.max_steps=100", "train.checkpoint_every=0"), tmp_path)
     summary = run.trainer.fit(test_data=run.test_data)
-    # Rows have 1-3 labels: P@5 can exceed 1/5 and recall@5 counts all of them.
-    assert summary["p@1"] > 0.3 and summary["recall@5"] > summary["p@5"], summary
+    assert summary["p@1"] > 0.3, summary
 
 
 def test_adaptive_refuses_multi_label_data(multi_label_data, tmp_path):

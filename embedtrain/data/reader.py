@@ -173,6 +173,7 @@ class ParquetBatchReader:
         self.num_workers = num_workers
         self.prefetch_batches = prefetch_batches
         self.rank, self.world_size = rank, world_size
+        self.unit = "rows"  # what the counts count, for messages
         self._keys = features.sparse_names
         self._epoch = 0
         units: list[RowGroup] = []
@@ -446,12 +447,12 @@ def _check_click_labels(column: pa.ChunkedArray, name: str, unit: RowGroup) -> N
     """CTR labels are clicks, 0 or 1, or click probabilities in [0, 1]: nothing else trains."""
     if pa.types.is_boolean(column.type) or not len(column):
         return
-    values = pc.cast(column, pa.float64())
-    bounds = pc.min_max(values)
+    floating = pa.types.is_floating(column.type)
+    bounds = pc.min_max(column)  # NaN is not a min or max: looked for apart
     lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-    finite = not pa.types.is_floating(column.type) or not pc.any(pc.is_nan(values)).as_py()
-    if finite and lo >= 0 and hi <= 1:
+    if lo is not None and lo >= 0 and hi <= 1 and not (floating and pc.any(pc.is_nan(column)).as_py()):
         return
+    values = pc.cast(column, pa.float64())
     bad = pc.or_(pc.or_(pc.less(values, 0), pc.greater(values, 1)), pc.is_nan(values))
     row = _first_row(column, bad, False, unit)
     value = values[row - unit.first_row].as_py()

@@ -445,6 +445,7 @@ class SeedBatches(Generic[T]):
         drop_last: only full batches, as many on every rank (the rest is counted in
             ``dropped_rows``).
         prefetch_batches: ready batches the workers may hold.
+        unit: what a seed is, for messages (``"nodes"``, ``"edges"``).
 
     Example:
         >>> batches = SeedBatches(train_nodes, 1024, rank=r, world_size=w, num_workers=2,
@@ -456,7 +457,9 @@ class SeedBatches(Generic[T]):
     def __init__(self, node_ids: Union[ArrayLike, int], batch_size: int, shuffle: bool = True,
                  seed: int = 0, rank: int = 0, world_size: int = 1, num_workers: int = 0,
                  collate: Optional[Callable[[np.ndarray, np.random.Generator], T]] = None,
-                 drop_last: bool = False, prefetch_batches: int = 4) -> None:
+                 drop_last: bool = False, prefetch_batches: int = 4,
+                 unit: str = "seeds") -> None:
+        self.unit = unit
         if isinstance(node_ids, (int, np.integer)):
             self.node_ids: Optional[np.ndarray] = None
             self.num_ids = int(node_ids)

@@ -25,6 +25,27 @@ def tiny_ctr_dataset(out_dir: str | os.PathLike, rows: int = 4000, seed: int = 0
     return Path(out_dir)
 
 
+def tiny_xc_dataset(out_dir: str | os.PathLike, rows: int = 4000, classes: int = 200,
+                    seed: int = 0, multi_label: bool = False) -> Path:
+    """A small extreme-classification data set (``embedtrain datagen xc``), several row groups."""
+    from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+
+    generate_xc(XCDataSpec(classes=classes, rows=rows, vocab=2_000, noise=0.5, seed=seed,
+                           multi_label=multi_label, rows_per_row_group=1_000), out_dir,
+                progress=False)
+    return Path(out_dir)
+
+
+def tiny_graph_dataset(out_dir: str | os.PathLike, nodes: int = 2000, seed: int = 0,
+                       link_fraction: float = 0.1) -> Path:
+    """A small graph data set (``embedtrain datagen graph``) with node splits and held-out edges."""
+    from embedtrain.data.datagen_graph import GraphDataSpec, generate_graph
+
+    generate_graph(GraphDataSpec(nodes=nodes, avg_degree=8, communities=4, seed=seed,
+                                 link_fraction=link_fraction), out_dir, progress=False)
+    return Path(out_dir)
+
+
 def random_ctr_table(
     rows: int,
     seed: int = 0,

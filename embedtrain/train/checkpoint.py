@@ -31,13 +31,23 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.api import CheckpointException
 
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d{8,})$")
 
 
+# What a failed DCP read or write raises: DCP gathers the ranks' errors into a
+# CheckpointException, which derives from BaseException, not Exception.
+_FAILURES = (Exception, CheckpointException)
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; ``str(err)`` is one line naming it."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """A readable checkpoint of another model (shapes or keys differ): no older one fits either."""
 
 
 def describe_error(e: BaseException) -> str:
@@ -63,8 +73,12 @@ def describe_error(e: BaseException) -> str:
 
 
 def _first_line(e: BaseException) -> str:
+    """The message's last line (a traceback's exception), up to its first sentence if long."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    return f"{type(e).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+    text = lines[-1] if lines else ""
+    if len(text) > 120 and ". " in text:
+        text = text[: text.index(". ")]
+    return f"{type(e).__name__}: {text}".rstrip(": ")
 
 
 class CheckpointManager:
@@ -102,7 +116,7 @@ class CheckpointManager:
                     torch.save(rank_state, tmp / _rank_file(_rank()))
                 if leader:
                     _write_json(tmp / STATE_FILE, trainer_state)
-            except Exception as e:  # noqa: BLE001 - reported as one line below
+            except _FAILURES as e:  # noqa: BLE001 - reported as one line below
                 error = e
         if not _all_ok(error is None):
             if leader:
@@ -166,7 +180,7 @@ class CheckpointManager:
         if missing_ok:
             try:
                 saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-            except Exception as e:  # noqa: BLE001 - a truncated or corrupt .metadata
+            except _FAILURES as e:  # noqa: BLE001 - a truncated or corrupt .metadata
                 raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
             missing = [k for k in _flat_keys(state) if k not in saved]
             bad = [k for k in missing if not k.startswith(missing_ok)]
@@ -175,8 +189,12 @@ class CheckpointManager:
         planner = DefaultLoadPlanner(allow_partial_load=bool(missing))
         try:
             dcp.load(state, checkpoint_id=path, planner=planner)
-        except Exception as e:  # noqa: BLE001 - DCP raises many kinds; one line for all
-            raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
+        except _FAILURES as e:  # noqa: BLE001 - DCP raises many kinds; one line for all
+            why = describe_error(e)
+            if "Size mismatch" in why or "Missing key" in why:
+                raise CheckpointMismatch(f"{path}: does not fit this model ({why}); did the "
+                                         f"model or the data set change?") from None
+            raise CheckpointError(f"{path}: cannot read: {why}") from None
         return {**info, "missing_keys": missing}
 
     def load_rank_state(self, path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -186,7 +204,7 @@ class CheckpointManager:
             if candidate.is_file():
                 try:
                     return torch.load(candidate, weights_only=True)
-                except Exception as e:  # noqa: BLE001 - a truncated or corrupt file
+                except _FAILURES as e:  # noqa: BLE001 - a truncated or corrupt file
                     raise CheckpointError(f"{candidate}: unreadable: {describe_error(e)}") from None
         return {}
 

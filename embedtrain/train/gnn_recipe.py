@@ -100,7 +100,7 @@ def gnn_data(cfg: Config, graph: GraphData, split: str, train: bool, batch_size:
         count = link.num_edges if pairs is None else pairs.shape[1]
         return SeedBatches(count, batch_size, shuffle=cfg.data.shuffle and train, seed=seed,
                            rank=rank, world_size=world, num_workers=cfg.data.num_workers,
-                           drop_last=cfg.data.drop_last and train,
+                           drop_last=cfg.data.drop_last and train, unit="edges",
                            collate=lambda ids, rng: link_batch(ids, rng, link, sampler, graph,
                                                                pairs))
     if split not in graph.splits:
@@ -108,6 +108,7 @@ def gnn_data(cfg: Config, graph: GraphData, split: str, train: bool, batch_size:
     return SeedBatches(graph.splits[split], batch_size, shuffle=cfg.data.shuffle and train,
                        seed=seed, rank=rank, world_size=world,
                        num_workers=cfg.data.num_workers, drop_last=cfg.data.drop_last and train,
+                       unit="nodes",
                        collate=lambda ids, rng: node_batch(ids, rng, sampler, graph))
 
 

@@ -28,7 +28,8 @@ from torch import nn
 from torchrec.optim.keyed import KeyedOptimizer
 from tqdm import tqdm
 
-from embedtrain.train.checkpoint import CheckpointError, CheckpointManager, all_ranks_ok
+from embedtrain.train.checkpoint import (
+    CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok)
 from embedtrain.train.optim import init_optimizer_state
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.task import Task
@@ -146,7 +147,7 @@ class Trainer:
         """
         started = time.perf_counter()
         if resume:
-            self._resume()
+            self.resume()
         opts, st = self.options, self.state
         interactive = sys.stderr.isatty()  # a log file gets a line every 10 s, not every step
         bar = tqdm(total=self.total_steps, initial=st.step, disable=not opts.progress or self.rank,
@@ -291,6 +292,8 @@ class Trainer:
             error: Optional[CheckpointError] = None
             try:
                 self._load_checkpoint(ckpt)
+            except CheckpointMismatch:
+                raise  # every checkpoint of the run is of the same model: no fallback
             except CheckpointError as e:
                 error = e
             if all_ranks_ok(error is None):
@@ -317,7 +320,7 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{ckpt}: does not fit this model: "
+            raise CheckpointMismatch(f"{ckpt}: does not fit this model: "
                                   f"{str(e).strip().splitlines()[-1]}") from None
         rank_state = self.checkpoints.load_rank_state(ckpt)
         torch.set_rng_state(rank_state.get("torch_rng", state["rng"]["torch"]))
@@ -341,18 +344,23 @@ class Trainer:
                            f"{self.world_size}: tables resharded{fresh}")
         self._saved_step = self.state.step
 
-    def _resume(self) -> None:
-        """Restores the newest readable checkpoint and marks the resume in ``metrics.jsonl``."""
+    def resume(self) -> Optional[Path]:
+        """Restores the newest readable checkpoint and marks the resume in ``metrics.jsonl``.
+
+        Returns:
+            The checkpoint, or None (none yet: training starts from step 0).
+        """
         path = self.restore()
         if path is None:
             if self.rank == 0:
                 tqdm.write(f"no checkpoint in {self.checkpoints.root}: starting from step 0")
-            return
+            return None
         if self.rank == 0:
             # Append-only history: records a crashed run wrote after this step stay in the
             # file, superseded from here on (RunDir.read_metrics applies it).
             self.run_dir.log_resume(self.state.step, str(path), self.resume_note)
             tqdm.write(f"resumed from {path} at step {self.state.step}")
+        return path
 
     def _write_summary(self, test: dict, valid: dict, split: str, wall_s: float) -> dict[str, Any]:
         st = self.state
