@@ -88,10 +88,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except RuntimeError as e:
         checkpoint = sys.modules.get("embedtrain.train.checkpoint")  # not imported by datagen
-        if checkpoint is None or not isinstance(e, checkpoint.CheckpointError):
-            raise
-        print(f"embedtrain {args.command}:{_rank_tag()} error: {e}", file=sys.stderr)
-        return 2
+        if checkpoint is not None and isinstance(e, checkpoint.CheckpointError):
+            print(f"embedtrain {args.command}:{_rank_tag()} error: {e}", file=sys.stderr)
+            return 2
+        if _peer_failed(e):  # another rank stopped (its own error says why): one line here
+            print(f"embedtrain {args.command}:{_rank_tag()} error: stopped because another "
+                  "rank left the process group (its error says why)", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         print(f"embedtrain {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -183,6 +187,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Socket Timeout", "Connection refused")
+
+
+def _peer_failed(e: BaseException) -> bool:
+    """Whether ``e`` is a collective failing because a peer rank is gone (several ranks only)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(m in str(e) for m in _PEER_GONE)
+
+
 def _rank_tag() -> str:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return f" [rank {os.environ.get('RANK', '0')}/{world}]" if world > 1 else ""
@@ -203,14 +216,17 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if a.startswith(("--nproc=", "--max-restarts=")):
             continue
         rest.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
+    cmd = [sys.executable, "-m", "embedtrain.train.launch", f"--nproc-per-node={args.nproc}",
            f"--max-restarts={args.max_restarts}", "--master-addr=127.0.0.1",
            f"--master-port={free_port()}", "-m", "embedtrain", *rest]
     print(f"launching {args.nproc} processes: torchrun --nproc-per-node={args.nproc} "
           f"--max-restarts={args.max_restarts} -m embedtrain {' '.join(rest)}", file=sys.stderr)
     import subprocess
 
-    return subprocess.call(cmd)
+    env = dict(os.environ)
+    # torchrun sets 1 thread per rank (and warns) unless told: share this machine's cores.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    return subprocess.call(cmd, env=env)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -297,9 +313,10 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[di
     longer = {"train.epochs", "train.max_steps"} & set(changes)
     if info.get("finished") and not longer and (out / "summary.json").is_file():
         if _rank() == 0:
-            print(f"{out}: finished at step {info['step']:,} of {info.get('total_steps', info['step']):,}; "
-                  "nothing to resume (to train longer, raise train.max_steps or train.epochs "
-                  "with --set)", file=sys.stderr)
+            total = info.get("total_steps", info["step"])
+            print(f"{out}: finished at step {info['step']:,} of {total:,}; nothing to resume "
+                  "(to train longer, raise train.max_steps or train.epochs with --set)",
+                  file=sys.stderr)
         return None
     return changes
 

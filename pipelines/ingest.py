@@ -41,8 +41,10 @@ import pyarrow.parquet as pq
 
 from pipelines.report import build_metadata, build_report, dense_statistics
 from pipelines.sources import (
-    ROW, IngestError, check_inputs, check_row_limit, describe_row, resolve_inputs, scan_inputs)
-from pipelines.spec import CRITEO_COLUMNS, Encoding, IngestSpec, OnInvalid, SplitMethod
+    ROW, IngestError, check_inputs, check_row_limit, criteo_field_counts, describe_row,
+    resolve_inputs, scan_inputs)
+from pipelines.spec import (
+    CRITEO_COLUMNS, Encoding, IngestSpec, InputFormat, OnInvalid, SplitMethod)
 from pipelines.stats import PassStats, build_vocabulary, row_statistics, value_counts
 from pipelines.transforms import (
     DROP, SPLIT, SPLITS, DropReason, Vocabulary, assign_split, dense_output, parse,
@@ -108,7 +110,12 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     out = Path(out_dir)
     _check_out_dir(out)  # before the long passes, not after them
     log = _Progress(progress)
-    raw = time_to_seconds(scan_inputs(files, spec), spec)
+    wrong_fields = None
+    if spec.input.format is InputFormat.CRITEO_TSV:
+        with log.phase("field counts") as rec:
+            wrong_fields = criteo_field_counts(files)
+            rec["rows"] = None
+    raw = time_to_seconds(scan_inputs(files, spec, wrong_fields), spec)
     parsed, reasons = parse(raw, spec)
 
     cutoffs = None

@@ -132,7 +132,9 @@ def check_row_limit(files: Sequence[Path], spec: IngestSpec) -> None:
     if spec.input.format is InputFormat.PARQUET:
         rows = sum(pq.read_metadata(f).num_rows for f in files)
     elif sum(f.stat().st_size for f in files) > MAX_ROWS * _MIN_TSV_ROW_BYTES:
-        rows = scan_inputs(files, spec).select(pl.len()).collect(engine="streaming").item()
+        frame = (pl.scan_lines([str(f) for f in files]) if spec.input.format is InputFormat.CRITEO_TSV
+                 else scan_inputs(files, spec))
+        rows = frame.select(pl.len()).collect(engine="streaming").item()
     else:
         return
     if rows > MAX_ROWS:
@@ -141,11 +143,13 @@ def check_row_limit(files: Sequence[Path], spec: IngestSpec) -> None:
                           "install Polars' 64-bit index runtime (polars[rt64])")
 
 
-def scan_inputs(files: Sequence[Path], spec: IngestSpec) -> pl.LazyFrame:
+def scan_inputs(files: Sequence[Path], spec: IngestSpec,
+                wrong_fields: Optional[pl.DataFrame] = None) -> pl.LazyFrame:
     """One lazy frame over all files: ``__row`` and :func:`input_columns`, in file order.
 
-    Criteo TSV inputs also give ``__fields``, the line's field count. Text inputs give every
-    column as String (parsing, and counting what fails to parse, is the
+    Criteo TSV inputs also give ``__fields``, the line's field count (from ``wrong_fields``,
+    :func:`criteo_field_counts` of the same files, computed here when not given). Text inputs
+    give every column as String (parsing, and counting what fails to parse, is the
     next stage's job); parquet inputs give label/dense as Float64 and categorical values as String
     or Int64 (or lists of them); a date/datetime split column is left for the split stage.
     """
@@ -158,7 +162,9 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec) -> pl.LazyFrame:
             cast_options=pl.ScanCastOptions(integer_cast="upcast", float_cast="upcast"))
         return frame.select(ROW, *(_parquet_column(c, spec) for c in columns))
     if spec.input.format is InputFormat.CRITEO_TSV:
-        return _scan_criteo_lines(paths, columns, spec.input.null_values)
+        if wrong_fields is None:
+            wrong_fields = criteo_field_counts(files)
+        return _scan_criteo(paths, columns, spec.input.null_values, wrong_fields)
     frame = pl.scan_csv(
         paths,
         has_header=True,
@@ -172,25 +178,39 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec) -> pl.LazyFrame:
     return frame.select(ROW, *columns)
 
 
-def _scan_criteo_lines(paths: list[str], columns: list[str], null_values: list[str]
-                       ) -> pl.LazyFrame:
-    """Criteo TSV as lines cut on tabs, with each line's field count in ``FIELDS``.
+def criteo_field_counts(files: Sequence[Path]) -> pl.DataFrame:
+    """``(__row, __fields)`` of every Criteo TSV line without its 40 tab-separated fields.
 
-    Not ``scan_csv``: it fills the missing fields of a short line with nulls (a silent repair)
-    and fails the whole job, without a line number, on a line with too many. Here every line is
-    kept as it is and cut into at most ``len(CRITEO_COLUMNS)`` fields; a line with another field
-    count is dropped and counted by the parse stage (``wrong_field_count``). Empty fields and the
-    spec's ``null_values`` are nulls.
+    One fast pass over the lines (a tab count each, no parsing); it numbers lines exactly as the
+    CSV scan numbers rows (an empty line is a row of both), so the parse stage can drop and
+    count each such line, which the CSV scan alone would pad with nulls or stop the job on.
     """
-    line = pl.col("line").str.strip_suffix("\r")
-    fields = line.str.splitn("\t", len(CRITEO_COLUMNS)).struct.rename_fields(CRITEO_COLUMNS)
-    frame = pl.scan_lines(paths, row_index_name=ROW).select(
-        ROW, (line.str.count_matches("\t", literal=True) + 1).cast(pl.UInt32).alias(FIELDS),
-        fields.alias("__fields_struct")).unnest("__fields_struct")
-    missing = ["", *null_values]
-    return frame.select(ROW, FIELDS, *(
-        pl.when(pl.col(c).is_in(missing)).then(None).otherwise(pl.col(c)).alias(c)
-        for c in columns))
+    tabs = pl.col("line").str.count_matches("\t", literal=True)
+    return (pl.scan_lines([str(f) for f in files], row_index_name=ROW)
+            .filter(tabs != len(CRITEO_COLUMNS) - 1)
+            .select(ROW, (tabs + 1).cast(pl.UInt32).alias(FIELDS))
+            .collect(engine="streaming"))
+
+
+def _scan_criteo(paths: list[str], columns: list[str], null_values: list[str],
+                 wrong_fields: pl.DataFrame) -> pl.LazyFrame:
+    """Criteo TSV through Polars' CSV reader (fast), with each line's field count in ``FIELDS``.
+
+    Ragged lines are read leniently (a short one padded with nulls, a long one cut) so that one
+    of them never stops the job; ``wrong_fields`` (:func:`criteo_field_counts`) gives their true
+    counts, and the parse stage drops them (``wrong_field_count``).
+    """
+    frame = pl.scan_csv(
+        paths, has_header=False, separator="\t",
+        schema={c: pl.String for c in CRITEO_COLUMNS},
+        infer_schema=False,  # all String: parse failures are counted, not guessed around
+        quote_char=None, null_values=null_values or None, row_index_name=ROW,
+        raise_if_empty=False, truncate_ragged_lines=True)
+    fields = pl.lit(len(CRITEO_COLUMNS), dtype=pl.UInt32)
+    if wrong_fields.height:
+        fields = pl.col(ROW).replace_strict(wrong_fields[ROW], wrong_fields[FIELDS],
+                                            default=fields, return_dtype=pl.UInt32)
+    return frame.select(ROW, fields.alias(FIELDS), *columns)
 
 
 def describe_row(spec: IngestSpec, row: int) -> str:

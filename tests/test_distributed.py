@@ -205,3 +205,36 @@ def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
     for key in ("p@1", "p@5", "ndcg@5"):
         assert result[key] == pytest.approx(final[key], abs=1e-9), key
     assert result["loss"] == pytest.approx(final["loss"], rel=1e-5)
+
+
+def test_bad_input_on_one_rank_is_one_line_per_process(tmp_path):
+    """A label only rank 1 reads: rank 1 names file, column and row, rank 0 says it stopped for a
+    peer, the launcher names the rank; exit status 2, no traceback anywhere."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tiny_ctr_dataset(tmp_path / "data", rows=4000)
+    meta = json.loads((data / "metadata.json").read_text())
+    path = data / meta["splits"]["train"]["files"][-1]
+    table = pq.read_table(path)
+    labels = table.column("label").to_numpy().copy()
+    labels[-5] = 7  # in the second half of the rows: rank 1's share
+    table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels))
+    pq.write_table(table, path, row_group_size=512)
+    row = table.num_rows - 5
+    r = embedtrain("train", "configs/dlrm_synthetic.yaml", "--out", str(tmp_path / "run"),
+                   "--nproc", "2", "--no-progress", "--set", f"data.path={data}",
+                   "--set", "data.batch_size=256", "--set", "data.eval_batch_size=1024")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "ChildFailedError" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    rank1 = (f"embedtrain train: [rank 1/2] error: {path}: column label: label 7 at row {row} is "
+             "not a click (CTR labels are 0 or 1, or a probability in [0, 1])")
+    # Rank 0 says so if it notices before torchrun stops it (SIGTERM), which varies with timing.
+    rank0 = ("embedtrain train: [rank 0/2] error: stopped because another rank left the process "
+             "group (its error says why)")
+    assert rank1 in lines
+    assert {line for line in lines if " error: " in line} <= {rank1, rank0}
+    assert lines[-1] == ("embedtrain: rank 1 of 2 exited with status 2; 1 other rank(s) stopped "
+                         "after it (its error is above)")
