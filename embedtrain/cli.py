@@ -56,6 +56,10 @@ def entry() -> None:
     :func:`embedtrain.train.dist.exit_process` (barrier on success, group destroyed, output
     flushed, no interpreter finalization while gloo's threads run; see that module).
     """
+    if "LOCAL_RANK" in os.environ:  # a torchrun worker: a fatal signal prints every thread
+        import faulthandler
+
+        faulthandler.enable()
     code, clean = 1, False
     try:
         code = main()
@@ -524,6 +528,7 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", module="torchrec")
     warnings.filterwarnings("ignore", module="fbgemm_gpu")
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch")  # DCP deprecations
     logging.getLogger().setLevel(logging.ERROR)  # torchrec's sharders warn on the root logger
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     logging.getLogger("torch").setLevel(logging.ERROR)
