@@ -309,9 +309,10 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[di
                          f"({', '.join(sorted(RESUME_SAFE_KEYS))}): start a new run (--out)")
     from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
 
-    latest = CheckpointManager(run_dir.checkpoints).latest()
+    checkpoints = CheckpointManager(run_dir.checkpoints)
+    latest = checkpoints.latest()
     try:
-        info = CheckpointManager(run_dir.checkpoints).info(latest) if latest else {}
+        info = checkpoints.info(latest) if latest else {}
     except CheckpointError:
         info = {}  # unreadable: the trainer falls back to an older checkpoint
     longer = {"train.epochs", "train.max_steps"} & set(changes)

@@ -483,7 +483,7 @@ def parse_scalar(text: str) -> Any:
         return text
 
 
-def _path_fields(cls: type) -> tuple[dict[str, Any], dict[str, type]]:
+def _fields_and_hints(cls: type) -> tuple[dict[str, Any], dict[str, type]]:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     return fields, typing.get_type_hints(cls)
 
@@ -492,7 +492,7 @@ def _resolve_paths(cls: type, raw: Any, base: Path) -> None:
     """Makes the relative paths ``raw`` gives (fields marked ``path``) relative to ``base``."""
     if not isinstance(raw, dict):
         return  # from_dict reports it
-    fields, hints = _path_fields(cls)
+    fields, hints = _fields_and_hints(cls)
     for key, value in raw.items():
         f = fields.get(key)
         if f is None:
@@ -636,7 +636,7 @@ def _apply_override(raw: dict, item: str, path: Path, cls: Optional[type] = None
         node = child
         cls = _section(cls, part)
     if cls is not None and isinstance(value, str) and value:
-        f = _path_fields(cls)[0].get(parts[-1])
+        f = _fields_and_hints(cls)[0].get(parts[-1])
         if f is not None and f.metadata.get("path"):  # --set paths: the working directory's
             value = _absolute(value, Path.cwd())
     node[parts[-1]] = value
@@ -646,7 +646,7 @@ def _section(cls: Optional[type], name: str) -> Optional[type]:
     """The dataclass of section ``name`` of ``cls`` (None when unknown: from_dict reports it)."""
     if cls is None or not dataclasses.is_dataclass(cls):
         return None
-    fields, hints = _path_fields(cls)
+    fields, hints = _fields_and_hints(cls)
     if name not in fields or not dataclasses.is_dataclass(hints[name]):
         return None
     return hints[name]

@@ -209,21 +209,22 @@ class ParquetBatchReader:
             return min(self.rank_rows) // b
         return -(-self.num_rows // b)
 
-    def _batch_size_of(self, rows: int, index: int) -> tuple[int, int]:
-        """``(real rows, rows with padding)`` of batch ``index`` of a rank holding ``rows``."""
-        real = min(self.batch_size, max(0, rows - index * self.batch_size))
-        if self.last_batch is LastBatch.PAD and index == len(self) - 1:
-            return real, max(self.rank_rows) - index * self.batch_size
-        if self.last_batch is LastBatch.DROP or index >= len(self):
-            return (self.batch_size, self.batch_size) if index < len(self) else (0, 0)
-        return real, real
+    @property
+    def _last_batch_rows(self) -> int:
+        """With ``PAD``: the size of every rank's last batch, padding included."""
+        return max(self.rank_rows) - (len(self) - 1) * self.batch_size
 
     def step_rows(self, index: int) -> tuple[int, int]:
         """``(examples, padding rows)`` of batch ``index`` of an epoch, summed over all ranks."""
-        sizes = [self._batch_size_of(rows, index) for rows in self.rank_rows]
-        if self.last_batch is LastBatch.KEEP:  # ranks may differ in length: count what exists
-            return sum(real for real, _ in sizes), 0
-        return sum(real for real, _ in sizes), sum(size - real for real, size in sizes)
+        b, n = self.batch_size, len(self)
+        if index >= n:
+            return 0, 0
+        if index < n - 1 or self.last_batch is LastBatch.DROP:  # shares differ by <= 1 row:
+            return b * self.world_size, 0                      # only the last batch can be short
+        real = sum(min(b, max(0, rows - index * b)) for rows in self.rank_rows)
+        if self.last_batch is LastBatch.PAD:
+            return real, self._last_batch_rows * self.world_size - real
+        return real, 0
 
     @property
     def dropped_rows(self) -> int:
@@ -257,8 +258,7 @@ class ParquetBatchReader:
         load = functools.partial(_load_rows, features=self.features, layout=self.layout,
                                  seed=(self.seed, epoch) if self.shuffle else None,
                                  arrow_threads=self.num_workers < 2)
-        pad_to = (max(self.rank_rows) - (len(self) - 1) * self.batch_size
-                  if self.last_batch is LastBatch.PAD else 0)
+        pad_to = self._last_batch_rows if self.last_batch is LastBatch.PAD else 0
         assemble = functools.partial(
             _assemble, features=self.features, layout=self.layout, keys=self._keys,
             batch_size=self.batch_size, buffer_rows=self.shuffle_buffer_rows,

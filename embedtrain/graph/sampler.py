@@ -495,11 +495,11 @@ class SeedBatches(Generic[T]):
 
     def step_rows(self, index: int) -> tuple[int, int]:
         """``(seeds, padding)`` of batch ``index`` over all ranks (never any padding)."""
+        b = self.batch_size
         if index >= len(self):
             return 0, 0
-        if self.drop_last:
-            return self.batch_size * self.world_size, 0
-        b = self.batch_size
+        if self.drop_last or index < len(self) - 1:  # only the last batch can be short
+            return b * self.world_size, 0
         return sum(min(b, max(0, n - index * b)) for n in self.rank_rows), 0
 
     @property

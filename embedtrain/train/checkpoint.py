@@ -68,11 +68,11 @@ def describe_error(e: BaseException) -> str:
         if failures:
             first = next(iter(failures.values()))
             inner = first[0] if isinstance(first, tuple) else first
-            return _first_line(inner)
-    return _first_line(chain[-1] if len(chain) > 1 else e)
+            return _one_line(inner)
+    return _one_line(chain[-1] if len(chain) > 1 else e)
 
 
-def _first_line(e: BaseException) -> str:
+def _one_line(e: BaseException) -> str:
     """The message's last line (a traceback's exception), up to its first sentence if long."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     text = lines[-1] if lines else ""
@@ -109,7 +109,7 @@ class CheckpointManager:
                 tmp.mkdir(parents=True)
             except OSError as e:
                 error = e
-        if _all_ok(error is None):  # a collective: every rank learns of the leader's failure
+        if all_ranks_ok(error is None):  # a collective: every rank learns of the leader's failure
             try:
                 dcp.save(state, checkpoint_id=tmp)  # collective: a failed rank fails them all
                 if rank_state is not None:
@@ -118,7 +118,7 @@ class CheckpointManager:
                     _write_json(tmp / STATE_FILE, trainer_state)
             except _FAILURES as e:  # noqa: BLE001 - reported as one line below
                 error = e
-        if not _all_ok(error is None):
+        if not all_ranks_ok(error is None):
             if leader:
                 shutil.rmtree(tmp, ignore_errors=True)
             why = describe_error(error) if error is not None else "failed on another rank"
@@ -155,7 +155,7 @@ class CheckpointManager:
         try:
             info = json.loads(info_file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{info_file}: unreadable: {_first_line(e)}") from None
+            raise CheckpointError(f"{info_file}: unreadable: {_one_line(e)}") from None
         if not isinstance(info, dict) or not isinstance(info.get("step"), int):
             raise CheckpointError(f"{info_file}: not a trainer state (no integer 'step')")
         return info
@@ -242,10 +242,6 @@ def _barrier() -> None:
 
 def all_ranks_ok(ok: bool) -> bool:
     """Whether ``ok`` holds on every rank (a collective when distributed)."""
-    return _all_ok(ok)
-
-
-def _all_ok(ok: bool) -> bool:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return ok
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
