@@ -109,8 +109,7 @@ def _ensure_tsv(raw: Path, rows: int, seed: int) -> float | None:
         if info["rows"] == rows and info["generator"]["seed"] == seed:
             print(f"reusing {raw} ({rows:,} rows)", file=sys.stderr)
             return None
-    from embedtrain.data.datagen import CTRDataSpec
-    from embedtrain.data.datagen_tsv import generate_ctr_tsv
+    from embedtrain.datagen import CTRDataSpec, generate_ctr_tsv
 
     start = time.perf_counter()
     generate_ctr_tsv(CTRDataSpec(rows=rows, seed=seed), raw, progress=False)

@@ -183,7 +183,7 @@ def _baseline_reader(checkout: str):
 
 
 def _generated(rows: int) -> Path:
-    from embedtrain.data.datagen import CTRDataSpec, generate_ctr
+    from embedtrain.datagen import CTRDataSpec, generate_ctr
 
     out = Path(f"/tmp/embedtrain_bench_loader_{rows}")
     if not (out / "metadata.json").is_file():

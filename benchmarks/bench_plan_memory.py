@@ -49,17 +49,17 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     from embedtrain.features import load_dataset_meta
     from embedtrain.sharding.measure import measure_embedding_bytes
     from embedtrain.sharding.sharders import embedding_sharders
-    from embedtrain.train.optim import fuse_sparse_optimizer
-    from embedtrain.train.recipe import ctr_model, plan_model
+    from embedtrain.recipes.ctr import CTRRecipe
 
     cfg, cluster = load_config(args.config, args.overrides), load_cluster(args.cluster)
     torch.manual_seed(0)
-    plan = plan_model(cfg, cluster)  # every rank plans; the search is deterministic
+    recipe = CTRRecipe(cfg)
+    plan = recipe.plan(cluster)  # every rank plans; the search is deterministic
     meta = load_dataset_meta(cfg.data.path)
-    model = ctr_model(cfg, meta, device=torch.device("meta"))
-    fuse_sparse_optimizer(model, cfg.optim.sparse, cfg.optim.sparse_lr)
+    model = recipe.planning_model()  # on meta, sparse optimizer fused
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan.sharding_plan,
-                                   sharders=embedding_sharders(cfg.sharding),
+                                   sharders=embedding_sharders(cfg.sharding.forward_comm_precision,
+                                                               cfg.sharding.backward_comm_precision),
                                    env=ShardingEnv.from_process_group(dist.GroupMember.WORLD))
     reader = ParquetBatchReader(meta.files("train"), meta.features,
                                 batch_size=cluster.batch_size_per_rank, rank=rank,
@@ -78,18 +78,18 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
 
     held = measure_embedding_bytes(dmp)
     replicated = [n for n, p in dmp.named_parameters()
-                  if any(f".{t['name']}." in n for t in plan.report["tables"]
-                         if t["sharding_type"] == "data_parallel")]
+                  if any(f".{t.name}." in n for t in plan.report.tables
+                         if t.sharding_type == "data_parallel")]
     state = opt.state_dict()["state"]
     # Data-parallel tables are stepped by the dense optimizer: count its state for them.
     dp_state = sum(v.numel() * v.element_size() for i, n in enumerate(dense) if n in replicated
                    for v in state.get(i, {}).values() if isinstance(v, torch.Tensor) and v.dim())
-    estimate = plan.report["ranks"][rank]["memory"][plan.report["summary"]["memory_tier"]]
+    estimate = plan.report.ranks[rank].memory[plan.report.memory_tier]
     result = {"rank": rank, "measured_weights": held["weights"],
               "measured_optimizer": held["optimizer"] + dp_state,
-              "estimated_weights": estimate["embedding_params"],
-              "estimated_optimizer": estimate["embedding_optimizer"],
-              "sharding_types": plan.report["summary"]["sharding_types"]}
+              "estimated_weights": estimate.get("embedding_params"),
+              "estimated_optimizer": estimate.get("embedding_optimizer"),
+              "sharding_types": plan.report.summary.sharding_types}
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 

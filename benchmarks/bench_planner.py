@@ -40,6 +40,7 @@ from torchrec.distributed.planner.perf_models import NoopPerfModel  # noqa: E402
 from embedtrain.config import load_cluster  # noqa: E402
 from embedtrain.sharding.cluster import topology  # noqa: E402
 from embedtrain.sharding.planner import plan_sharding  # noqa: E402
+from embedtrain.sharding.types import MemoryTier  # noqa: E402
 from embedtrain.testing import random_embedding_tables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,15 +86,15 @@ def main() -> int:
             times.append(time.perf_counter() - start)
         report = result.report
         seconds[str(n)] = statistics.median(times)
-        quality_ours[str(n)] = report["summary"]["embedding_max_rank_ms"]
-        peaks[str(n)] = max(r["memory"]["hbm"]["total"] for r in report["ranks"])
-        p = report["planner"]
-        stats[str(n)] = {k: p[k] for k in ("options", "estimated_shards", "proposals",
-                                            "partitions", "pruned_by_bound", "improving_moves",
-                                            "best_seed", "search_seconds")}
+        quality_ours[str(n)] = report.summary.embedding_max_rank_ms
+        peaks[str(n)] = max(r.memory[MemoryTier.HBM].total for r in report.ranks)
+        p = report.planner
+        stats[str(n)] = {k: getattr(p, k) for k in (
+            "options", "estimated_shards", "proposals", "partitions", "pruned_by_bound",
+            "improving_moves", "best_seed", "search_seconds")}
         print(f"embedtrain  {n:>5} tables: {seconds[str(n)]:7.1f} s  slowest rank "
-              f"{quality_ours[str(n)]:8.3f} ms  ({p['partitions']} partitions, best seed "
-              f"{p['best_seed']})", flush=True)
+              f"{quality_ours[str(n)]:8.3f} ms  ({p.partitions} partitions, best seed "
+              f"{p.best_seed})", flush=True)
 
     stock_seconds, stock_quality, stock_peaks = {}, {}, {}
     for n in args.stock_sizes:

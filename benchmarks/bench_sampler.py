@@ -23,7 +23,7 @@ The synthetic graph: a directed Chung-Lu-style CSR: out-degrees (row lengths) fr
 (pdf exponent 2.5, mean ``--avg-degree``, at most ``nodes / 10``), neighbours drawn with
 probability proportional to degree (so in-degrees follow the same power law), rows sorted;
 duplicate neighbours are possible (a fraction is printed). ``--graph DIR`` reads a graph data set
-(``embedtrain.data.graph_store.load_graph`` if it exists, else the CSR ``.npy`` files named in
+(``embedtrain.graph.store.load_graph`` if it exists, else the CSR ``.npy`` files named in
 ``metadata.json``) memory-mapped instead.
 
 ``--mmap-test`` writes the graph (in the data set layout: ``graph/indptr.npy``,
@@ -134,10 +134,10 @@ def read_csr(graph_dir: Path) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarr
 
 
 def load_csr(graph_dir: Path) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """A graph data set's CSR through ``embedtrain.data.graph_store.load_graph`` (memory-mapped)
+    """A graph data set's CSR through ``embedtrain.graph.store.load_graph`` (memory-mapped)
     when the graph store exists, else :func:`read_csr`."""
     try:
-        from embedtrain.data.graph_store import load_graph
+        from embedtrain.graph.store import load_graph
     except ImportError:
         return read_csr(graph_dir)
     graph = load_graph(graph_dir, mmap=True)

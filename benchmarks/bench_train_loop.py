@@ -27,7 +27,7 @@ warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 
 from embedtrain.config import load_config  # noqa: E402
-from embedtrain.train.recipe import build_run  # noqa: E402
+from embedtrain.recipes import build_run  # noqa: E402
 
 
 def main() -> None:

@@ -60,6 +60,7 @@ from torch import Tensor, nn
 
 from embedtrain.config import HeadConfig, HeadKind, OptimConfig, load_config
 from embedtrain.models.xc import SHARDED_HEADS, build_head
+from embedtrain.recipes.xc import head_arguments
 from embedtrain.train.optim import dense_optimizer_factory, sharded_head_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,11 +92,14 @@ class TimedHead:
     def __init__(self, kind: HeadKind, cfg: HeadConfig, classes: int, dim: int,
                  counts: Tensor) -> None:
         self.kind = kind
-        self.head = build_head(cfg, classes, dim, class_counts=counts, seed=0)
+        self.head = build_head(kind, classes, dim, **head_arguments(cfg), class_counts=counts,
+                               seed=0)
         if kind in SHARDED_HEADS:
-            self.optimizer = sharded_head_optimizer(self.head, cfg)
+            self.optimizer = sharded_head_optimizer(self.head, cfg.optimizer, cfg.lr)
         else:
-            self.optimizer = dense_optimizer_factory(OptimConfig())(list(self.head.parameters()))
+            o = OptimConfig()
+            factory = dense_optimizer_factory(o.dense, o.dense_lr, o.weight_decay, o.momentum)
+            self.optimizer = factory(list(self.head.parameters()))
 
     def step(self, features: Tensor, labels: Tensor) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -243,7 +247,8 @@ def accuracy(args: argparse.Namespace) -> dict[str, Any]:
     oracle = meta["oracle_p_at_1"]["test"]
     dim = load_config(ROOT / CONFIG).xc.mlp[-1]
     with torch.device("meta"):  # the heads' settings at this size (no memory)
-        heads = {kind.value: describe(build_head(head_config(kind, args), args.acc_classes, dim))
+        heads = {kind.value: describe(build_head(kind, args.acc_classes, dim,
+                                                 **head_arguments(head_config(kind, args))))
                  for kind in HEADS}
     p_at_1: dict[str, Any] = {n: r.get("p@1") for n, r in runs.items()}
     p_at_1["oracle"] = oracle

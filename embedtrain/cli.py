@@ -42,6 +42,7 @@ from embedtrain.config import (
     load_cluster,
     load_config,
 )
+from embedtrain.dependencies import MissingDependency
 from embedtrain.train.run_dir import RunDir
 
 
@@ -86,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_libraries()
     try:
         return args.func(args)
-    except (ConfigError, UsageError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, UsageError, ValueError, FileNotFoundError, MissingDependency) as e:
         # ValueError covers DatasetError/DataError and model size checks, all one-line messages.
         print(f"embedtrain {args.command}:{_rank_tag()} error: {e}", file=sys.stderr)
         return 2
@@ -254,7 +255,7 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if not resume and RunDir(out, create=False).has_run() and _rank() == 0:
         RunDir(out).clear()  # --overwrite (checked above)
-    from embedtrain.train.recipe import build_run  # heavy (torchrec): after input checks
+    from embedtrain.recipes import build_run  # heavy (torchrec): after input checks
 
     run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
     trainer = run.trainer
@@ -265,10 +266,10 @@ def _train(args: argparse.Namespace) -> int:
     if trainer.rank == 0:
         if not (resume and not changes and (out / "config.yaml").is_file()):
             dump_config(cfg, out / "config.yaml")
-        print(_banner(run.meta, trainer), file=sys.stderr)
+        print(_banner(run, trainer), file=sys.stderr)
     summary = trainer.fit(test_data=run.test_data)
     if trainer.rank == 0:
-        _print_summary(summary, out)
+        _print_summary(summary, out, run.recipe.summary_lines(summary))
     return 0
 
 
@@ -326,19 +327,19 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[di
     return changes
 
 
-def _banner(meta, trainer) -> str:
+def _banner(run, trainer) -> str:
     """The run's data in one line: rows over all ranks, each rank's share, steps."""
-    data = trainer.train_data
-    what = f"train {getattr(data, 'unit', 'examples')}"
-    shares = getattr(data, "rank_rows", [])
+    data, info = trainer.train_data, run.recipe.dataset_info()
+    what = f"train {data.unit}"
+    shares = data.rank_rows
     split = f" over {len(shares)} ranks ({' + '.join(f'{n:,}' for n in shares)})" \
         if len(shares) > 1 else ""
     per_epoch = len(data)
     padding = sum(data.step_rows(i)[1] for i in range(max(per_epoch - 1, 0), per_epoch))
     extra = f", {padding} padding row(s) in each epoch's last step" if padding else ""
-    dropped = getattr(data, "dropped_rows", 0)
+    dropped = data.dropped_rows
     extra += f", {dropped:,} rows dropped per epoch (data.drop_last)" if dropped else ""
-    return (f"data: {meta.name} ({meta.root}), {what}: {data.total_rows:,}{split}; "
+    return (f"data: {info.name} ({info.root}), {what}: {data.total_rows:,}{split}; "
             f"{per_epoch:,} steps per epoch{extra}; steps: {trainer.total_steps:,}")
 
 
@@ -347,7 +348,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").is_file():
         raise UsageError(f"{run_dir}: not a run directory (no config.yaml)")
     cfg = load_config(run_dir / "config.yaml")
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     # Read-only: no plan files, no records; the result goes to a file of its own.
     run = build_run(cfg, run_dir, progress=False, record_plan=False)
@@ -376,34 +377,32 @@ def _plan(args: argparse.Namespace) -> int:
     if args.budget is not None:
         cfg.sharding.search_budget = args.budget
     out = Path(args.out) if args.out else Path("plans") / f"{Path(args.config).stem}-{cluster.name}"
-    from embedtrain.train.recipe import plan_model
+    from embedtrain.recipes import plan_model
 
     result = plan_model(cfg, cluster)
     report = result.report
-    report["model"]["config"] = str(args.config)
+    report.model = {**(report.model or {}), "config": str(args.config)}
     paths = write_report(report, out, formats)
-    s = report["summary"]
-    tier = s["memory_tier"].upper()
+    s = report.summary
     print(f"plan of {args.config} on {cluster.name} ({cluster.world_size} ranks, "
-          f"{cluster.device.value}): {s['tables']} tables, "
-          f"{(s['embedding_weight_bytes'] + s['embedding_optimizer_bytes']) / 2**30:.2f} GiB "
+          f"{cluster.device.value}): {s.tables} tables, "
+          f"{(s.embedding_weight_bytes + s.embedding_optimizer_bytes) / 2**30:.2f} GiB "
           f"of weights and optimizer state")
-    for w in report["warnings"]:
+    for w in report.warnings:
         print(f"  warning: {w}")
-    print(f"  sharding: {', '.join(f'{k} x{v}' for k, v in s['sharding_types'].items())}")
-    print(f"  slowest rank {s['embedding_max_rank_ms']:.3f} ms of embedding work per step "
-          f"(mean {s['embedding_mean_rank_ms']:.3f}, imbalance {s['imbalance']:.2f}); "
-          f"dense all-reduce {s['dense_allreduce_ms']:.3f} ms")
-    print(f"  peak {tier} per rank {s['peak_rank_memory_bytes'] / 2**30:.2f} of "
-          f"{s['rank_memory_capacity_bytes'] / 2**30:.2f} GiB")
-    print(f"  planned in {report['planner']['seconds']:.2f} s "
-          f"({report['planner']['partitions']} partitions)")
+    print(f"  sharding: {', '.join(f'{k} x{v}' for k, v in s.sharding_types.items())}")
+    print(f"  slowest rank {s.embedding_max_rank_ms:.3f} ms of embedding work per step "
+          f"(mean {s.embedding_mean_rank_ms:.3f}, imbalance {s.imbalance:.2f}); "
+          f"dense all-reduce {s.dense_allreduce_ms:.3f} ms")
+    print(f"  peak {s.memory_tier.value.upper()} per rank "
+          f"{s.peak_rank_memory_bytes / 2**30:.2f} of {s.rank_memory_capacity_bytes / 2**30:.2f} GiB")
+    print(f"  planned in {report.planner.seconds:.2f} s ({report.planner.partitions} partitions)")
     print(f"report: {', '.join(str(p) for p in paths)}")
     return 0
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from pipelines.graph import is_graph_spec
+    from pipelines.graph_spec import is_graph_spec
     from pipelines.ingest import ingest
     from pipelines.spec import load_spec
 
@@ -426,7 +425,8 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ingest_graph(args: argparse.Namespace) -> int:
-    from pipelines.graph import ingest_graph, load_graph_spec
+    from pipelines.graph import ingest_graph
+    from pipelines.graph_spec import load_graph_spec
 
     spec = load_graph_spec(args.spec, args.overrides)
     report = ingest_graph(spec, args.inputs, args.out, nodes=args.node_inputs,
@@ -444,14 +444,14 @@ def _ingest_graph(args: argparse.Namespace) -> int:
 
 
 def _datagen(args: argparse.Namespace) -> int:
-    from embedtrain.data.datagen import CTRDataSpec, generate_ctr
+    from embedtrain.datagen import CTRDataSpec, generate_ctr
 
     if args.kind == "xc":
         return _datagen_xc(args)
     if args.kind == "graph":
         return _datagen_graph(args)
     if args.format == "tsv":
-        from embedtrain.data.datagen_tsv import generate_ctr_tsv
+        from embedtrain.datagen import generate_ctr_tsv
 
         info = generate_ctr_tsv(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
         print(f"wrote {args.out}: {info['rows']:,} rows of raw TSV in {len(info['files'])} file(s) "
@@ -466,7 +466,7 @@ def _datagen(args: argparse.Namespace) -> int:
 
 
 def _datagen_xc(args: argparse.Namespace) -> int:
-    from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+    from embedtrain.datagen import XCDataSpec, generate_xc
 
     try:
         spec = XCDataSpec(classes=args.classes, rows=args.rows, vocab=args.vocab, noise=args.noise,
@@ -483,7 +483,7 @@ def _datagen_xc(args: argparse.Namespace) -> int:
 
 
 def _datagen_graph(args: argparse.Namespace) -> int:
-    from embedtrain.data.datagen_graph import GraphDataSpec, generate_graph
+    from embedtrain.datagen import GraphDataSpec, generate_graph
 
     try:
         spec = GraphDataSpec(nodes=args.nodes, avg_degree=args.avg_degree,
@@ -503,18 +503,10 @@ def _datagen_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(summary: dict, out: Path) -> None:
-    keys = [k for k in ("auc", "ne", "logloss", "calibration", "accuracy", "macro_f1", "mrr")
-            if k in summary]
-    keys += sorted((k for k in summary if "@" in k), key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
-    keys += ["loss"] if "loss" in summary else []
+def _print_summary(summary: dict, out: Path, metric_lines: list[str]) -> None:
     print(f"\nfinal metrics on {summary['split']} ({summary['dataset']}):")
-    for k in keys:
-        print(f"  {k:<12} {summary[k]:.4f}")
-    if "oracle_auc" in summary:
-        print(f"  {'oracle_auc':<12} {summary['oracle_auc']:.4f}  (AUC of the true click probability)")
-    if "oracle_p_at_1" in summary:
-        print(f"  {'oracle_p@1':<12} {summary['oracle_p_at_1']:.4f}  (P@1 of the Bayes-optimal classifier)")
+    for line in metric_lines:
+        print(line)
     rate = summary.get("train_examples_per_s")
     if rate:
         print(f"  training     {rate:,.0f} examples/s over {summary['steps']:,} steps")

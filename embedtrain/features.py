@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from embedtrain.config_io import ConfigError, config_field, from_dict
+
 METADATA_FILE = "metadata.json"
 
 
@@ -87,6 +89,44 @@ class DatasetError(ValueError):
     """A data set directory or its metadata is unusable; the message names the file and key."""
 
 
+@dataclass
+class _SparseEntry:
+    """One entry of ``metadata.json``'s ``sparse`` list."""
+
+    name: str
+    num_embeddings: int = config_field(check=(lambda v: v > 0, "must be positive"))
+    multi_hot: bool = False
+    max_length: int = 1
+
+
+@dataclass
+class _SplitEntry:
+    """One entry of ``metadata.json``'s ``splits``: its files (relative to the data set) and rows."""
+
+    files: list[str]
+    rows: int = -1
+
+
+@dataclass
+class _MetadataFile:
+    """The keys of ``metadata.json`` that :func:`load_dataset_meta` reads (loaded through
+    :func:`embedtrain.config_io.from_dict`); every other key stays in ``DatasetMeta.extra``."""
+
+    label: str
+    dense: list[str]
+    sparse: list[_SparseEntry]
+    splits: dict[str, _SplitEntry]
+    name: Optional[str] = None
+    format_version: int = 1
+    dense_transform: DenseTransform = DenseTransform.NONE
+    num_classes: Optional[int] = config_field(None, check=(lambda v: v >= 2,
+                                                           "expected an integer >= 2"))
+    max_labels: Optional[int] = config_field(None, check=(lambda v: v >= 1,
+                                                          "expected an integer >= 1"))
+    labels_per_row: Optional[list[int]] = config_field(
+        None, check=(lambda v: v >= 1, "expected [lo, hi] with 1 <= lo <= hi"))
+
+
 def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
     """Reads ``root/metadata.json``.
 
@@ -108,73 +148,37 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
-
-    def get(obj: dict, key: str, typ: type, where: str) -> Any:
-        if key not in obj:
-            raise DatasetError(f"{path}: {where}{key}: missing")
-        if not isinstance(obj[key], typ):
-            raise DatasetError(f"{path}: {where}{key}: expected {typ.__name__}, got {obj[key]!r}")
-        return obj[key]
-
-    sparse = []
-    for i, item in enumerate(get(raw, "sparse", list, "")):
-        where = f"sparse[{i}]."
-        num = get(item, "num_embeddings", int, where)
-        if num <= 0:
-            raise DatasetError(f"{path}: {where}num_embeddings: must be positive, got {num}")
-        sparse.append(
-            SparseFeature(
-                name=get(item, "name", str, where),
-                num_embeddings=num,
-                multi_hot=bool(item.get("multi_hot", False)),
-                max_length=int(item.get("max_length", 1)),
-            )
-        )
-    names = [get(raw, "label", str, ""), *get(raw, "dense", list, ""), *[s.name for s in sparse]]
+    try:
+        m = from_dict(_MetadataFile, raw, source=str(path), ignore_unknown=True)
+    except ConfigError as e:
+        raise DatasetError(str(e)) from None
+    sparse = [SparseFeature(e.name, e.num_embeddings, e.multi_hot, e.max_length)
+              for e in m.sparse]
+    names = [m.label, *m.dense, *[f.name for f in sparse]]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise DatasetError(f"{path}: column(s) named twice: {', '.join(dupes)}")
-    try:
-        transform = DenseTransform(raw.get("dense_transform", "none"))
-    except ValueError:
-        raise DatasetError(f"{path}: dense_transform: unknown {raw['dense_transform']!r}") from None
-    num_classes = raw.get("num_classes")
-    if num_classes is not None and not _is_int(num_classes, 2):
-        raise DatasetError(f"{path}: num_classes: expected an int >= 2, got {num_classes!r}")
-    if "max_labels" in raw:
-        max_labels = raw["max_labels"]
-        if not _is_int(max_labels, 1):
-            raise DatasetError(f"{path}: max_labels: expected an int >= 1, got {max_labels!r}")
-    elif "labels_per_row" in raw:
-        per_row = raw["labels_per_row"]
-        if not (isinstance(per_row, list) and len(per_row) == 2 and _is_int(per_row[0], 1)
-                and _is_int(per_row[1], per_row[0])):
+    max_labels = m.max_labels
+    if max_labels is None and m.labels_per_row is not None:
+        per_row = m.labels_per_row
+        if len(per_row) != 2 or per_row[1] < per_row[0]:
             raise DatasetError(
                 f"{path}: labels_per_row: expected [lo, hi] with 1 <= lo <= hi, got {per_row!r}")
         max_labels = per_row[1]
-    else:
-        max_labels = 1
     features = FeatureSpec(
-        label=raw["label"], dense=tuple(raw["dense"]), sparse=tuple(sparse),
-        dense_transform=transform, num_classes=num_classes, max_labels=max_labels,
+        label=m.label, dense=tuple(m.dense), sparse=tuple(sparse),
+        dense_transform=m.dense_transform, num_classes=m.num_classes,
+        max_labels=max_labels or 1,
     )
-    split_files, split_rows = {}, {}
-    for split, info in get(raw, "splits", dict, "").items():
-        files = tuple(root / f for f in get(info, "files", list, f"splits.{split}."))
-        split_files[split] = files
-        split_rows[split] = int(info.get("rows", -1))
+    split_files = {split: tuple(root / f for f in e.files) for split, e in m.splits.items()}
+    split_rows = {split: e.rows for split, e in m.splits.items()}
     # num_classes, max_labels and labels_per_row stay in `extra` too: code reads them from there.
     known = {"format_version", "name", "label", "dense", "dense_transform", "sparse", "splits"}
     return DatasetMeta(
         root=root,
-        name=str(raw.get("name", root.name)),
+        name=m.name if m.name is not None else root.name,
         features=features,
         split_files=split_files,
         split_rows=split_rows,
         extra={k: v for k, v in raw.items() if k not in known},
     )
-
-
-def _is_int(value: Any, least: int) -> bool:
-    """Whether a JSON value is an integer (not a bool) of at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least

@@ -12,6 +12,6 @@ Nothing here runs during training. ``embedtrain ingest SPEC --input ... --out DI
 - :mod:`pipelines.graph`: the graph job (``kind: graph`` specs): edge lists and node tables to a
   memory-mapped CSR with node arrays and splits.
 
-The synthetic generators live in ``embedtrain.data.datagen`` (parquet) and
-``embedtrain.data.datagen_tsv`` (the same rows as raw TSV).
+The synthetic generators live in ``embedtrain.datagen`` (torch-free): ``embedtrain.datagen.ctr``
+(parquet) and ``embedtrain.datagen.tsv`` (the same rows as raw TSV).
 """

@@ -1,7 +1,8 @@
 """``embedtrain ingest`` with a graph spec: edge lists (and a node table) to the graph format.
 
-A graph spec is YAML with ``kind: graph`` at the top (:func:`is_graph_spec`); it is read with
-:func:`load_graph_spec` into a :class:`GraphIngestSpec`. The job (:func:`ingest_graph`):
+A graph spec is YAML with ``kind: graph`` at the top (:func:`pipelines.graph_spec.is_graph_spec`);
+it is read with :func:`pipelines.graph_spec.load_graph_spec` into a
+:class:`~pipelines.graph_spec.GraphIngestSpec`. The job (:func:`ingest_graph`):
 
 1. checks every input's columns from its CSV header or parquet footer;
 2. *checks and counts* (one streaming pass over the edges): unparsable ids, weights or
@@ -13,11 +14,11 @@ A graph spec is YAML with ``kind: graph`` at the top (:func:`is_graph_spec`); it
 4. *remaps* ids of any type to dense int64 with Polars joins: node-table ids first (in table
    order), then edge endpoints not in the table in order of first appearance (``missing_nodes:
    add``; with ``drop`` their edges are dropped and counted);
-5. builds the CSR (:func:`embedtrain.data.graph_store.csr_from_edges`): self-loops and
+5. builds the CSR (:func:`embedtrain.graph.csr.csr_from_edges`): self-loops and
    repeated edges dropped, kept or summed as configured, and counted;
 6. optionally holds out edges for link prediction (the newest by ``timestamp`` if given, else
    random) and draws random node splits over the labelled nodes (all nodes without labels);
-7. writes the graph format (:mod:`embedtrain.data.graph_store`, with ``nodes/ids.parquet`` mapping dense
+7. writes the graph format (:mod:`embedtrain.graph.store`, with ``nodes/ids.parquet`` mapping dense
    ids back to the original ones), ``ingest_report.json``, and ``metadata.json`` last.
 
 Every edge row read is accounted for: ``rows_read == rows_dropped_total + duplicates_merged +
@@ -33,14 +34,11 @@ Example:
 
 from __future__ import annotations
 
-import enum
 import glob
 import json
 import os
-import re
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -48,150 +46,28 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
+from tqdm import tqdm
 
-from embedtrain.config import ConfigError, load_dataclass, to_dict
-from embedtrain.data.graph_store import (
-    Duplicates, SelfLoops, csr_from_edges, edge_pairs, hold_out_edges, write_graph)
+from embedtrain.config_io import to_dict
+from embedtrain.graph.csr import Duplicates, csr_from_edges, edge_pairs, hold_out_edges
+from embedtrain.graph.store import write_graph
+from embedtrain.utils import first_line, natural_key, phase_bar
 from pipelines.sources import IngestError
+from pipelines.graph_spec import (
+    EXTENSIONS,
+    EdgeTableSpec,
+    GraphIngestSpec,
+    GraphSplitSpec,
+    MissingNodes,
+    NodeTableSpec,
+)
 from pipelines.spec import InputFormat, ValueType
 
 REPORT_FILE = "ingest_report.json"
 ROW, FILE_ROW = "__row", "__file_row"
-_EXTENSIONS = {InputFormat.CSV: (".csv", ".tsv", ".txt"), InputFormat.PARQUET: (".parquet",)}
 # edge drop reasons, in the order they are tested (a row counts under its first reason)
 NULL_ENDPOINT, INVALID_WEIGHT, TYPE_NOT_SELECTED, NOT_IN_NODE_TABLE = (
     "null_endpoint", "invalid_weight", "edge_type_not_selected", "endpoint_not_in_node_table")
-
-
-class MissingNodes(enum.Enum):
-    """What happens to an edge whose endpoint is not in the node table."""
-
-    ADD = "add"    # the endpoint becomes a node without features (zeros) or label (-1), counted
-    DROP = "drop"  # the edge is dropped, counted
-
-
-@dataclass
-class EdgeTableSpec:
-    """The edge list: its layout and which column is what."""
-
-    format: InputFormat = InputFormat.CSV
-    separator: Optional[str] = None                 # csv only (default ",")
-    null_values: list[str] = field(default_factory=list)
-    src: str = "src"
-    dst: str = "dst"
-    weight: Optional[str] = None                    # positive weights; else unweighted
-    edge_type: Optional[str] = None
-    edge_types: Optional[list[str]] = None          # keep only these types (needs edge_type)
-    timestamp: Optional[str] = None                 # numbers (e.g. Unix s) or dates: held-out
-                                                    # edges are then the newest
-
-
-@dataclass
-class NodeTableSpec:
-    """The node table (``--nodes``): ids, features and labels."""
-
-    format: InputFormat = InputFormat.CSV
-    separator: Optional[str] = None
-    null_values: list[str] = field(default_factory=list)
-    id: str = "id"
-    features: list[str] = field(default_factory=list)  # float columns, or one list column
-    label: Optional[str] = None
-    missing_nodes: MissingNodes = MissingNodes.ADD
-
-
-@dataclass
-class GraphShapeSpec:
-    directed: bool = False
-    self_loops: SelfLoops = SelfLoops.DROP
-    duplicates: Duplicates = Duplicates.DROP
-
-
-@dataclass
-class GraphSplitSpec:
-    """Node splits (node classification) and held-out edges (link prediction)."""
-
-    valid_fraction: float = 0.1
-    test_fraction: float = 0.1
-    edge_valid_fraction: float = 0.0
-    edge_test_fraction: float = 0.0
-    seed: int = 0
-
-
-@dataclass
-class GraphIngestSpec:
-    """A whole graph ingestion job."""
-
-    kind: str = "graph"
-    name: str = "graph"
-    id_type: ValueType = ValueType.STRING  # ids are compared as strings or as integers
-    edges: EdgeTableSpec = field(default_factory=EdgeTableSpec)
-    nodes: Optional[NodeTableSpec] = None
-    graph: GraphShapeSpec = field(default_factory=GraphShapeSpec)
-    split: GraphSplitSpec = field(default_factory=GraphSplitSpec)
-
-
-def is_graph_spec(path: str | os.PathLike) -> bool:
-    """Whether an ingestion spec is a graph spec (``kind: graph`` at the top level).
-
-    Unreadable files answer False: :func:`pipelines.spec.load_spec` then reports the problem.
-    """
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(raw, dict) and raw.get("kind") == "graph"
-
-
-def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
-                    ) -> GraphIngestSpec:
-    """Reads and validates a graph ingestion spec.
-
-    Args:
-        path: the YAML file.
-        overrides: ``key.path=value`` strings (``graph.directed=true``).
-
-    Raises:
-        ConfigError: one line naming the file and key path.
-
-    Example:
-        >>> load_graph_spec("configs/ingest/graph_edges.yaml").graph.duplicates
-        <Duplicates.DROP: 'drop'>
-    """
-    spec = load_dataclass(path, GraphIngestSpec, overrides)
-
-    def fail(key: str, message: str) -> None:
-        raise ConfigError(f"{path}: {key}: {message}")
-
-    if spec.kind != "graph":
-        fail("kind", f"expected 'graph', got {spec.kind!r}")
-    tables = [("edges", spec.edges)] + ([("nodes", spec.nodes)] if spec.nodes else [])
-    for key, table in tables:
-        if table.format not in _EXTENSIONS:
-            fail(f"{key}.format", f"must be csv or parquet, got {table.format.value}")
-        if table.separator is not None and (table.format is not InputFormat.CSV
-                                            or len(table.separator) != 1):
-            fail(f"{key}.separator", "one character, for format: csv only")
-    e = spec.edges
-    columns = [c for c in (e.src, e.dst, e.weight, e.edge_type, e.timestamp) if c is not None]
-    if len(set(columns)) != len(columns):
-        fail("edges", f"a column is named twice: {columns}")
-    if e.edge_types is not None and e.edge_type is None:
-        fail("edges.edge_types", "needs edges.edge_type (the column holding the type)")
-    if spec.nodes is not None:
-        n = spec.nodes
-        named = [n.id, *n.features, *([n.label] if n.label else [])]
-        if len(set(named)) != len(named):
-            fail("nodes", f"a column is named twice: {named}")
-    s = spec.split
-    for key in ("valid_fraction", "test_fraction", "edge_valid_fraction", "edge_test_fraction"):
-        if not 0 <= getattr(s, key) < 1:
-            fail(f"split.{key}", f"must be in [0, 1), got {getattr(s, key)}")
-    if s.valid_fraction + s.test_fraction >= 1:
-        fail("split.test_fraction", "valid_fraction + test_fraction must be < 1")
-    if s.edge_valid_fraction + s.edge_test_fraction >= 1:
-        fail("split.edge_test_fraction", "edge_valid_fraction + edge_test_fraction must be < 1")
-    return spec
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -201,8 +77,8 @@ def _resolve(patterns: Sequence[str | os.PathLike], fmt: InputFormat) -> list[Pa
     for pattern in map(str, patterns):
         path = Path(pattern)
         if path.is_dir():
-            found = [p for p in path.iterdir() if p.is_file() and p.name.endswith(_EXTENSIONS[fmt])]
-            what = f"no {'/'.join(_EXTENSIONS[fmt])} files in the directory"
+            found = [p for p in path.iterdir() if p.is_file() and p.name.endswith(EXTENSIONS[fmt])]
+            what = f"no {'/'.join(EXTENSIONS[fmt])} files in the directory"
         elif glob.has_magic(pattern):
             found = [Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()]
             what = "no input files match"
@@ -210,9 +86,7 @@ def _resolve(patterns: Sequence[str | os.PathLike], fmt: InputFormat) -> list[Pa
             found, what = ([path] if path.is_file() else []), "input file not found"
         if not found:
             raise IngestError(f"{pattern}: {what}")
-        natural = sorted(found, key=lambda p: [int(t) if t.isdigit() else t
-                                               for t in re.split(r"(\d+)", str(p))])
-        files.extend(p for p in natural if p not in files)
+        files.extend(p for p in sorted(found, key=natural_key) if p not in files)
     return files
 
 
@@ -222,14 +96,14 @@ def _schema(path: Path, table: EdgeTableSpec | NodeTableSpec) -> dict[str, Any]:
         try:
             return {f.name: f.type for f in pq.read_schema(path)}
         except (pa.ArrowException, OSError) as e:
-            raise IngestError(f"{path}: not a readable parquet file: {_first_line(e)}") from None
+            raise IngestError(f"{path}: not a readable parquet file: {first_line(e)}") from None
     if path.stat().st_size == 0:
         raise IngestError(f"{path}: empty file (no CSV header)")
     try:
         names = pl.scan_csv(path, separator=table.separator or ",", infer_schema=False,
                             n_rows=0).collect_schema().names()
     except pl.exceptions.PolarsError as e:
-        raise IngestError(f"{path}: cannot read the CSV header: {_first_line(e)}") from None
+        raise IngestError(f"{path}: cannot read the CSV header: {first_line(e)}") from None
     return {n: None for n in names}
 
 
@@ -256,11 +130,6 @@ def _scan(files: Sequence[Path], table: EdgeTableSpec | NodeTableSpec,
                             null_values=table.null_values or None, row_index_name=ROW,
                             raise_if_empty=False)
     return frame.select(ROW, *columns)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _where(table: EdgeTableSpec | NodeTableSpec, row: int) -> str:
@@ -485,7 +354,7 @@ def ingest_graph(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
         out_dir: output folder; created if missing. An earlier graph data set there is
             replaced; any other non-empty folder is refused.
         nodes: node-table files or globs (``--nodes``); required iff the spec has ``nodes:``.
-        progress: one line per phase on stderr.
+        progress: show a progress bar on stderr (phases done, elapsed time, the last phase).
 
     Returns:
         The report written to ``ingest_report.json``.
@@ -502,10 +371,11 @@ def ingest_graph(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
     _check_out_dir(out)
     edge_files = _resolve(inputs, spec.edges.format)
     node_files = _resolve(nodes, spec.nodes.format) if spec.nodes is not None and nodes else []
-    try:
-        return _ingest(spec, edge_files, node_files, out, progress, started)
-    except pl.exceptions.PolarsError as e:  # a malformed line, a corrupt page: name the file
-        raise _locate_failure(spec, edge_files, node_files, e) from None
+    with phase_bar(None, "ingest graph", disable=not progress) as bar:
+        try:
+            return _ingest(spec, edge_files, node_files, out, bar, started)
+        except pl.exceptions.PolarsError as e:  # a malformed line, a corrupt page: name the file
+            raise _locate_failure(spec, edge_files, node_files, e) from None
 
 
 def _locate_failure(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path],
@@ -518,19 +388,19 @@ def _locate_failure(spec: GraphIngestSpec, edge_files: list[Path], node_files: l
                      pl.scan_csv(path, separator=table.separator or ",", infer_schema=False))
             frame.select(pl.all().null_count()).collect(engine="streaming")
         except pl.exceptions.PolarsError as e:
-            return IngestError(f"{path}: cannot read: {_first_line(e)}")
-    return IngestError(f"{edge_files[0]}: cannot read: {_first_line(error)}")
+            return IngestError(f"{path}: cannot read: {first_line(e)}")
+    return IngestError(f"{edge_files[0]}: cannot read: {first_line(error)}")
 
 
 def _ingest(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path], out: Path,
-            progress: bool, started: float) -> dict:
+            bar: tqdm, started: float) -> dict:
     phases: list[dict] = []
 
     def phase(name: str, t0: float) -> float:
         now = time.perf_counter()
         phases.append({"phase": name, "seconds": round(now - t0, 3)})
-        if progress:
-            print(f"ingest graph: {name}: {now - t0:.1f} s", file=sys.stderr, flush=True)
+        bar.set_postfix_str(f"{name} ({now - t0:.1f} s)", refresh=False)
+        bar.update()
         return now
 
     t = time.perf_counter()

@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -39,6 +38,7 @@ from typing import Iterator, Optional, Sequence
 import polars as pl
 import pyarrow.parquet as pq
 
+from embedtrain.utils import first_line, progress_bar
 from pipelines.report import build_metadata, build_report, dense_statistics
 from pipelines.sources import (
     ROW, IngestError, check_inputs, check_row_limit, criteo_field_counts, describe_row,
@@ -53,29 +53,30 @@ from pipelines.transforms import (
 METADATA_FILE, REPORT_FILE, VOCAB_DIR = "metadata.json", "ingest_report.json", "vocab"
 
 
-class _Progress:
-    """One stderr line per phase, with its throughput; the phases also go into the report."""
+class _Phases:
+    """Times the job's phases for the report; each is shown on stderr as a tqdm bar that ends with
+    the phase's rows and rows/s (or, for a phase without a row count, its time)."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, progress: bool) -> None:
+        self.progress = progress
         self.phases: list[dict] = []
 
     @contextlib.contextmanager
     def phase(self, name: str, rows: Optional[int] = None) -> Iterator[dict]:
         record: dict = {"phase": name, "rows": rows}
-        if self.enabled:
-            print(f"ingest: {name} ...", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        yield record  # the body may fill in record["rows"]
-        seconds = time.perf_counter() - start
-        record["seconds"] = round(seconds, 3)
-        if record["rows"] is not None:
-            record["rows_per_s"] = round(record["rows"] / max(seconds, 1e-9))
-        self.phases.append(record)
-        if self.enabled:
-            rate = f", {record['rows_per_s']:,} rows/s" if record["rows"] is not None else ""
-            rows = f"{record['rows']:,} rows in " if record["rows"] is not None else ""
-            print(f"ingest: {name}: {rows}{seconds:.1f} s{rate}", file=sys.stderr, flush=True)
+        with progress_bar(None, f"ingest: {name}", disable=not self.progress,
+                          bar_format="{desc} ...") as bar:
+            start = time.perf_counter()
+            yield record  # the body may fill in record["rows"]
+            seconds = time.perf_counter() - start
+            record["seconds"] = round(seconds, 3)
+            if record["rows"] is not None:
+                record["rows_per_s"] = round(record["rows"] / max(seconds, 1e-9))
+                bar.bar_format = None  # tqdm's own: "desc: N rows [elapsed, rate rows/s]"
+                bar.update(record["rows"])
+            else:
+                bar.bar_format = "{desc}: {elapsed_s:.1f} s"
+            self.phases.append(record)
 
 
 def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
@@ -89,7 +90,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
         out_dir: output folder; created if missing. If it holds an earlier ingest's output
             (``ingest_report.json``), that output is replaced; any other non-empty folder is
             refused.
-        progress: print a line per phase (with rows/s) to stderr.
+        progress: show a progress bar per phase (rows, rows/s) on stderr.
 
     Returns:
         The report written to ``ingest_report.json``.
@@ -109,7 +110,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     check_row_limit(files, spec)
     out = Path(out_dir)
     _check_out_dir(out)  # before the long passes, not after them
-    log = _Progress(progress)
+    log = _Phases(progress)
     wrong_fields = None
     if spec.input.format is InputFormat.CRITEO_TSV:
         with log.phase("field counts") as rec:
@@ -294,10 +295,6 @@ def _reading(files: Sequence[Path], spec: IngestSpec) -> Iterator[None]:
 
 
 def _locate_failure(files: Sequence[Path], spec: IngestSpec, error: Exception) -> IngestError:
-    def first_line(e: Exception) -> str:
-        text = str(e).strip()
-        return text.splitlines()[0] if text else type(e).__name__
-
     if len(files) > 1:  # the error does not say which file: read them one by one to find out
         for path in files:
             try:

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import polars as pl
 
-from embedtrain.config import to_dict
+from embedtrain.config_io import to_dict
 from pipelines.spec import EmptyList, Encoding, IngestSpec, SparseSpec, SplitMethod
 from pipelines.stats import PassStats, finite, oov_rates
 from pipelines.transforms import SPLIT, SPLITS, Vocabulary

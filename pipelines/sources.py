@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -30,6 +29,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedtrain.utils import first_line, natural_key
 from pipelines.spec import CRITEO_COLUMNS, InputFormat, IngestSpec, SplitMethod, ValueType
 
 ROW = "__row"
@@ -72,11 +72,11 @@ def resolve_inputs(patterns: Sequence[str | os.PathLike], spec: IngestSpec) -> l
         if path.is_dir():
             found = sorted((p for p in path.iterdir()
                             if p.is_file() and p.name.endswith(_EXTENSIONS[spec.input.format])),
-                           key=_natural_key)
+                           key=natural_key)
             what = f"no {'/'.join(_EXTENSIONS[spec.input.format])} files in the directory"
         elif glob.has_magic(pattern):
             found = sorted((Path(p) for p in glob.glob(pattern, recursive=True)
-                            if Path(p).is_file()), key=_natural_key)
+                            if Path(p).is_file()), key=natural_key)
             what = "no input files match"
         else:
             found = [path] if path.is_file() else []
@@ -85,10 +85,6 @@ def resolve_inputs(patterns: Sequence[str | os.PathLike], spec: IngestSpec) -> l
             raise IngestError(f"{pattern}: {what}")
         files.extend(p for p in found if p not in files)
     return files
-
-
-def _natural_key(path: Path) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
 def input_columns(spec: IngestSpec) -> list[str]:
@@ -238,7 +234,7 @@ def _check_parquet(path: Path, spec: IngestSpec) -> None:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as e:
         raise IngestError(f"{path}: not a readable parquet file (truncated or corrupt?): "
-                          f"{_first_line(e)}") from None
+                          f"{first_line(e)}") from None
     types = {f.name: f.type for f in schema}
     missing = [c for c in input_columns(spec) if c not in types]
     if missing:
@@ -280,7 +276,7 @@ def _check_csv_header(path: Path, spec: IngestSpec) -> Optional[list[str]]:
         names = pl.scan_csv(path, separator=spec.input.separator or ",", infer_schema=False,
                             n_rows=0).collect_schema().names()
     except pl.exceptions.PolarsError as e:
-        raise IngestError(f"{path}: cannot read the CSV header: {_first_line(e)}") from None
+        raise IngestError(f"{path}: cannot read the CSV header: {first_line(e)}") from None
     missing = [c for c in input_columns(spec) if c not in names]
     if missing:
         raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
@@ -302,8 +298,3 @@ def _check_criteo_line(path: Path, spec: IngestSpec, lines: int = 5) -> None:
         raise IngestError(f"{path}: not Criteo TSV: line 1 has {counts[0]} tab-separated "
                           f"fields, and none of the first {len(counts)} line(s) has the "
                           f"{len(CRITEO_COLUMNS)} criteo_tsv expects (label, I1..I13, C1..C26)")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from embedtrain.config import ConfigError, load_dataclass
+from embedtrain.config_io import ConfigError, load_dataclass
 
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 

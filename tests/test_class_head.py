@@ -15,7 +15,7 @@ from embedtrain.models.class_head import (
     shard_range,
 )
 from embedtrain.testing.dist import spawn
-from embedtrain.train.xc_metrics import blocked_topk
+from embedtrain.models.topk import blocked_topk
 
 C, D, B = 37, 8, 6  # an odd class count: uneven slices
 

@@ -105,7 +105,7 @@ def tiny_data(tmp_path_factory):
 def test_shipped_configs_build_on_meta_and_plan(path, tiny_data):
     """What each shipped config describes is built (on ``meta``: no memory) and planned: its data
     set where the repository has one (configs/datasets/), else a tiny one of its task."""
-    from embedtrain.train.recipe import plan_model
+    from embedtrain.recipes import plan_model
 
     cfg = load_config(path)
     big = "datasets" in Path(cfg.data.path).parts
@@ -113,7 +113,7 @@ def test_shipped_configs_build_on_meta_and_plan(path, tiny_data):
         cfg.data.path = str(tiny_data[cfg.task])
     cluster = load_cluster(ROOT / "configs/clusters" /
                            ("h100-16x8.yaml" if big else "cpu-1x2.yaml"))
-    report = plan_model(cfg, cluster).report
+    report = plan_model(cfg, cluster).report.to_dict()
     assert report["model"]["task"] == cfg.task.value
     assert report["tables"] and all(t["shards"] for t in report["tables"])
     assert report["summary"]["peak_rank_memory_bytes"] <= report["summary"][
@@ -157,3 +157,60 @@ def test_out_of_range_values_are_one_line(tmp_path, text, expected):
     assert expected in _error(_write(tmp_path, text))
     key, _, value = text.replace(":\n    ", ".").replace(":\n  ", ".").strip().partition(": ")
     assert expected in _error(_write(tmp_path, ""), [f"{key}={value}"])  # and through --set
+
+
+def test_generic_loader_required_keys_mappings_and_extra_keys(tmp_path):
+    """config_io's from_dict: a field without default is required, dict[str, X] values are
+    checked per key, and ignore_unknown skips keys the reader does not need (metadata.json)."""
+    import dataclasses
+
+    from embedtrain.config_io import POSITIVE, config_field, from_dict
+
+    @dataclasses.dataclass
+    class Part:
+        files: list[str]
+        rows: int = config_field(-1)
+
+    @dataclasses.dataclass
+    class File:
+        label: str
+        parts: dict[str, Part]
+        size: int = config_field(1, check=POSITIVE)
+
+    f = from_dict(File, {"label": "y", "parts": {"a": {"files": ["x"]}}, "other": 1},
+                  source="m.json", ignore_unknown=True)
+    assert f.parts["a"] == Part(files=["x"], rows=-1) and f.size == 1
+    with pytest.raises(ConfigError, match=r"^m\.json: label: missing$"):
+        from_dict(File, {"parts": {}}, source="m.json")
+    with pytest.raises(ConfigError, match=r"^m\.json: parts\.a\.files: missing$"):
+        from_dict(File, {"label": "y", "parts": {"a": {}}}, source="m.json")
+    with pytest.raises(ConfigError, match=r"^m\.json: parts\.a\.rows: expected an integer"):
+        from_dict(File, {"label": "y", "parts": {"a": {"files": [], "rows": "3"}}}, source="m.json")
+    with pytest.raises(ConfigError, match=r"^m\.json: other: unknown key"):
+        from_dict(File, {"label": "y", "parts": {}, "other": 1}, source="m.json")
+
+
+def test_dataset_metadata_errors_name_the_key(tmp_path):
+    """metadata.json goes through the generic loader: missing or mistyped keys are one line."""
+    import json
+
+    from embedtrain.features import DatasetError, load_dataset_meta
+
+    good = {"label": "y", "dense": ["d"], "sparse": [{"name": "c", "num_embeddings": 5}],
+            "splits": {"train": {"files": ["t.parquet"], "rows": 3}}, "generator": {"x": 1}}
+    cases = [({}, None), ({"sparse": [{"name": "c"}]}, r"sparse\[0\]\.num_embeddings: missing"),
+             ({"sparse": [{"name": "c", "num_embeddings": 0}]},
+              r"sparse\[0\]\.num_embeddings: must be positive"),
+             ({"splits": {"train": {"rows": 3}}}, r"splits\.train\.files: missing"),
+             ({"dense_transform": "sqrt"}, r"dense_transform: 'sqrt' is not one of")]
+    for i, (change, error) in enumerate(cases):
+        root = tmp_path / str(i)
+        root.mkdir()
+        (root / "metadata.json").write_text(json.dumps({**good, **change}))
+        if error is None:
+            meta = load_dataset_meta(root)
+            assert meta.split_rows == {"train": 3} and meta.extra["generator"] == {"x": 1}
+            assert meta.features.sparse[0].num_embeddings == 5
+            continue
+        with pytest.raises(DatasetError, match=rf"metadata\.json: {error}"):
+            load_dataset_meta(root)

@@ -1,4 +1,4 @@
-"""Tests for embedtrain.data.datagen (small sizes: the whole file runs in a few seconds)."""
+"""Tests for embedtrain.datagen.ctr and .tsv (small sizes: the whole file runs in a few seconds)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedtrain.data.datagen import (
+from embedtrain.datagen.ctr import (
     DENSE_NAMES, MULTI_HOT, SPARSE_NAMES, SPLITS, CTRDataSpec, generate_ctr, log_loss, roc_auc,
     vocab_size)
 
@@ -140,6 +140,34 @@ def test_roc_auc_matches_pairwise_definition_with_ties(seed):
     assert np.isnan(roc_auc(scores, np.zeros(300)))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_roc_auc_matches_torchmetrics_binary_auroc(seed):
+    """The oracle AUC in the metadata and the trainer's AUC (BinaryAUROC, exact) are one metric.
+
+    BinaryAUROC counts true positives in torch's default dtype (float32: ~1e-7), so the
+    reference runs with float64 as the default to be comparable to 1e-9.
+    """
+    torch = pytest.importorskip("torch")
+    from torchmetrics.classification import BinaryAUROC
+
+    rng = np.random.default_rng(100 + seed)
+    n = 5_000
+    labels = (rng.random(n) < 0.25).astype(np.int64)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for scores in (np.round(rng.random(n), 2),               # 101 distinct values: many ties
+                       rng.integers(0, 3, n) / 2.0,              # three values: nearly all tied
+                       (rng.random(n) + 0.3 * labels) / 1.3):    # distinct, informative
+            metric = BinaryAUROC(thresholds=None)
+            metric.update(torch.from_numpy(scores), torch.from_numpy(labels))
+            expected = metric.compute()
+            assert expected.dtype == torch.float64
+            assert abs(roc_auc(scores, labels) - float(expected)) <= 1e-9
+    finally:
+        torch.set_default_dtype(default)
+
+
 def test_log_loss_matches_formula():
     p, y = np.array([0.1, 0.8, 0.5]), np.array([0, 1, 1])
     expected = -(np.log(0.9) + np.log(0.8) + np.log(0.5)) / 3
@@ -181,10 +209,18 @@ def test_spec_validation(kwargs, field):
         CTRDataSpec(**kwargs)
 
 
-def test_progress_goes_to_stderr(tmp_path, capsys):
-    generate_ctr(CTRDataSpec(rows=100), tmp_path, progress=True)
+@pytest.mark.parametrize("form", ["parquet", "tsv"])
+def test_progress_goes_to_stderr(tmp_path, capsys, form):
+    from embedtrain.datagen import generate_ctr_tsv
+
+    generate = generate_ctr if form == "parquet" else generate_ctr_tsv
+    generate(CTRDataSpec(rows=100), tmp_path / "on", progress=True)
     captured = capsys.readouterr()
-    assert captured.out == "" and "100/100 rows" in captured.err
+    final = captured.err.rstrip("\n").split("\r")[-1]  # tqdm's last redraw: the finished bar
+    assert captured.out == "" and final.startswith("datagen: 100%|") and " 100/100 [" in final
+    assert final.endswith(" rows/s]")
+    generate(CTRDataSpec(rows=100), tmp_path / "off", progress=False)
+    assert capsys.readouterr() == ("", "")
 
 
 # --- the raw TSV form (`embedtrain datagen ctr --format tsv`) ------------------------------------
@@ -194,7 +230,7 @@ TSV_SPEC = CTRDataSpec(rows=6_000, seed=4, rows_per_file=2_500)
 
 @pytest.fixture(scope="module")
 def tsv_and_parquet(tmp_path_factory: pytest.TempPathFactory):
-    from embedtrain.data.datagen_tsv import generate_ctr_tsv
+    from embedtrain.datagen import generate_ctr_tsv
 
     root = tmp_path_factory.mktemp("tsv")
     info = generate_ctr_tsv(TSV_SPEC, root / "tsv", progress=False)
@@ -212,8 +248,8 @@ def _read_tsv(paths: list[Path]):
 
 def test_tsv_holds_the_parquet_rows(tsv_and_parquet):
     import polars as pl
-    from embedtrain.data.datagen import PlantedModel, iter_chunks
-    from embedtrain.data.datagen_tsv import hex_tokens
+    from embedtrain.datagen.ctr import PlantedModel, iter_chunks
+    from embedtrain.datagen.tsv import hex_tokens
 
     root, info, meta = tsv_and_parquet
     assert info["files"] == ["part-00000.tsv", "part-00001.tsv", "part-00002.tsv"]
@@ -239,7 +275,7 @@ def test_tsv_holds_the_parquet_rows(tsv_and_parquet):
 
 
 def test_tsv_null_rates_and_determinism(tsv_and_parquet, tmp_path):
-    from embedtrain.data.datagen_tsv import generate_ctr_tsv, null_rate
+    from embedtrain.datagen.tsv import generate_ctr_tsv, null_rate
 
     root, info, _ = tsv_and_parquet
     tsv = _read_tsv([root / "tsv" / f for f in info["files"]])
@@ -255,9 +291,21 @@ def test_tsv_null_rates_and_determinism(tsv_and_parquet, tmp_path):
 
 
 def test_hex_tokens_are_distinct_per_feature():
-    from embedtrain.data.datagen_tsv import hex_tokens
+    from embedtrain.datagen.tsv import hex_tokens
 
     big = max(range(26), key=vocab_size)
     tokens = hex_tokens(big, np.arange(vocab_size(big)))
     assert tokens.dtype == np.dtype("S8") and len(set(tokens.tolist())) == vocab_size(big)
     assert all(len(t) == 8 and int(t, 16) >= 0 for t in tokens[:100].tolist())
+
+
+def test_datagen_imports_no_torch():
+    """The generators (all of ``embedtrain.datagen``) import neither torch nor torchrec."""
+    import subprocess
+    import sys
+
+    code = ("import sys, embedtrain.datagen; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchrec')); "
+            "assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedtrain.data.datagen_graph import GraphDataSpec, generate_graph, homophily
-from embedtrain.data.graph_store import (
-    csr_from_edges, hold_out_edges, load_graph, row_blocks, write_graph)
+from embedtrain.datagen.graph import GraphDataSpec, generate_graph, homophily
+from embedtrain.graph.csr import csr_from_edges, hold_out_edges, row_blocks
+from embedtrain.graph.store import load_graph, write_graph
 from embedtrain.features import DatasetError
 
 SPEC = GraphDataSpec(nodes=6_000, avg_degree=10, seed=3)
@@ -217,6 +217,18 @@ def test_link_fraction_holds_out_edges_absent_from_the_csr(tmp_path):
         assert not present & set((u * g.num_nodes + v).tolist())
         assert not present & set((v * g.num_nodes + u).tolist())
     assert g.num_edges == 2 * (stored - round(0.1 * stored) * 2)
+
+
+@pytest.mark.parametrize("link_fraction, phases", [(0.0, 4), (0.1, 5)])
+def test_progress_goes_to_stderr(tmp_path, capsys, link_fraction, phases):
+    spec = GraphDataSpec(nodes=500, avg_degree=4, link_fraction=link_fraction)
+    generate_graph(spec, tmp_path / "on", progress=True)
+    captured = capsys.readouterr()
+    final = captured.err.rstrip("\n").split("\r")[-1]  # tqdm's last redraw: the finished bar
+    assert captured.out == "" and final.startswith(f"datagen graph: {phases}/{phases} phases [")
+    assert final.endswith(f"], wrote {tmp_path / 'on'}")
+    generate_graph(spec, tmp_path / "off", progress=False)
+    assert capsys.readouterr() == ("", "")
 
 
 def test_spec_validation_names_the_field():

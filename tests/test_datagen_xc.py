@@ -1,4 +1,4 @@
-"""Tests for embedtrain.data.datagen_xc (small sizes: the whole file runs in a few seconds)."""
+"""Tests for embedtrain.datagen.xc (small sizes: the whole file runs in a few seconds)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedtrain.data.datagen import SPLITS
-from embedtrain.data.datagen_xc import (
-    TOKEN_COLUMN, XCDataSpec, XCPlantedModel, dense_names, generate_xc, precision_at_k)
+from embedtrain.datagen.ctr import SPLITS
+from embedtrain.datagen.xc import (
+    TOKEN_COLUMN, XCDataSpec, XCPlantedModel, _oracle_hits, dense_names, generate_xc)
 
 ROWS = 20_000
 SPEC = XCDataSpec(classes=200, rows=ROWS, vocab=2_000, dense_groups=8, rows_per_row_group=2_048,
@@ -179,7 +179,7 @@ def test_oracle_matches_brute_force(spec, tmp_path):
         np.testing.assert_allclose(np.take_along_axis(ref, top, 1), prob, atol=1e-9)
         assert (top[:, 0] == ref_top[:, 0]).mean() > 0.999
     lab_off, lab = _label_csr(t)
-    p1 = precision_at_k(ref_top[:, :1], lab_off, lab, spec.classes).mean()
+    p1 = _oracle_hits(ref_top[:, :1], lab_off, lab, spec.classes).mean()
     assert meta["oracle_p_at_1"]["test"] == pytest.approx(p1, abs=2e-3)
     assert meta["oracle_expected_p_at_1"]["test"] == pytest.approx(ref.max(axis=1).mean())
     assert 0.3 < meta["oracle_p_at_1"]["test"] < 1.0   # a hard instance: Bayes error shows
@@ -243,3 +243,14 @@ def test_empty_test_split_and_validation(tmp_path):
     with pytest.raises(ValueError, match="labels_per_row"):
         XCDataSpec(classes=20, dense_groups=4, multi_label=True, labels_per_row=(1, 8))
     assert XCDataSpec(tokens_per_row=[4, 9]).tokens_per_row == (4, 9)
+
+
+def test_progress_goes_to_stderr(tmp_path, capsys):
+    spec = XCDataSpec(classes=50, rows=500, vocab=100, dense_groups=4)
+    generate_xc(spec, tmp_path / "on", progress=True)
+    captured = capsys.readouterr()
+    final = captured.err.rstrip("\n").split("\r")[-1]  # tqdm's last redraw: the finished bar
+    assert captured.out == "" and final.startswith("datagen xc: 100%|") and " 500/500 [" in final
+    assert final.endswith(" rows/s]")
+    generate_xc(spec, tmp_path / "off", progress=False)
+    assert capsys.readouterr() == ("", "")

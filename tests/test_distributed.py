@@ -179,7 +179,7 @@ def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
     """A Partial FC head split by classes over 2 ranks: the plan's per-rank bytes (tables + head
     slice + its Adagrad state) match what each rank holds, and the checkpoint, resharded onto
     1 rank, evaluates to the 2-rank run's P@k."""
-    from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+    from embedtrain.datagen import XCDataSpec, generate_xc
 
     data = tmp_path / "xc"
     generate_xc(XCDataSpec(classes=301, rows=6000, vocab=2000, noise=0.5, seed=2,

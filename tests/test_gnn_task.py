@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from embedtrain.config import load_config
-from embedtrain.data.datagen_graph import GraphDataSpec, generate_graph
+from embedtrain.datagen import GraphDataSpec, generate_graph
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +20,11 @@ def _cfg(config, data, *overrides):
     return load_config(config, overrides=[
         f"data.path={data}", "data.batch_size=256", "data.eval_batch_size=1024",
         "data.num_workers=0", "gnn.hidden=[32,32]", "gnn.embedding_dim=0", "train.eval_every=0",
-        "train.checkpoint_every=0", "train.progress=false", "train.pipeline=false", *overrides])
+        "train.checkpoint_every=0", "train.progress=false", *overrides])
 
 
 def test_graphsage_beats_features_only_mlp(graph, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     accuracy = {}
     for model in ("mlp", "sage"):
@@ -37,7 +37,7 @@ def test_graphsage_beats_features_only_mlp(graph, tmp_path):
 
 
 def test_link_prediction_ranks_held_out_edges(graph, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     run = build_run(_cfg("configs/gnn_link.yaml", graph, "gnn.negatives=5",
                          "train.max_steps=40"), tmp_path)
@@ -47,7 +47,7 @@ def test_link_prediction_ranks_held_out_edges(graph, tmp_path):
 
 
 def test_node_task_resume_equals_uninterrupted(graph, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     common = ["train.checkpoint_every=5", "gnn.embedding_dim=8"]
     whole = build_run(_cfg("configs/gnn_node.yaml", graph, *common, "train.max_steps=10"),
@@ -125,14 +125,12 @@ def _gnn_batch(task, graph, cfg, ids, negatives=None):
     of 2 hops taken (fanouts -1): a seed's computation is then the same whatever batch it is in."""
     import numpy as np
 
-    from embedtrain.graph.sampler import LinkSampler, NeighborSampler
-    from embedtrain.train import gnn_recipe
-    from embedtrain.train.gnn import GraphBatch, gather_rows
+    from embedtrain.graph import GraphBatch, LinkSampler, NeighborSampler, gather_rows, node_batch
 
     sampler = NeighborSampler(graph.indptr, graph.indices, [-1, -1], seed=0)
     rng = np.random.default_rng(0)
     if task == "node":
-        return gnn_recipe.node_batch(ids, rng, sampler, graph)
+        return node_batch(ids, rng, sampler, graph)
     pos = LinkSampler(graph.indptr, graph.indices).csr_edges(ids)
     b, k = pos.shape[1], len(negatives) // pos.shape[1]
     nodes, inverse = np.unique(np.concatenate([pos[0], pos[1], negatives]), return_inverse=True)
@@ -147,14 +145,14 @@ def _gnn_batch(task, graph, cfg, ids, negatives=None):
 def _gnn_step(rank, world, data, out, task):
     import numpy as np
 
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     config = "configs/gnn_node.yaml" if task == "node" else "configs/gnn_link.yaml"
     cfg = _cfg(config, data, "gnn.fanouts=[-1,-1]", "gnn.embedding_dim=8", "gnn.negatives=2",
                "gnn.out_dim=16", "optim.sparse=sgd", "optim.dense=sgd", "optim.momentum=0.0",
                "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "data.batch_size=64")
     run = build_run(cfg, out)
-    model, optimizer, graph = run.trainer.model, run.trainer.optimizer, run.meta
+    model, optimizer, graph = run.trainer.model, run.trainer.optimizer, run.recipe.dataset
     with torch.no_grad():  # the same weights on any number of ranks
         for name, p in model.named_parameters():
             if "embedding_bags" not in name:

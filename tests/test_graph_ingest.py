@@ -17,8 +17,9 @@ import pytest
 
 from embedtrain.cli import main
 from embedtrain.config import ConfigError
-from embedtrain.data.graph_store import load_graph
-from pipelines.graph import ingest_graph, is_graph_spec, load_graph_spec
+from embedtrain.graph.store import load_graph
+from pipelines.graph import ingest_graph
+from pipelines.graph_spec import is_graph_spec, load_graph_spec
 from pipelines.sources import IngestError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,6 +278,21 @@ def test_spec_errors_name_the_key(tmp_path):
     path.write_text("kind: graph\ngraph: {duplicates: merge}\n")
     with pytest.raises(ConfigError, match="graph.duplicates: 'merge' is not one of drop, keep"):
         load_graph_spec(path)
+
+
+def test_progress_counts_phases_on_stderr(tmp_path, capsys):
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(SPEC.format(fmt="csv", missing="add", directed="false",
+                                     duplicates="drop"))
+    e, n = inputs(tmp_path, "csv")
+    report = ingest_graph(load_graph_spec(spec_path), [e], tmp_path / "out", nodes=[n],
+                          progress=True)
+    out, err = capsys.readouterr()
+    final = err.rstrip("\n").split("\r")[-1]  # the bar's final redraw
+    k = len(report["phases"])
+    assert out == "" and k >= 4 and "\n" not in final
+    assert final.startswith(f"ingest graph: {k} phases [") and final.endswith(" s)")
+    assert f"], {report['phases'][-1]['phase']} (" in final  # the last phase and its time
 
 
 def test_cli(tmp_path, capsys):

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedtrain.config import ConfigError
-from embedtrain.data.datagen_tsv import null_rate
+from embedtrain.datagen.tsv import null_rate
 from embedtrain.features import load_dataset_meta
-from pipelines.graph import is_graph_spec
+from pipelines.graph_spec import is_graph_spec
 from pipelines.hashing import fnv1a64
 from pipelines.ingest import ingest
 from pipelines.sources import IngestError
@@ -138,7 +138,10 @@ def ingested(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]
 def test_cli_ingest_output_contract(ingested):
     raw, out, r = ingested
     assert "read 20,000 rows" in r.stdout and str(out) in r.stdout
-    assert "ingest: row statistics: 20,000 rows" in r.stderr and "rows/s" in r.stderr
+    shown = [line.split("\r")[-1] for line in r.stderr.split("\n")]  # each bar's final redraw
+    stats = [line for line in shown if line.startswith("ingest: row statistics: ")]
+    assert len(stats) == 1 and stats[0].startswith("ingest: row statistics: 20000 rows [")
+    assert stats[0].endswith(" rows/s]")
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["format_version"] == 1 and meta["dense_transform"] == "none"
     assert meta["label"] == "label" and meta["dense"] == [f"I{i}" for i in range(1, 14)]
@@ -253,6 +256,22 @@ def test_time_split_vocab_and_standardisation_use_train_only(tmp_path, timed_csv
     assert train["x"].to_numpy() == pytest.approx((x - x.mean()) / x.std(), abs=1e-5)
     assert valid["x"].to_numpy() == pytest.approx((np.arange(80, 90) - x.mean()) / x.std(),
                                                    abs=1e-5)
+
+
+def test_progress_shows_each_phase_on_stderr(tmp_path, timed_csv, capsys):
+    spec = load_spec(spec_file(tmp_path, TIME_CSV_SPEC))
+    report = ingest(spec, [str(timed_csv)], tmp_path / "out", progress=True)
+    out, err = capsys.readouterr()
+    shown = [line.split("\r")[-1] for line in err.rstrip("\n").split("\n")]  # final redraws
+    assert out == "" and [p["phase"] for p in report["phases"]] == [
+        "split cut-offs", "row statistics", "value counts", "write"]
+    assert len(shown) == 4 and shown[0].startswith("ingest: split cut-offs: ")
+    assert shown[0].endswith(" s")  # no row count: the phase's time
+    for line, name, rows in zip(shown[1:], ["row statistics", "value counts", "write"],
+                                [100, 100, 100]):
+        assert line.startswith(f"ingest: {name}: {rows} rows [") and line.endswith(" rows/s]")
+    ingest(spec, [str(timed_csv)], tmp_path / "out", progress=False)
+    assert capsys.readouterr() == ("", "")
 
 
 def test_time_split_explicit_boundaries_and_row_order(tmp_path, timed_csv):

@@ -16,6 +16,7 @@ from embedtrain.train.large_batch import (
     lr_schedule,
     split_decay_groups,
 )
+from embedtrain.train.options import LRDecay
 
 # --------------------------------------------------------------------------- helpers
 
@@ -312,33 +313,33 @@ SCHED = dict(warmup_steps=10, total_steps=110, step_size=20, gamma=0.5, min_lr_r
 
 
 def test_lr_multiplier_values():
-    f = {d: (lambda s, d=d: lr_multiplier(s, decay=d, **SCHED)) for d in ("none", "cosine", "step")}
+    f = {d: (lambda s, d=d: lr_multiplier(s, decay=d, **SCHED)) for d in LRDecay}
     for d in f:
         warm = [f[d](s) for s in range(10)]
         assert warm[0] == pytest.approx(0.1) and warm[-1] == 1.0
         assert all(a < b for a, b in zip(warm, warm[1:]))
         assert f[d](10) == 1.0
-    assert f["none"](10_000) == 1.0
-    assert f["cosine"](60) == pytest.approx((1 + 0.2) / 2)
-    assert f["cosine"](110) == pytest.approx(0.2) and f["cosine"](500) == pytest.approx(0.2)
-    assert f["cosine"](35) > f["cosine"](85)
-    assert f["step"](29) == 1.0 and f["step"](30) == 0.5
-    assert f["step"](10 + 2 * 20) == pytest.approx(0.25)
-    assert lr_multiplier(0, warmup_steps=0, total_steps=10, decay="cosine") == 1.0
-    assert lr_multiplier(5, warmup_steps=0, total_steps=10, decay="cosine") == pytest.approx(0.5)
+    assert f[LRDecay.NONE](10_000) == 1.0
+    assert f[LRDecay.COSINE](60) == pytest.approx((1 + 0.2) / 2)
+    assert f[LRDecay.COSINE](110) == pytest.approx(0.2) and f[LRDecay.COSINE](500) == pytest.approx(0.2)
+    assert f[LRDecay.COSINE](35) > f[LRDecay.COSINE](85)
+    assert f[LRDecay.STEP](29) == 1.0 and f[LRDecay.STEP](30) == 0.5
+    assert f[LRDecay.STEP](10 + 2 * 20) == pytest.approx(0.25)
+    assert lr_multiplier(0, warmup_steps=0, total_steps=10, decay=LRDecay.COSINE) == 1.0
+    assert lr_multiplier(5, warmup_steps=0, total_steps=10, decay=LRDecay.COSINE) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("kwargs,name", [
     (dict(decay="linear"), "decay"),
     (dict(warmup_steps=-1), "warmup_steps"),
     (dict(total_steps=-5), "total_steps"),
-    (dict(decay="cosine", warmup_steps=200), "total_steps"),
+    (dict(decay=LRDecay.COSINE, warmup_steps=200), "total_steps"),
     (dict(step_size=0), "step_size"),
     (dict(gamma=0.0), "gamma"),
     (dict(min_lr_ratio=1.5), "min_lr_ratio"),
 ])
 def test_bad_schedule_arguments(kwargs, name):
-    args = {**SCHED, "decay": "step", **kwargs}
+    args = {**SCHED, "decay": LRDecay.STEP, **kwargs}
     with pytest.raises(ValueError, match=name):
         lr_multiplier(0, **args)
     with pytest.raises(ValueError, match=name):
@@ -354,7 +355,7 @@ def test_scheduler_round_trip():
     def make():
         model = _mlp()
         opt = LAMB(model.parameters(), lr=0.1)
-        return opt, lr_schedule(opt, decay="cosine", **SCHED)
+        return opt, lr_schedule(opt, decay=LRDecay.COSINE, **SCHED)
 
     opt, sched = make()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.01)  # step 0 of warmup
@@ -367,7 +368,7 @@ def test_scheduler_round_trip():
     assert sched2.last_epoch == 37
     sched.step()
     sched2.step()
-    expected = 0.1 * lr_multiplier(38, decay="cosine", **SCHED)
+    expected = 0.1 * lr_multiplier(38, decay=LRDecay.COSINE, **SCHED)
     assert opt.param_groups[0]["lr"] == pytest.approx(expected)
     assert opt2.param_groups[0]["lr"] == pytest.approx(expected)
-    assert not math.isclose(expected, 0.1 * lr_multiplier(1, decay="cosine", **SCHED))
+    assert not math.isclose(expected, 0.1 * lr_multiplier(1, decay=LRDecay.COSINE, **SCHED))

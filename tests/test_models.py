@@ -7,7 +7,7 @@ import torch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from embedtrain.data.reader import ParquetBatchReader
-from embedtrain.models import dcn, dlrm
+from embedtrain.models.dlrm import dcn, dlrm
 from embedtrain.testing import random_ctr_table, write_parquet
 from embedtrain.train.dist import init_process_group
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
-from embedtrain.config import ClusterConfig, DeviceKind
 from embedtrain.sharding.planner import plan_sharding
 from embedtrain.sharding.report import (
     MEMORY_PARTS,
@@ -19,9 +18,11 @@ from embedtrain.sharding.report import (
     render_markdown,
     write_report,
 )
+from embedtrain.sharding.report_types import PlanReport
+from embedtrain.sharding.types import ClusterConfig, DeviceKind, MemoryTier
 
 
-def _plan(device: DeviceKind) -> dict:
+def _plan(device: DeviceKind) -> PlanReport:
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=16, num_embeddings=1000 * (i + 1),
                                  feature_names=[f"f{i}"]) for i in range(4)]
     model = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -30,18 +31,18 @@ def _plan(device: DeviceKind) -> dict:
 
 
 @pytest.fixture(scope="module")
-def report() -> dict:
+def report() -> PlanReport:
     return _plan(DeviceKind.CUDA)
 
 
 @pytest.fixture(scope="module")
-def cpu_report() -> dict:
+def cpu_report() -> PlanReport:
     return _plan(DeviceKind.CPU)
 
 
-def _with_warning(report: dict, text: str = "rank 3 is the bottleneck") -> dict:
+def _with_warning(report: PlanReport, text: str = "rank 3 is the bottleneck") -> PlanReport:
     out = copy.deepcopy(report)
-    out["warnings"] = [text]
+    out.warnings = [text]
     return out
 
 
@@ -60,8 +61,22 @@ def test_write_report_writes_only_requested_formats(report, tmp_path):
 
 def test_plan_json_round_trips(report, tmp_path):
     (path,) = write_report(report, tmp_path, formats=("json",))
-    assert json.loads(path.read_text()) == json.loads(json.dumps(report))
-    assert json.loads(path.read_text())["summary"] == report["summary"]
+    assert json.loads(path.read_text()) == report.to_dict()
+    assert json.loads(path.read_text())["summary"]["memory_tier"] == "hbm"
+    loaded = PlanReport.from_dict(json.loads(path.read_text()))
+    assert loaded == report
+    assert render_markdown(loaded) == render_markdown(report)
+    assert render_html(loaded) == render_html(report)
+
+
+def test_model_section_is_written_when_set(report, tmp_path):
+    described = copy.deepcopy(report)
+    assert "model" not in described.to_dict()
+    described.model = {"task": "ctr", "config": "configs/dlrm.yaml"}
+    (path,) = write_report(described, tmp_path, formats=("json",))
+    written = json.loads(path.read_text())
+    assert list(written)[-1] == "model" and written["model"]["config"] == "configs/dlrm.yaml"
+    assert PlanReport.from_dict(written).model == described.model
 
 
 def test_unknown_format_raises_and_writes_nothing(report, tmp_path):
@@ -73,10 +88,10 @@ def test_unknown_format_raises_and_writes_nothing(report, tmp_path):
 def test_markdown_lists_every_table_and_rank(report):
     md = render_markdown(report)
     assert md.startswith("# Sharding plan: test-2x4 (8 ranks)")
-    for t in report["tables"]:
-        assert f"| {t['name']} |" in md
-    for r in report["ranks"]:
-        assert re.search(rf"^\| {r['rank']} \| {r['host']} \|", md, re.MULTILINE), r["rank"]
+    for t in report.tables:
+        assert f"| {t.name} |" in md
+    for r in report.ranks:
+        assert re.search(rf"^\| {r.rank} \| {r.host} \|", md, re.MULTILINE), r.rank
     assert "No warnings." in md
 
 
@@ -97,12 +112,12 @@ def test_html_is_self_contained(report):
 
 def test_html_draws_one_segment_per_nonzero_component(report):
     page = render_html(report)
-    tier = report["summary"]["memory_tier"]
+    tier = report.summary.memory_tier
     expected = Counter()
-    for r in report["ranks"]:
-        memory = r["memory"][tier]
-        expected.update((str(r["rank"]), p) for p in MEMORY_PARTS if memory.get(p, 0) > 0)
-        expected.update((str(r["rank"]), p) for p in TIME_PARTS if r["time_ms"][p] > 0)
+    for r in report.ranks:
+        memory = r.memory[tier]
+        expected.update((str(r.rank), p) for p in MEMORY_PARTS if memory.get(p) > 0)
+        expected.update((str(r.rank), p) for p in TIME_PARTS if r.time_ms.part(p) > 0)
     drawn = Counter(re.findall(r'class="seg" data-rank="(\d+)" data-part="(\w+)"', page))
     assert drawn == expected
     assert page.count('class="capacity"') == 1
@@ -112,14 +127,14 @@ def test_html_draws_one_segment_per_nonzero_component(report):
 
 def test_html_escapes_report_text(report):
     evil = _with_warning(report, "<img src=x onerror=alert(1)>")
-    evil["tables"][0]["name"] = "<b>t&0</b>"
+    evil.tables[0].name = "<b>t&0</b>"
     page = render_html(evil)
     assert "<img" not in page and "<b>" not in page
     assert "&lt;b&gt;t&amp;0&lt;/b&gt;" in page
 
 
 def test_cpu_plan_reports_ddr(cpu_report):
-    assert cpu_report["summary"]["memory_tier"] == "ddr"
+    assert cpu_report.summary.memory_tier is MemoryTier.DDR
     md, page = render_markdown(cpu_report), render_html(cpu_report)
     assert "total DDR GiB" in md and "Peak per-rank DDR" in md
     assert "DDR per rank (GiB)" in page and page.count('class="capacity"') == 1

@@ -14,19 +14,21 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 
 from embedtrain.cli import main
-from embedtrain.config import (
+from embedtrain.config import load_cluster
+from embedtrain.sharding.cluster import topology
+from embedtrain.sharding.enumerator import CompactEnumerator
+from embedtrain.sharding.planner import PlanError, plan_sharding, table_constraints
+from embedtrain.sharding.report_types import PlanReport
+from embedtrain.sharding.types import (
     ClusterConfig,
     CommPrecision,
     ComputeKernel,
     DeviceKind,
-    ShardingConfig,
+    MemoryTier,
+    PlannerOptions,
     ShardingType,
     TableConstraint,
-    load_cluster,
 )
-from embedtrain.sharding.cluster import topology
-from embedtrain.sharding.enumerator import CompactEnumerator
-from embedtrain.sharding.planner import PlanError, plan_sharding, table_constraints
 from embedtrain.testing import random_embedding_tables, tiny_ctr_dataset
 
 ROOT = Path(__file__).parent.parent
@@ -71,7 +73,7 @@ def test_compact_estimates_equal_stock_enumerator():
     topo = topology(MULTI_HOST)
     sharders = [EmbeddingBagCollectionSharder()]
     everything = table_constraints([f"t{i}" for i in range(5)],
-                                   ShardingConfig(sharding_types=list(ShardingType)))
+                                   PlannerOptions(sharding_types=list(ShardingType)))
     ours = CompactEnumerator(topo, 512, everything, offload_tables=[f"t{i}" for i in range(5)])
     compact = ours.enumerate(m, sharders)
     stock = {(o.fqn, o.sharding_type, o.compute_kernel): o
@@ -95,7 +97,7 @@ def test_plan_as_fast_as_stock_planner(seed):
     stock = EmbeddingShardingPlanner(topology=topo, batch_size=512)
     stock.plan(m, [EmbeddingBagCollectionSharder()])
     stock_rating = NoopPerfModel(topo).rate(stock._best_plan)
-    ours = plan_sharding(m, MULTI_HOST).report["summary"]["embedding_max_rank_ms"]
+    ours = plan_sharding(m, MULTI_HOST).report.summary.embedding_max_rank_ms
     assert ours <= stock_rating * 1.0001
 
 
@@ -107,50 +109,82 @@ def test_multi_host_plan_on_meta_is_complete():
     module_plan = result.sharding_plan.plan["" if "" in result.sharding_plan.plan else next(iter(result.sharding_plan.plan))]
     assert set(module_plan) == names
     report = result.report
-    assert {t["name"] for t in report["tables"]} == names
-    for t in report["tables"]:
-        rows = sum(s["size"][0] for s in t["shards"]) if t["sharding_type"] in ("row_wise", "table_row_wise") else t["rows"]
-        assert rows == t["rows"]
-        assert all(0 <= s["rank"] < world for s in t["shards"])
-        if t["sharding_type"] == "row_wise":
-            assert sorted(s["rank"] for s in t["shards"]) == list(range(world))
-        if t["sharding_type"] == "table_row_wise":
-            assert len({s["rank"] // 4 for s in t["shards"]}) == 1  # one host
-    ranks = report["ranks"]
-    assert len(ranks) == world and [r["host"] for r in ranks] == [r // 4 for r in range(world)]
+    assert {t.name for t in report.tables} == names
+    for t in report.tables:
+        rows = sum(s.size[0] for s in t.shards) if t.sharding_type in ("row_wise", "table_row_wise") else t.rows
+        assert rows == t.rows
+        assert all(0 <= s.rank < world for s in t.shards)
+        if t.sharding_type == "row_wise":
+            assert sorted(s.rank for s in t.shards) == list(range(world))
+        if t.sharding_type == "table_row_wise":
+            assert len({s.rank // 4 for s in t.shards}) == 1  # one host
+    ranks = report.ranks
+    assert len(ranks) == world and [r.host for r in ranks] == [r // 4 for r in range(world)]
     # Per-rank weights add up to the tables' weights (data-parallel ones count on every rank).
-    weights = sum(r["memory"]["hbm"]["embedding_params"] for r in ranks)
-    expected = sum(t["weight_bytes"] * (world if t["sharding_type"] == "data_parallel" else 1)
-                   for t in report["tables"])
+    weights = sum(r.memory[MemoryTier.HBM].get("embedding_params") for r in ranks)
+    expected = sum(t.weight_bytes * (world if t.sharding_type == "data_parallel" else 1)
+                   for t in report.tables)
     assert weights == expected
-    slowest = max(r["time_ms"]["embedding_total"] for r in ranks)
-    assert report["summary"]["embedding_max_rank_ms"] == pytest.approx(slowest)
+    slowest = max(r.time_ms.embedding_total for r in ranks)
+    assert report.summary.embedding_max_rank_ms == pytest.approx(slowest)
+    assert report.table("t3").name == "t3"
+    with pytest.raises(KeyError, match="no table 'nope'"):
+        report.table("nope")
 
 
 def test_report_schema_is_stable():
-    report = plan_sharding(model(3), MULTI_HOST).report
+    typed = plan_sharding(model(3), MULTI_HOST).report
+    report = typed.to_dict()
     assert json.loads(json.dumps(report)) == report
-    assert set(report) == {"schema_version", "cluster", "sharding", "summary", "warnings",
-                           "planner", "tables", "ranks"}
-    assert set(report["summary"]) == {
+    assert PlanReport.from_dict(json.loads(json.dumps(report))) == typed
+    # plan.json's keys, in order (users script against it).
+    assert list(report) == ["schema_version", "cluster", "sharding", "summary", "warnings",
+                            "planner", "tables", "ranks"]
+    assert list(report["cluster"]) == [
+        "name", "hosts", "devices_per_host", "device", "hbm_gb", "ddr_gb",
+        "hbm_bandwidth_gb_per_s", "ddr_bandwidth_gb_per_s", "intra_host_gb_per_s",
+        "inter_host_gb_per_s", "batch_size_per_rank", "reserved_fraction", "world_size"]
+    assert list(report["sharding"]) == [
+        "sharding_types", "compute_kernels", "tables", "forward_comm_precision",
+        "backward_comm_precision", "pooling_factors_from_data", "dense_allreduce",
+        "powersgd_rank", "search_budget"]
+    assert list(report["summary"]) == [
         "tables", "embedding_weight_bytes", "embedding_optimizer_bytes", "dense_parameter_bytes",
         "dense_allreduce_bytes",
         "embedding_max_rank_ms", "embedding_mean_rank_ms", "imbalance", "slowest_rank",
         "peak_memory_rank", "dense_allreduce_ms",
         "step_estimate_ms", "memory_tier", "peak_rank_memory_bytes", "rank_memory_capacity_bytes",
-        "sharding_types"}
-    assert set(report["tables"][0]) == {
+        "sharding_types"]
+    assert list(report["planner"]) == [
+        "seconds", "search_seconds", "options", "estimated_shards", "proposals", "partitions",
+        "pruned_by_bound", "improving_moves", "best_seed", "seed_ratings_ms"]
+    assert list(report["tables"][0]) == [
         "name", "rows", "dim", "pooling_factor", "sharding_type", "compute_kernel", "ranks",
-        "weight_bytes", "optimizer_bytes", "perf_ms_all_shards", "slowest_shard_ms", "shards"}
-    assert set(report["tables"][0]["shards"][0]) == {"rank", "offset", "size", "hbm_bytes",
-                                                     "ddr_bytes", "perf_ms"}
+        "weight_bytes", "optimizer_bytes", "perf_ms_all_shards", "slowest_shard_ms", "shards"]
+    assert list(report["tables"][0]["shards"][0]) == ["rank", "offset", "size", "hbm_bytes",
+                                                      "ddr_bytes", "perf_ms"]
     rank = report["ranks"][0]
-    assert set(rank) == {"rank", "host", "memory", "time_ms"}
-    assert set(rank["memory"]["hbm"]) == {
+    assert list(rank) == ["rank", "host", "memory", "time_ms"]
+    assert list(rank["memory"]) == ["hbm", "ddr"]
+    assert list(rank["memory"]["hbm"]) == [
         "embedding_params", "embedding_optimizer", "io_and_cache", "dense_model",
-        "dense_gradients", "dense_optimizer", "kjt_buffers", "reserved", "total", "capacity"}
-    assert set(rank["time_ms"]) == {"fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms",
-                                    "prefetch", "embedding_total", "dense_allreduce", "total"}
+        "dense_gradients", "dense_optimizer", "kjt_buffers", "reserved", "total", "capacity"]
+    assert list(rank["memory"]["ddr"]) == [
+        "embedding_params", "embedding_optimizer", "io_and_cache", "total", "capacity"]
+    assert list(rank["time_ms"]) == ["fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms",
+                                     "prefetch", "embedding_total", "dense_allreduce", "total"]
+
+
+def test_planner_options_mirror_the_config_section():
+    """plan.json's ``sharding`` is the options' fields: the config's section has the same ones."""
+    import dataclasses
+
+    from embedtrain.config import ShardingConfig
+    from embedtrain.config_io import to_dict
+
+    names = [f.name for f in dataclasses.fields(PlannerOptions)]
+    assert [f.name for f in dataclasses.fields(ShardingConfig)] == names
+    assert to_dict(ShardingConfig()) == to_dict(PlannerOptions())
 
 
 def test_optimizer_state_is_counted():
@@ -164,12 +198,12 @@ def test_optimizer_state_is_counted():
     m = model(3)
     apply_optimizer_in_backward(RowWiseAdagrad, m.parameters(), {"lr": 0.1})
     rowwise = plan_sharding(m, MULTI_HOST).report
-    weights = plain["summary"]["embedding_weight_bytes"]
-    assert plain["summary"]["embedding_optimizer_bytes"] == 0
-    assert adam["summary"]["embedding_optimizer_bytes"] == 2 * weights
+    weights = plain.summary.embedding_weight_bytes
+    assert plain.summary.embedding_optimizer_bytes == 0
+    assert adam.summary.embedding_optimizer_bytes == 2 * weights
     # Row-wise Adagrad keeps one value per row.
-    rows = sum(t["rows"] * 4 for t in rowwise["tables"])
-    assert rowwise["summary"]["embedding_optimizer_bytes"] == pytest.approx(rows, rel=0.01)
+    rows = sum(t.rows * 4 for t in rowwise.tables)
+    assert rowwise.summary.embedding_optimizer_bytes == pytest.approx(rows, rel=0.01)
 
 
 def test_impossible_model_says_by_how_much_and_which_tables():
@@ -186,27 +220,27 @@ def test_impossible_model_says_by_how_much_and_which_tables():
 
 
 def test_constraints_are_honoured():
-    sharding = ShardingConfig(
+    sharding = PlannerOptions(
         sharding_types=[ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE],
         tables=[TableConstraint(tables=["t0", "t1"], sharding_types=[ShardingType.ROW_WISE]),
                 TableConstraint(tables=["t2"], compute_kernels=[ComputeKernel.FUSED_UVM_CACHING],
                                 cache_load_factor=0.3, pooling_factor=7.5)])
     report = plan_sharding(model(5), MULTI_HOST, sharding).report
-    by = {t["name"]: t for t in report["tables"]}
-    assert by["t0"]["sharding_type"] == by["t1"]["sharding_type"] == "row_wise"
-    assert by["t2"]["compute_kernel"] == "fused_uvm_caching"
-    assert by["t2"]["pooling_factor"] == 7.5
-    assert {by[n]["sharding_type"] for n in ("t2", "t3", "t4")} <= {"table_wise", "column_wise"}
+    by = {t.name: t for t in report.tables}
+    assert by["t0"].sharding_type == by["t1"].sharding_type == "row_wise"
+    assert by["t2"].compute_kernel == "fused_uvm_caching"
+    assert by["t2"].pooling_factor == 7.5
+    assert {by[n].sharding_type for n in ("t2", "t3", "t4")} <= {"table_wise", "column_wise"}
 
 
 def test_inconsistent_constraints_are_named():
-    sharding = ShardingConfig(tables=[TableConstraint(
+    sharding = PlannerOptions(tables=[TableConstraint(
         tables=["t1"], sharding_types=[ShardingType.DATA_PARALLEL],
         compute_kernels=[ComputeKernel.FUSED])])
     with pytest.raises(PlanError, match=r"table t1: compute kernel\(s\) fused cannot do sharding "
                                         r"type\(s\) data_parallel on cuda \(data_parallel takes dense\)"):
         plan_sharding(model(3), MULTI_HOST, sharding)
-    typo = ShardingConfig(tables=[TableConstraint(tables=["t_C*"])])
+    typo = PlannerOptions(tables=[TableConstraint(tables=["t_C*"])])
     with pytest.raises(PlanError, match=r"sharding.tables\[0\].tables: 't_C\*' matches no table"):
         plan_sharding(model(3), MULTI_HOST, typo)
 
@@ -214,26 +248,28 @@ def test_inconsistent_constraints_are_named():
 @pytest.mark.parametrize("kind", [ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE])
 def test_row_wise_offered_on_cpu(kind):
     """TorchRec's stock sharders refuse row-wise on cpu; embedtrain's plan it."""
-    sharding = ShardingConfig(sharding_types=[kind])
+    sharding = PlannerOptions(sharding_types=[kind])
     report = plan_sharding(model(3), CPU2, sharding).report
-    assert {t["sharding_type"] for t in report["tables"]} == {kind.value}
-    assert report["summary"]["memory_tier"] == "ddr"
-    assert report["ranks"][0]["memory"]["ddr"]["embedding_params"] > 0
-    assert report["ranks"][0]["memory"]["hbm"]["total"] == 0
+    assert {t.sharding_type for t in report.tables} == {kind.value}
+    assert report.summary.memory_tier is MemoryTier.DDR
+    assert report.ranks[0].memory[MemoryTier.DDR].get("embedding_params") > 0
+    assert report.ranks[0].memory[MemoryTier.HBM].total == 0
+    assert report.to_dict()["summary"]["memory_tier"] == "ddr"
+    assert report.to_dict()["cluster"]["hbm_gb"] == 0.0
 
 
 def test_qcomms_halve_the_estimated_all_to_all():
     fixed = dict(sharding_types=[ShardingType.TABLE_WISE])
-    fp32 = plan_sharding(model(4), MULTI_HOST, ShardingConfig(**fixed)).report
-    fp16 = plan_sharding(model(4), MULTI_HOST, ShardingConfig(
+    fp32 = plan_sharding(model(4), MULTI_HOST, PlannerOptions(**fixed)).report
+    fp16 = plan_sharding(model(4), MULTI_HOST, PlannerOptions(
         **fixed, forward_comm_precision=CommPrecision.FP16,
         backward_comm_precision=CommPrecision.BF16)).report
 
     def comms(r):
-        return sum(x["time_ms"]["fwd_comms"] + x["time_ms"]["bwd_comms"] for x in r["ranks"])
+        return sum(x.time_ms.fwd_comms + x.time_ms.bwd_comms for x in r.ranks)
 
     assert comms(fp16) < 0.75 * comms(fp32)
-    assert fp16["sharding"]["forward_comm_precision"] == "fp16"
+    assert fp16.to_dict()["sharding"]["forward_comm_precision"] == "fp16"
 
 
 def test_cli_plan_writes_reports(tmp_path, capsys):
@@ -262,24 +298,24 @@ def test_cli_plan_failure_is_one_line(tmp_path, capsys):
 
 def test_pooling_factors_measured_from_data(tmp_path):
     from embedtrain.config import Config, DataConfig
-    from embedtrain.train.recipe import plan_model
+    from embedtrain.recipes import plan_model
 
     data = tiny_ctr_dataset(tmp_path / "data", rows=3000)
     cfg = Config(data=DataConfig(path=str(data)))
     report = plan_model(cfg, CPU2).report
-    by = {t["name"]: t["pooling_factor"] for t in report["tables"]}
+    by = {t.name: t.pooling_factor for t in report.tables}
     assert by["t_C1"] == 1.0
     assert 1.5 < by["t_C24"] < 3.5  # lists of 0..5 ids
-    assert report["model"]["pooling_factors"].startswith("measured")
+    assert report.model["pooling_factors"].startswith("measured")
 
 
 def test_data_parallel_only_where_listed():
     """Replicating a table changes its optimizer (TorchRec steps it with the dense one)."""
     tiny = model(4, log10_rows=(1, 2))  # tables of 10-100 rows: cheap to replicate
     default = plan_sharding(tiny, CPU2).report
-    assert "data_parallel" not in {t["sharding_type"] for t in default["tables"]}
-    listed = ShardingConfig(tables=[TableConstraint(tables=["t1"],
+    assert "data_parallel" not in {t.sharding_type for t in default.tables}
+    listed = PlannerOptions(tables=[TableConstraint(tables=["t1"],
                                                     sharding_types=[ShardingType.DATA_PARALLEL])])
-    by = {t["name"]: t for t in plan_sharding(tiny, CPU2, listed).report["tables"]}
-    assert by["t1"]["sharding_type"] == "data_parallel" and by["t1"]["ranks"] == [0, 1]
-    assert by["t0"]["sharding_type"] != "data_parallel"
+    by = {t.name: t for t in plan_sharding(tiny, CPU2, listed).report.tables}
+    assert by["t1"].sharding_type == "data_parallel" and by["t1"].ranks == [0, 1]
+    assert by["t0"].sharding_type != "data_parallel"

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+from embedtrain.datagen import XCDataSpec, generate_xc
 from embedtrain.data.reader import DataError, LastBatch, ParquetBatchReader
 from embedtrain.features import DatasetError, FeatureSpec, SparseFeature, load_dataset_meta
 from embedtrain.testing import write_parquet

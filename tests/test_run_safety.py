@@ -34,7 +34,7 @@ def _cfg(data, *overrides):
 @pytest.fixture(scope="module")
 def run_dir(data, tmp_path_factory):
     """A finished run with checkpoints at steps 3, 6 and 9."""
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     out = tmp_path_factory.mktemp("run")
     build_run(_cfg(data), out).trainer.fit()
@@ -56,7 +56,7 @@ def _truncate(path: Path) -> None:
 
 
 def _trainer(data, out):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     return build_run(_cfg(data), out, record_plan=False).trainer
 
@@ -113,7 +113,7 @@ def test_full_disk_keeps_the_earlier_checkpoints(data, run_dir, tmp_path, monkey
 
 
 def test_a_checkpoint_of_another_model_is_refused_without_fallback(data, run_dir, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     run = _copy(run_dir, tmp_path)
     other = build_run(_cfg(data, "model.embedding_dim=4", "model.bottom_mlp=[16,4]"), run,
@@ -141,7 +141,7 @@ def test_batch_that_does_not_split_is_refused_before_launching(data, tmp_path):
 
 
 def test_batch_larger_than_the_split_is_one_line(data, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     rows = json.loads((data / "metadata.json").read_text())["splits"]["train"]["rows"]
     with pytest.raises(ValueError, match=rf"data.batch_size: 4,096 \(the global batch\) is larger "

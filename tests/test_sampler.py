@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from embedtrain.graph import (
+    GraphData,
     LinkSampler,
     NegativeSampling,
     NeighborSampler,
     SeedBatches,
-    edge_batches,
-    sage_forward,
+    link_loader,
 )
+from embedtrain.models.gnn import GraphSAGE
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -236,25 +238,30 @@ def test_memory_mapped_csr_gives_the_same_blocks(tmp_path):
 
 
 # --------------------------------------------------------------------------- blocks and layers
-def _sage_pair(dims=(8, 16, 4)):
-    from torch_geometric.nn import SAGEConv
-
+def _sage(hidden=(16, 4)):
+    """GraphSAGE on 8 node features alone (no node-id table), SAGEConv layers of ``hidden``."""
     torch.manual_seed(0)
-    return [SAGEConv(dims[0], dims[1]), SAGEConv(dims[1], dims[2])]
+    return GraphSAGE(num_nodes=0, num_features=8, embedding_dim=0, hidden=list(hidden), out_dim=3)
+
+
+def _full_graph(model, x, edge_index):
+    """The model's layers run over one edge list at every layer (no sampling, no trimming)."""
+    h = model.convs[1](torch.relu(model.convs[0](x, edge_index)), edge_index)
+    return model.out(h)
 
 
 def test_blocks_with_all_neighbours_equal_full_graph_sage():
-    """fanout -1: a 2-layer SAGEConv over the blocks gives the full-graph outputs at the seeds."""
+    """fanout -1: GraphSAGE over the blocks gives the full-graph outputs at the seeds."""
     indptr, indices = random_csr(300, 6, seed=4, hubs=1)
-    convs = _sage_pair()
+    model = _sage().eval()
     x = torch.randn(300, 8)
     row = torch.from_numpy(np.repeat(np.arange(300), np.diff(indptr)))
     full_edges = torch.stack([torch.from_numpy(indices.astype(np.int64)), row])  # source->row
-    full = convs[1](torch.relu(convs[0](x, full_edges)), full_edges)
+    full = _full_graph(model, x, full_edges)
     seeds = np.array([5, 17, 0, 250, 99])
     blocks = NeighborSampler(indptr, indices, [-1, -1]).sample(seeds, step=0)
-    out = sage_forward(convs, x[blocks.n_id], blocks)
-    assert out.shape == (5, 4)
+    out = model(blocks, features=x[blocks.n_id])
+    assert out.shape == (5, 3)
     torch.testing.assert_close(out, full[torch.from_numpy(seeds)], rtol=1e-5, atol=1e-5)
 
 
@@ -262,15 +269,14 @@ def test_sampled_blocks_equal_sage_on_the_sampled_graph():
     """With fanouts, the layered forward equals a plain full-graph SAGEConv over the sampled
     edges (each node's sample reused by every layer), at the seeds."""
     indptr, indices = random_csr(400, 12, seed=5)
-    convs = _sage_pair()
+    model = _sage().eval()
     x = torch.randn(400, 8)
     blocks = NeighborSampler(indptr, indices, [4, 3]).sample(np.arange(0, 400, 13), step=2)
     xs = x[blocks.n_id]
-    ei = blocks.edge_index[-1]
-    plain = convs[1](torch.relu(convs[0](xs, ei)), ei)[:blocks.num_seeds]
-    torch.testing.assert_close(sage_forward(convs, xs, blocks), plain, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="3 layers for blocks of 2 hops"):
-        sage_forward(convs + convs[:1], xs, blocks)
+    plain = _full_graph(model, xs, blocks.edge_index[-1])[:blocks.num_seeds]
+    torch.testing.assert_close(model(blocks, features=xs), plain, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="draws 2 hop.*has 3 SAGEConv layer"):
+        _sage((16, 16, 4))(blocks, features=xs)
 
 
 # ------------------------------------------------------------------------------- seed batches
@@ -356,18 +362,20 @@ def test_negative_frequencies_uniform_and_by_degree():
         LinkSampler(indptr, indices, negative="degree")
 
 
-def test_edge_batches_cover_every_csr_edge_once_with_blocks():
+def test_link_loader_covers_every_csr_edge_once_with_blocks():
     indptr, indices = random_csr(150, 5, seed=8)
-    link = LinkSampler(indptr, indices, num_negatives=2)
-    sampler = NeighborSampler(indptr, indices, [3, 2])
-    batches = list(edge_batches(link, 50, sampler=sampler, seed=2).iter_epoch(0))
+    graph = GraphData(root=Path("."), name="t", num_nodes=150, directed=False, indptr=indptr,
+                      indices=indices)
+    batches = list(link_loader(graph, 50, [3, 2], num_negatives=2, seed=2).iter_epoch(0))
     seen = []
     for b in batches:
-        assert torch.equal(b.blocks.n_id[:len(b.node_ids)], b.node_ids)
-        u, v = b.node_ids[b.pos_index].numpy()
+        ends = b.blocks.n_id[:b.blocks.num_seeds]  # the distinct endpoints, sorted
+        assert (ends.diff() > 0).all() and b.features is None
+        assert b.negatives.shape == (2, 2 * b.pairs.shape[1])
+        u, v = ends[b.pairs].numpy()
         seen += list(zip(u.tolist(), v.tolist()))
     row = np.repeat(np.arange(150), np.diff(indptr))
     assert sorted(seen) == sorted(zip(row.tolist(), indices.tolist()))
     split = np.array([[0, 1, 2], [3, 4, 5]])
-    only = list(edge_batches(link, 2, edges=split, shuffle=False).iter_epoch(0))
-    assert [b.node_ids[b.pos_index].tolist() for b in only] == [[[0, 1], [3, 4]], [[2], [5]]]
+    only = list(link_loader(graph, 2, [1], edges=split, shuffle=False).iter_epoch(0))
+    assert [b.blocks.n_id[b.pairs].tolist() for b in only] == [[[0, 1], [3, 4]], [[2], [5]]]

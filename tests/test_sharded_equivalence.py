@@ -84,9 +84,9 @@ def _one_type(rank: int, sharding_type: str, ids, loss_w, weights) -> dict:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from embedtrain.config import ClusterConfig, DeviceKind, ShardingConfig, ShardingType
     from embedtrain.sharding.planner import plan_sharding
     from embedtrain.sharding.sharders import embedding_sharders
+    from embedtrain.sharding.types import ClusterConfig, DeviceKind, PlannerOptions, ShardingType
 
     start, stop = rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH
     # Unsharded reference with the same weights: its output on the local half, and (rank 0)
@@ -109,10 +109,10 @@ def _one_type(rank: int, sharding_type: str, ids, loss_w, weights) -> dict:
     apply_optimizer_in_backward(torch.optim.SGD, model.parameters(), {"lr": LR})
     cluster = ClusterConfig(name="test-cpu", hosts=1, devices_per_host=WORLD,
                             device=DeviceKind.CPU, ddr_gb=4)
-    sharding = ShardingConfig(sharding_types=[ShardingType(sharding_type)])
+    sharding = PlannerOptions(sharding_types=[ShardingType(sharding_type)])
     plan = plan_sharding(model, cluster, sharding).sharding_plan
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
-                                   sharders=embedding_sharders(sharding),
+                                   sharders=embedding_sharders(),
                                    env=ShardingEnv.from_process_group(dist.GroupMember.WORLD))
 
     def local_shards() -> dict:

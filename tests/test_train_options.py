@@ -44,7 +44,7 @@ def _dense(trainer) -> dict:
 
 
 def test_grad_accumulation_equals_the_big_batch(data, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     big = build_run(_cfg(data, 256), tmp_path / "big").trainer
     small = build_run(_cfg(data, 128, grad_accumulation=2), tmp_path / "small").trainer
@@ -65,7 +65,7 @@ def test_grad_accumulation_equals_the_big_batch(data, tmp_path):
 def test_bf16_dense_runs_the_training_forward_under_autocast(data, tmp_path, bf16):
     """With train.bf16_dense the trainer's training step runs the dense layers in bfloat16 (their
     outputs are bf16 tensors), the loss stays fp32; without it everything is fp32."""
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     trainer = build_run(_cfg(data, 256, bf16_dense=bf16), tmp_path / "bf16").trainer
     seen = {}
@@ -90,7 +90,7 @@ def test_bf16_dense_runs_the_training_forward_under_autocast(data, tmp_path, bf1
 
 
 def test_lr_schedule_steps_and_resumes(data, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     cfg = _cfg(data, 256, checkpoint_every=3)
     cfg.optim = OptimConfig(dense=DenseOptimizer.LAMB, dense_lr=0.01, warmup_steps=4,
@@ -123,7 +123,7 @@ def test_dense_allreduce_bytes_reflect_compression():
 def _hooked_grads(rank, world, data, modes):
     import tempfile
 
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     results = {}
     for mode in modes:

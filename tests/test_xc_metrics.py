@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from embedtrain.testing.dist import spawn
-from embedtrain.train.xc_metrics import (XCMetrics, blocked_topk, distributed_topk, merge_topk,
-                                         ndcg_at_k, pad_targets, precision_at_k, recall_at_k)
+from embedtrain.models.topk import blocked_topk, distributed_topk, merge_topk
+from embedtrain.train.xc_metrics import (XCMetrics, ndcg_at_k, pad_targets, precision_at_k,
+                                         recall_at_k)
 
 
 def _reference(scores: torch.Tensor, k: int, offset: int = 0):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from embedtrain.config import load_cluster, load_config
-from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+from embedtrain.datagen import XCDataSpec, generate_xc
 
 CLASSES = 300
 
@@ -22,12 +22,12 @@ def _cfg(data, *overrides):
     return load_config("configs/xc_synthetic.yaml", overrides=[
         f"data.path={data}", "data.batch_size=128", "data.eval_batch_size=512",
         "data.num_workers=0", "xc.embedding_dim=32", "xc.mlp=[64]", "train.eval_every=0",
-        "train.progress=false", "train.pipeline=false", *overrides])
+        "train.progress=false", *overrides])
 
 
 @pytest.mark.parametrize("kind", ["full", "partial_fc", "hard_negatives", "adaptive", "mach"])
 def test_every_head_learns(xc_data, tmp_path, kind):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     run = build_run(_cfg(xc_data, f"xc.head.kind={kind}", "xc.head.sample_rate=0.2",
                          "xc.head.refresh_every=10", "train.max_steps=150",
@@ -48,7 +48,7 @@ def _state(trainer):
 
 
 def test_resume_equals_uninterrupted(xc_data, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     common = ["xc.head.kind=partial_fc", "xc.head.sample_rate=0.3", "train.checkpoint_every=10"]
     whole = build_run(_cfg(xc_data, *common, "train.max_steps=20"), tmp_path / "whole").trainer
@@ -80,10 +80,10 @@ def test_resume_equals_uninterrupted(xc_data, tmp_path):
 
 
 def test_plan_sizes_the_class_head(xc_data):
-    from embedtrain.train.recipe import plan_model
+    from embedtrain.recipes import plan_model
 
     cluster = load_cluster("configs/clusters/cpu-1x2.yaml")
-    report = plan_model(_cfg(xc_data, "xc.head.kind=partial_fc"), cluster).report
+    report = plan_model(_cfg(xc_data, "xc.head.kind=partial_fc"), cluster).report.to_dict()
     (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
     assert head["sharding_type"] == "row_wise"
     rows = [s["rows"] if "rows" in s else s["size"][0] for s in head["shards"]]
@@ -97,8 +97,8 @@ def test_plan_sizes_the_class_head(xc_data):
 
 
 def test_xc_task_on_ctr_data_is_one_line(tmp_path):
-    from embedtrain.data.datagen import CTRDataSpec, generate_ctr
-    from embedtrain.train.recipe import build_run
+    from embedtrain.datagen import CTRDataSpec, generate_ctr
+    from embedtrain.recipes import build_run
 
     generate_ctr(CTRDataSpec(rows=2_000, seed=1), tmp_path / "ctr")
     with pytest.raises(ValueError, match="task xc needs a classification data set"):
@@ -121,15 +121,18 @@ def _slice(batch, lo, hi):
 def _one_step(rank, world, data, out, kind):
     from embedtrain.data.reader import ParquetBatchReader
     from embedtrain.features import load_dataset_meta
-    from embedtrain.train.recipe import _xc_model, local_cluster
+    from embedtrain.recipes.base import local_cluster
+    from embedtrain.recipes.xc import XCRecipe
 
     cfg = _cfg(data, f"xc.head.kind={kind}", "xc.head.sample_rate=1.0", "optim.sparse=sgd",
                "optim.dense=sgd", "optim.momentum=0.0", "xc.head.optimizer=sgd",
                "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "xc.head.lr=0.5")
     meta = load_dataset_meta(data)
     torch.manual_seed(0)
-    dmp, optimizer, _, task = _xc_model(cfg, meta, local_cluster(world, torch.device("cpu"), 64),
-                                        torch.device("cpu"), out)
+    recipe = XCRecipe(cfg)
+    dmp, optimizer, _ = recipe.sharded_model(local_cluster(world, torch.device("cpu"), 64),
+                                             torch.device("cpu"), out)
+    task = recipe.task()
     # The encoder's initial weights differ with the sharding: make them the same everywhere.
     with torch.no_grad():
         for name, p in dmp.named_parameters():
@@ -221,10 +224,10 @@ def test_two_ranks_step_like_one(xc_data, two_rank_steps, tmp_path, kind):
 def test_hundred_million_class_head_dry_run():
     """configs/xc_100m.yaml on one 8-GPU host: Partial FC fits, the full softmax's logits do not."""
     from embedtrain.sharding.planner import PlanError
-    from embedtrain.train.recipe import plan_model
+    from embedtrain.recipes import plan_model
 
     cluster = load_cluster("configs/clusters/a100-1x8.yaml")
-    report = plan_model(load_config("configs/xc_100m.yaml"), cluster).report
+    report = plan_model(load_config("configs/xc_100m.yaml"), cluster).report.to_dict()
     (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
     assert head["weight_bytes"] == 100_000_000 * 128 * 4
     assert head["optimizer_bytes"] == head["weight_bytes"]  # Adagrad: one value per weight
@@ -246,7 +249,7 @@ def multi_label_data(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["partial_fc", "mach"])
 def test_multi_label_heads_learn(multi_label_data, tmp_path, kind):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     run = build_run(_cfg(multi_label_data, f"xc.head.kind={kind}", "xc.head.sample_rate=0.3",
                          "train.max_steps=100", "train.checkpoint_every=0"), tmp_path)
@@ -255,7 +258,7 @@ def test_multi_label_heads_learn(multi_label_data, tmp_path, kind):
 
 
 def test_adaptive_refuses_multi_label_data(multi_label_data, tmp_path):
-    from embedtrain.train.recipe import build_run
+    from embedtrain.recipes import build_run
 
     with pytest.raises(ValueError, match="adaptive takes one label per example"):
         build_run(_cfg(multi_label_data, "xc.head.kind=adaptive"), tmp_path)

@@ -1,4 +1,5 @@
-"""Data: the streaming parquet loader producing TorchRec batches, and synthetic data generators."""
+"""Data: the streaming parquet loader producing TorchRec batches (synthetic data sets:
+:mod:`embedtrain.datagen`)."""
 
 from embedtrain.data.reader import DataError, LastBatch, ParquetBatchReader
 

@@ -175,7 +175,6 @@ class ParquetBatchReader:
         self.rank, self.world_size = rank, world_size
         self.unit = "rows"  # what the counts count, for messages
         self._keys = features.sparse_names
-        self._epoch = 0
         units: list[RowGroup] = []
         layouts: list[tuple[Path, SparseLayout]] = []
         for f in map(Path, files):
@@ -233,11 +232,9 @@ class ParquetBatchReader:
             return 0
         return self.total_rows - len(self) * self.batch_size * self.world_size
 
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
-
     def __iter__(self) -> Iterator[Batch]:
-        return self.iter_epoch(self._epoch)
+        """The batches of epoch 0 (:meth:`iter_epoch` for any other)."""
+        return self.iter_epoch(0)
 
     def iter_epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Batch]:
         """Yields the batches of ``epoch``, starting after the first ``skip_batches``.

@@ -35,7 +35,8 @@ nodes within ``h`` hops. Each node is sampled once, at the hop after it is first
 that hop's fanout; ``edge_index[h - 1]`` holds the edges sampled at hops ``1..h`` (row 0: the
 sampled neighbour, the message source; row 1: the node it was sampled for, the target), so its
 targets are exactly the nodes within ``h - 1`` hops, each with its full sample. A GNN of ``H``
-layers runs its first layer over hop ``H`` and its last over hop 1 (:func:`sage_forward`)::
+layers runs its first layer over hop ``H`` and its last over hop 1
+(:class:`~embedtrain.models.gnn.GraphSAGE`)::
 
     for layer, h in zip(convs, range(H, 0, -1)):
         x = layer((x[:num_nodes_per_hop[h]], x[:num_nodes_per_hop[h - 1]]), edge_index[h - 1])
@@ -48,27 +49,23 @@ Example:
     >>> blocks.num_nodes_per_hop[0], len(blocks.edge_index), int(blocks.edge_index[0].shape[1])
     (1, 2, 1)
 
-:class:`SeedBatches` splits seed ids into per-rank batches (the trainer's ``EpochData``) and can
-run the sampler in worker threads; :class:`LinkSampler` and :func:`edge_batches` make positive
-and negative node pairs for link prediction.
+Where this sits in the data flow (PyG's split): a loader (:mod:`embedtrain.graph.loader`) splits
+seed ids into batches and calls, per batch, a collate (:mod:`embedtrain.graph.batch`) that runs
+this sampler (for links, :mod:`embedtrain.graph.link` first draws the pairs whose endpoints are
+the seeds) and then attaches the sampled nodes' features and the targets.
 """
 
 from __future__ import annotations
 
-import collections
-import enum
-import itertools
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[int]]
 RngLike = Union[np.random.Generator, int, None]
-T = TypeVar("T")
 
 _LONG_ROW = 4  # weighted rows longer than this x fanout are drawn by rejection
 _PROPOSALS = 4  # uniform proposals per pick tried for a long row before the exact fallback
@@ -108,40 +105,9 @@ class SampledBlocks:
         return self.num_edges_per_hop[-1] if self.num_edges_per_hop else 0
 
 
-def sage_forward(convs: Sequence[Callable[..., torch.Tensor]], x: torch.Tensor,
-                 blocks: SampledBlocks,
-                 activation: Callable[[torch.Tensor], torch.Tensor] = torch.relu) -> torch.Tensor:
-    """Runs bipartite message-passing layers (e.g. PyG ``SAGEConv``) over sampled blocks.
-
-    Args:
-        convs: one layer per hop, first layer first; each is called as
-            ``conv((x_source, x_target), edge_index)`` with PyG's ``[2, E]`` source -> target
-            edges and returns the targets' outputs.
-        x: input features of the block's nodes, ``[n_total, F]`` in ``blocks.n_id`` order
-            (``features[blocks.n_id]``).
-        blocks: the sampled blocks, with as many hops as ``convs``.
-        activation: applied between layers (not after the last).
-
-    Returns:
-        The seeds' outputs, ``[num_seeds, F_out]``.
-
-    Example:
-        >>> from torch_geometric.nn import SAGEConv
-        >>> convs = [SAGEConv(8, 16), SAGEConv(16, 4)]
-        >>> out = sage_forward(convs, features[blocks.n_id], blocks)   # [num_seeds, 4]
-    """
-    if len(convs) != blocks.num_hops:
-        raise ValueError(f"{len(convs)} layers for blocks of {blocks.num_hops} hops")
-    n = blocks.num_nodes_per_hop
-    for layer, conv in enumerate(convs):
-        h = blocks.num_hops - layer
-        x = conv((x[:n[h]], x[:n[h - 1]]), blocks.edge_index[h - 1])
-        if layer < len(convs) - 1:
-            x = activation(x)
-    return x[:blocks.num_seeds]
-
-
-def _as_numpy(a: ArrayLike, name: str) -> np.ndarray:
+def as_numpy(a: ArrayLike, name: str) -> np.ndarray:
+    """``a`` (array, tensor or sequence) as a 1-D NumPy array, without copying a memory map;
+    raises ``ValueError`` naming ``name`` if it is not 1-D."""
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
     # np.asarray of a memmap is a plain ndarray over the same mapping: no copy, no read.
@@ -194,9 +160,9 @@ class NeighborSampler:
     def __init__(self, indptr: ArrayLike, indices: ArrayLike, fanouts: Sequence[int],
                  weights: Optional[ArrayLike] = None, replace: bool = False,
                  seed: int = 0) -> None:
-        self.indptr = _as_numpy(indptr, "indptr")
-        self.indices = _as_numpy(indices, "indices")
-        self.weights = None if weights is None else _as_numpy(weights, "weights")
+        self.indptr = as_numpy(indptr, "indptr")
+        self.indices = as_numpy(indices, "indices")
+        self.weights = None if weights is None else as_numpy(weights, "weights")
         if self.indptr.dtype != np.int64:
             self.indptr = self.indptr.astype(np.int64)
         if self.indices.dtype not in (np.int32, np.int64):
@@ -249,7 +215,7 @@ class NeighborSampler:
             :class:`SampledBlocks` with ``len(fanouts)`` hops.
         """
         gen = _rng(rng, self.seed, step, self._default_rng)
-        seeds = _as_numpy(seeds, "seeds").astype(np.int64, copy=False)
+        seeds = as_numpy(seeds, "seeds").astype(np.int64, copy=False)
         if len(seeds) and (seeds.min() < 0 or seeds.max() >= self.num_nodes):
             raise ValueError(f"seed ids must be in [0, {self.num_nodes}), got "
                              f"[{seeds.min()}, {seeds.max()}]")
@@ -418,306 +384,3 @@ class NeighborSampler:
         order = np.argsort(row + np.where(np.isnan(frac), cap, np.minimum(frac, cap)))
         keep = within < fanout  # positions of the sorted array: each row's `fanout` first
         return within[order[keep]].reshape(len(deg), fanout).T
-
-
-class SeedBatches(Generic[T]):
-    """Seed ids of one rank, in batches, per epoch: the trainer's ``EpochData``.
-
-    An epoch permutes all ids with ``(seed, epoch)`` (the same order on every rank) and gives
-    rank ``r`` the entries ``r, r + world_size, ...``: every id lands on exactly one rank once per
-    epoch, with no padding, and step ``b``'s batches of all ranks together are one contiguous
-    slice of the permutation (what one rank with the global batch would take). All ranks yield
-    ``len()`` batches (the ranks' shares differ by at most one id, so only the last batch of a rank
-    can be shorter than the others' or, when fewer ids than ranks are left, empty: tasks give an
-    empty batch a zero loss). Batch ``b`` of the epoch is ``collate(ids, rng)`` with ``rng =
-    default_rng([seed, epoch, rank, b])``, so a batch is the same whatever ``num_workers`` is and
-    when resuming with ``skip_batches``.
-
-    Args:
-        node_ids: the seed ids (e.g. the training nodes), or ``n`` for ``0..n-1``.
-        batch_size: seeds per batch (per rank).
-        shuffle: permute the ids each epoch (else keep their order).
-        seed: base seed of the permutation and of the batches' generators.
-        rank, world_size: this rank and the number of ranks.
-        num_workers: threads running ``collate`` ahead of the consumer (0: in the caller).
-        collate: ``(ids, rng) -> batch``, e.g. ``lambda ids, rng: sampler.sample(ids, rng)``;
-            default: the int64 id array itself.
-        drop_last: only full batches, as many on every rank (the rest is counted in
-            ``dropped_rows``).
-        prefetch_batches: ready batches the workers may hold.
-        unit: what a seed is, for messages (``"nodes"``, ``"edges"``).
-
-    Example:
-        >>> batches = SeedBatches(train_nodes, 1024, rank=r, world_size=w, num_workers=2,
-        ...                       collate=lambda ids, rng: sampler.sample(ids, rng))
-        >>> for blocks in batches.iter_epoch(3, skip_batches=10):
-        ...     ...
-    """
-
-    def __init__(self, node_ids: Union[ArrayLike, int], batch_size: int, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, num_workers: int = 0,
-                 collate: Optional[Callable[[np.ndarray, np.random.Generator], T]] = None,
-                 drop_last: bool = False, prefetch_batches: int = 4,
-                 unit: str = "seeds") -> None:
-        self.unit = unit
-        if isinstance(node_ids, (int, np.integer)):
-            self.node_ids: Optional[np.ndarray] = None
-            self.num_ids = int(node_ids)
-        else:
-            self.node_ids = _as_numpy(node_ids, "node_ids").astype(np.int64, copy=False)
-            self.num_ids = len(self.node_ids)
-        if self.num_ids == 0:
-            raise ValueError("no seed ids: an empty split would train on nothing")
-        if batch_size < 1 or not 0 <= rank < world_size or num_workers < 0:
-            raise ValueError(f"need batch_size >= 1, 0 <= rank < world_size, num_workers >= 0; "
-                             f"got {batch_size}, {rank}, {world_size}, {num_workers}")
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        self.collate, self.drop_last, self.prefetch_batches = collate, drop_last, prefetch_batches
-        #: Ids of every rank per epoch (``ceil((n - r) / world_size)``).
-        self.rank_rows = [len(range(r, self.num_ids, world_size)) for r in range(world_size)]
-        self.num_rank_ids = self.rank_rows[rank]
-
-    @property
-    def total_rows(self) -> int:
-        """Seed ids per epoch over all ranks."""
-        return self.num_ids
-
-    @property
-    def num_rows(self) -> int:
-        """This rank's seed ids per epoch."""
-        return self.num_rank_ids
-
-    def __len__(self) -> int:
-        if self.drop_last:
-            return min(self.rank_rows) // self.batch_size
-        return -(-max(self.rank_rows) // self.batch_size)
-
-    def step_rows(self, index: int) -> tuple[int, int]:
-        """``(seeds, padding)`` of batch ``index`` over all ranks (never any padding)."""
-        b = self.batch_size
-        if index >= len(self):
-            return 0, 0
-        if self.drop_last or index < len(self) - 1:  # only the last batch can be short
-            return b * self.world_size, 0
-        return sum(min(b, max(0, n - index * b)) for n in self.rank_rows), 0
-
-    @property
-    def dropped_rows(self) -> int:
-        """Seed ids ``drop_last`` leaves out per epoch, over all ranks."""
-        return self.num_ids - len(self) * self.batch_size * self.world_size if self.drop_last else 0
-
-    def rank_ids(self, epoch: int) -> np.ndarray:
-        """This rank's ids for ``epoch``, in batch order."""
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_ids)
-        else:
-            order = np.arange(self.num_ids, dtype=np.int64)
-        mine = order[self.rank::self.world_size]
-        return mine if self.node_ids is None else self.node_ids[mine]
-
-    def iter_epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[T]:
-        """Yields batches ``skip_batches, ..., len(self) - 1`` of ``epoch``."""
-        ids = self.rank_ids(epoch)
-        positions = list(range(skip_batches, len(self)))
-
-        def load(b: int):
-            chunk = ids[b * self.batch_size:(b + 1) * self.batch_size]
-            if self.collate is None:
-                return chunk
-            return self.collate(chunk, np.random.default_rng([self.seed, epoch, self.rank, b]))
-
-        if self.num_workers == 0 or len(positions) < 2:
-            return (load(b) for b in positions)
-        return _in_order(load, positions, self.num_workers,
-                         self.num_workers + self.prefetch_batches, f"seed-batches-rank{self.rank}")
-
-    def __iter__(self) -> Iterator[T]:
-        return self.iter_epoch(0)
-
-
-def _in_order(fn: Callable[[int], T], positions: Sequence[int], num_workers: int, window: int,
-              name: str) -> Iterator[T]:
-    """``fn(p) for p in positions`` computed by ``num_workers`` threads, at most ``window`` ahead.
-
-    (A thread pool rather than ``embedtrain.data.prefetch``, whose package import pulls in
-    torchrec: sampling is NumPy work that releases the GIL and needs no more than this.)
-    """
-    with ThreadPoolExecutor(num_workers, thread_name_prefix=name) as pool:
-        todo = iter(positions)
-        pending = collections.deque(pool.submit(fn, p) for p in itertools.islice(todo, window))
-        try:
-            while pending:
-                result = pending.popleft().result()
-                for p in itertools.islice(todo, 1):
-                    pending.append(pool.submit(fn, p))
-                yield result
-        finally:  # the consumer stopped early (or a batch failed): drop what has not started
-            for future in pending:
-                future.cancel()
-
-
-class NegativeSampling(enum.Enum):
-    """How negative destinations are drawn for link prediction."""
-
-    UNIFORM = "uniform"  # every node alike
-    DEGREE = "degree"  # proportional to degree ** 0.75 (word2vec's unigram ** 0.75)
-
-
-@dataclass
-class LinkBatch:
-    """Positive and negative node pairs of a link-prediction batch, in local ids.
-
-    Attributes:
-        node_ids: LongTensor ``[n]``: the distinct endpoints (sorted global ids): the seeds of
-            the neighbour sampler, whose ``blocks.n_id[:n]`` are these nodes in this order.
-        pos_index: LongTensor ``[2, B]``: positive pairs (row 0: the CSR row node ``u``; row 1:
-            its neighbour ``v``) as positions in ``node_ids``.
-        neg_index: LongTensor ``[2, B * k]``: negatives; row 0 repeats each positive's ``u``
-            ``k`` times, row 1 holds the sampled negatives.
-        blocks: the neighbour sample of ``node_ids`` when :func:`edge_batches` was given a sampler.
-    """
-
-    node_ids: torch.Tensor
-    pos_index: torch.Tensor
-    neg_index: torch.Tensor
-    blocks: Optional[SampledBlocks] = None
-
-
-class LinkSampler:
-    """Positive edges of a CSR graph with ``num_negatives`` sampled negatives each.
-
-    Args:
-        indptr, indices: the CSR (rows sorted ascending, as the graph data set format requires,
-            for ``exclude_edges``).
-        num_negatives: negatives per positive.
-        negative: uniform over nodes, or proportional to ``degree ** degree_power``.
-        exclude_edges: redraw (up to ``max_redraws`` rounds) negatives that equal their ``u`` or
-            are neighbours of it (a vectorised bisection of ``u``'s sorted row); rare leftovers
-            (``u`` adjacent to nearly everything) are kept.
-        degree_power: exponent of the degree distribution.
-        max_redraws: rounds of redrawing for ``exclude_edges``.
-
-    Example:
-        >>> link = LinkSampler(indptr, indices, num_negatives=5, negative=NegativeSampling.DEGREE)
-        >>> batch = link.sample(link.csr_edges(np.array([0, 10, 20])), rng=np.random.default_rng(0))
-    """
-
-    def __init__(self, indptr: ArrayLike, indices: ArrayLike, num_negatives: int = 1,
-                 negative: NegativeSampling = NegativeSampling.UNIFORM,
-                 exclude_edges: bool = True, degree_power: float = 0.75,
-                 max_redraws: int = 8) -> None:
-        self.indptr = _as_numpy(indptr, "indptr").astype(np.int64, copy=False)
-        self.indices = _as_numpy(indices, "indices")
-        self.num_nodes = len(self.indptr) - 1
-        if num_negatives < 0:
-            raise ValueError(f"num_negatives must be >= 0, got {num_negatives}")
-        if not isinstance(negative, NegativeSampling):
-            raise TypeError(f"negative must be a NegativeSampling, got {negative!r}")
-        self.num_negatives, self.negative = num_negatives, negative
-        self.exclude_edges, self.max_redraws = exclude_edges, max_redraws
-        self._cdf: Optional[np.ndarray] = None
-        if negative is NegativeSampling.DEGREE:
-            cdf = np.cumsum(np.diff(self.indptr).astype(np.float64) ** degree_power)
-            if cdf[-1] <= 0:
-                raise ValueError("degree-based negatives need a graph with edges")
-            self._cdf = cdf / cdf[-1]
-
-    @property
-    def num_edges(self) -> int:
-        return len(self.indices)
-
-    def csr_edges(self, edge_ids: ArrayLike) -> np.ndarray:
-        """The edges at CSR positions ``edge_ids`` as ``[2, B]`` (row node, neighbour)."""
-        e = _as_numpy(edge_ids, "edge_ids").astype(np.int64, copy=False)
-        u = np.searchsorted(self.indptr, e, side="right") - 1
-        return np.stack([u, self.indices[e].astype(np.int64)])
-
-    def has_edge(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Whether ``v`` is in ``u``'s (sorted) row, elementwise; bisection over all pairs."""
-        lo, hi = self.indptr[u].copy(), self.indptr[u + 1].copy()
-        while True:  # ~log2(max degree) rounds
-            open_ = lo < hi
-            if not open_.any():
-                break
-            mid = (lo + hi) // 2
-            below = np.zeros(len(u), dtype=bool)
-            below[open_] = self.indices[mid[open_]] < v[open_]
-            lo = np.where(open_ & below, mid + 1, lo)
-            hi = np.where(open_ & ~below, mid, hi)
-        found = lo < self.indptr[u + 1]
-        found[found] = self.indices[lo[found]] == v[found]
-        return found
-
-    def _draw(self, n: int, gen: np.random.Generator) -> np.ndarray:
-        if self._cdf is None:
-            return gen.integers(0, self.num_nodes, n)
-        return np.searchsorted(self._cdf, gen.random(n), side="right").clip(max=self.num_nodes - 1)
-
-    def sample(self, pos_edges: ArrayLike, rng: RngLike = None) -> LinkBatch:
-        """Negatives for the positive pairs ``pos_edges`` (``[2, B]`` global ids).
-
-        Returns:
-            :class:`LinkBatch` over the distinct endpoints.
-        """
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        pos = (pos_edges.numpy() if isinstance(pos_edges, torch.Tensor)
-               else np.asarray(pos_edges)).astype(np.int64)
-        if pos.ndim != 2 or pos.shape[0] != 2:
-            raise ValueError(f"pos_edges must be [2, B], got shape {pos.shape}")
-        u = np.repeat(pos[0], self.num_negatives)
-        neg = self._draw(len(u), gen)
-        if self.exclude_edges:
-            for _ in range(self.max_redraws):
-                bad = np.flatnonzero((neg == u) | self.has_edge(u, neg))
-                if not len(bad):
-                    break
-                neg[bad] = self._draw(len(bad), gen)
-        nodes, inverse = np.unique(np.concatenate([pos[0], pos[1], neg]), return_inverse=True)
-        b = pos.shape[1]
-        local = torch.from_numpy(inverse.astype(np.int64))
-        return LinkBatch(
-            node_ids=torch.from_numpy(nodes),
-            pos_index=torch.stack([local[:b], local[b:2 * b]]),
-            neg_index=torch.stack([local[:b].repeat_interleave(self.num_negatives),
-                                   local[2 * b:]]),
-        )
-
-
-def edge_batches(link: LinkSampler, batch_size: int, edges: Optional[ArrayLike] = None,
-                 sampler: Optional[NeighborSampler] = None, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, num_workers: int = 0,
-                 drop_last: bool = False) -> SeedBatches[LinkBatch]:
-    """Batches of positive edges with negatives (and their neighbour samples), per rank.
-
-    Args:
-        link: draws the negatives.
-        batch_size: positive edges per batch (per rank).
-        edges: ``[2, M]`` positive pairs (e.g. a split's edges); default: every CSR edge.
-        sampler: if given, each batch also carries ``sampler.sample(node_ids)`` as ``blocks``.
-        shuffle, seed, rank, world_size, num_workers, drop_last: as :class:`SeedBatches`.
-
-    Returns:
-        :class:`SeedBatches` yielding :class:`LinkBatch` (the trainer's ``EpochData``).
-    """
-    pairs = None
-    if edges is not None:
-        pairs = (edges.numpy() if isinstance(edges, torch.Tensor) else np.asarray(edges))
-        if pairs.ndim != 2 or pairs.shape[0] != 2:
-            raise ValueError(f"edges must be [2, M], got shape {pairs.shape}")
-
-    def collate(edge_ids: np.ndarray, gen: np.random.Generator) -> LinkBatch:
-        pos = link.csr_edges(edge_ids) if pairs is None else pairs[:, edge_ids]
-        batch = link.sample(pos, gen)
-        if sampler is not None:
-            batch.blocks = sampler.sample(batch.node_ids.numpy(), gen)
-        return batch
-
-    count = link.num_edges if pairs is None else pairs.shape[1]
-    return SeedBatches(count, batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                       world_size=world_size, num_workers=num_workers, collate=collate,
-                       drop_last=drop_last)
-
-
-__all__ = ["LinkBatch", "LinkSampler", "NegativeSampling", "NeighborSampler", "SampledBlocks",
-           "SeedBatches", "edge_batches", "sage_forward"]

@@ -1,5 +1,6 @@
-"""Plain ``nn.Module``s built on TorchRec modules; they know nothing of ranks, files or configs."""
+"""Plain ``nn.Module``s built on TorchRec modules; they know nothing of ranks, files or configs.
 
-from embedtrain.models.dlrm import dcn, dlrm, embedding_bag_collection
-
-__all__ = ["dcn", "dlrm", "embedding_bag_collection"]
+Import from the modules: ``embedtrain.models.dlrm`` (DLRM, DCNv2), ``.xc`` (encoder, heads),
+``.class_head`` / ``.xc_heads``, ``.gnn`` (GraphSAGE), ``.topk`` (top-k kernels), ``.options``
+(the enums the config schema uses; no torch import, which is why this package exports nothing).
+"""

@@ -52,8 +52,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embedtrain.config import Margin
-from embedtrain.train.xc_metrics import blocked_topk, distributed_topk
+from embedtrain.models.options import Margin
+from embedtrain.models.topk import blocked_topk, distributed_topk
 
 _EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
 

@@ -6,20 +6,29 @@ tables and updates it with a fused optimizer); the row is concatenated with the 
 and the GraphSAGE layers (PyG ``SAGEConv``) run from the outermost hop in, each layer keeping only
 the nodes the next one needs (PyG's trim-to-layer), so the last layer's rows are the seed nodes.
 
+The inputs are explicit: the blocks of :class:`~embedtrain.graph.sampler.NeighborSampler`, the
+node ids as a ``KeyedJaggedTensor`` of key :data:`NODE_FEATURE` (one id per node of ``n_id``,
+possibly padded with empty bags), and the nodes' features.
+
 Example:
     >>> model = GraphSAGE(num_nodes=1_000_000, num_features=32, embedding_dim=32,
-    ...                   hidden=[128, 128], out_dim=16, device=torch.device("meta"))
-    >>> logits = model(batch)          # [num_seeds, out_dim]
+    ...                   hidden=[128, 128], out_dim=16, aggr=Aggregation.MEAN)
+    >>> logits = model(batch.blocks, batch.node_ids, batch.features)  # [num_seeds, out_dim]
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embedtrain.dependencies import import_optional
+from embedtrain.graph.sampler import SampledBlocks
+from embedtrain.models.options import Aggregation, GNNModel
 
 NODE_TABLE = "t_node"
 NODE_FEATURE = "node"
@@ -34,21 +43,26 @@ class GraphSAGE(nn.Module):
         embedding_dim: node-id table width.
         hidden: SAGEConv output sizes, one per hop (outermost first is the first layer).
         out_dim: classes (node classification) or the embedding size (link prediction).
-        aggr: SAGEConv aggregation (``mean``, ``max``, ``sum``).
+        aggr: SAGEConv aggregation of the neighbours' messages.
         dropout: between layers.
         device: of the table (``meta`` for planning or sharding).
-        use_graph: False makes the layers plain linear ones on each seed node alone (an MLP on
-            its id embedding and features): the baseline that shows what the graph adds.
+        kind: :attr:`GNNModel.SAGE`, or :attr:`GNNModel.MLP` to make the layers plain linear ones
+            on each seed node alone (an MLP on its id embedding and features): the baseline that
+            shows what the graph adds.
     """
 
     def __init__(self, num_nodes: int, num_features: int, embedding_dim: int,
-                 hidden: Sequence[int], out_dim: int, aggr: str = "mean", dropout: float = 0.0,
-                 device: Optional[torch.device] = None, use_graph: bool = True) -> None:
+                 hidden: Sequence[int], out_dim: int, aggr: Aggregation = Aggregation.MEAN,
+                 dropout: float = 0.0, device: Optional[torch.device] = None,
+                 kind: GNNModel = GNNModel.SAGE) -> None:
         super().__init__()
-        from torch_geometric.nn import SAGEConv
+        SAGEConv = import_optional("torch_geometric.nn", "torch-geometric", "GNN models").SAGEConv
 
         if not hidden:
             raise ValueError("gnn.hidden: needs one size per sampled hop")
+        if not isinstance(aggr, Aggregation) or not isinstance(kind, GNNModel):
+            raise TypeError(f"aggr must be an Aggregation and kind a GNNModel, got {aggr!r} and "
+                            f"{kind!r}")
         if num_nodes <= 0 and num_features <= 0:
             raise ValueError("gnn: the graph has no node features, so a node-id table is needed")
         self.ebc = None
@@ -57,24 +71,39 @@ class GraphSAGE(nn.Module):
                 name=NODE_TABLE, embedding_dim=embedding_dim, num_embeddings=num_nodes,
                 feature_names=[NODE_FEATURE], pooling=PoolingType.SUM)], device=device)
         width = num_features + (embedding_dim if self.ebc is not None else 0)
+        use_graph = kind is GNNModel.SAGE
         convs = []
         for size in hidden:
-            convs.append(SAGEConv(width, size, aggr=aggr) if use_graph else nn.Linear(width, size))
+            convs.append(SAGEConv(width, size, aggr=aggr.value) if use_graph
+                         else nn.Linear(width, size))
             width = size
-        self.use_graph = use_graph
+        self.kind, self.use_graph = kind, use_graph
         self.convs = nn.ModuleList(convs)
         self.out = nn.Linear(width, out_dim)
         self.dropout = dropout
 
-    def forward(self, batch: Any) -> Tensor:
-        """``batch``: a :class:`~embedtrain.train.gnn.GraphBatch`; returns ``[num_seeds, out_dim]``."""
+    def forward(self, blocks: SampledBlocks, node_ids: Optional[KeyedJaggedTensor] = None,
+                features: Optional[Tensor] = None) -> Tensor:
+        """The seeds' outputs.
+
+        Args:
+            blocks: the sampled subgraph (``n_id``: the seeds first; one ``edge_index`` per hop).
+            node_ids: the node-id table's input: key :data:`NODE_FEATURE`, one id per node of
+                ``blocks.n_id`` in that order, then any padding (empty bags); needed when the
+                model has a table.
+            features: float ``[len(blocks.n_id), F]`` node features in ``n_id`` order, or None.
+
+        Returns:
+            ``[blocks.num_seeds, out_dim]``.
+        """
         parts = []
         if self.ebc is not None:
-            parts.append(self.ebc(batch.node_ids).values()[: batch.num_nodes])
-        if batch.features is not None and batch.features.shape[1]:
-            parts.append(batch.features)
+            if node_ids is None:
+                raise ValueError("GraphSAGE has a node-id table: pass node_ids")
+            parts.append(self.ebc(node_ids).values()[: blocks.n_id.numel()])
+        if features is not None and features.shape[1]:
+            parts.append(features)
         x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        blocks = batch.blocks
         if not self.use_graph:
             x = x[: blocks.num_seeds]
             for i, layer in enumerate(self.convs):

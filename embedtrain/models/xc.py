@@ -3,16 +3,17 @@
 The encoder is one TorchRec ``EmbeddingBagCollection`` table per sparse feature (token bags,
 mean- or sum-pooled; sharded by the planner like DLRM's tables, fused sparse optimizer), the
 dense features concatenated, and an MLP whose last layer gives the D-dimensional feature. The
-head (``xc.head.kind``) is one of :mod:`embedtrain.models.class_head`'s model-parallel heads
+head (:func:`build_head`) is one of :mod:`embedtrain.models.class_head`'s model-parallel heads
 (``full``, ``partial_fc``, ``hard_negatives``: each rank holds a slice of classes) or a
 replicated one of :mod:`embedtrain.models.xc_heads` (``adaptive``, ``mach``).
 
-For the planner, :func:`xc_planning_model` puts a row-wise ``EmbeddingCollection`` table
-``class_head`` (C x D, with the head's optimizer) where the head goes: the dry-run report then
-shows the head's memory per rank exactly as the model-parallel heads split it.
+For the planner, ``XCModel(..., head=None)`` puts a row-wise ``EmbeddingCollection`` table
+``class_head`` (C x D) where the head goes: the dry-run report then shows the head's memory per
+rank exactly as the model-parallel heads split it.
 
 Example:
-    >>> model = XCModel(meta.features, cfg.xc, num_classes=1_000_000, device=torch.device("meta"))
+    >>> head = build_head(HeadKind.PARTIAL_FC, 1_000_000, 128, sample_rate=0.1, group=group)
+    >>> model = XCModel(meta.features, 64, Pooling.MEAN, [256, 128], head)
     >>> loss = model(dense, kjt, labels)                  # training
     >>> losses, topk_ids = model.eval()(dense, kjt, labels, 5)    # evaluation
 """
@@ -28,10 +29,10 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embedtrain.config import HeadConfig, HeadKind, Pooling, XCConfig
 from embedtrain.features import FeatureSpec
 from embedtrain.models.class_head import HardNegativeHead, PartialFCHead, ShardedSoftmaxHead
 from embedtrain.models.dlrm import table_name
+from embedtrain.models.options import HeadKind, Margin, Pooling
 
 HEAD_TABLE = "class_head"  # the head's name in plans and reports
 SHARDED_HEADS = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES)
@@ -74,15 +75,18 @@ class XCModel(nn.Module):
 
     Args:
         spec: the data set's features (label: class ids, ``spec.num_classes`` of them).
-        cfg: the ``xc`` config section.
+        embedding_dim: the token tables' dimension.
+        pooling: how each token bag is pooled.
+        mlp: the encoder's layer sizes; the last is the feature dimension D.
         head: the class head (:func:`build_head`); ``None`` builds the planning placeholder.
         device: device of the encoder (``meta`` to be materialised by the sharding wrapper).
     """
 
-    def __init__(self, spec: FeatureSpec, cfg: XCConfig, head: Optional[nn.Module],
+    def __init__(self, spec: FeatureSpec, embedding_dim: int, pooling: Pooling,
+                 mlp: Sequence[int], head: Optional[nn.Module],
                  device: Optional[torch.device] = None) -> None:
         super().__init__()
-        self.encoder = XCEncoder(spec, cfg.embedding_dim, cfg.pooling, cfg.mlp, device)
+        self.encoder = XCEncoder(spec, embedding_dim, pooling, mlp, device)
         if head is None:  # planning: the head as a row-wise table the planner can size
             head = EmbeddingCollection(tables=[EmbeddingConfig(
                 name=HEAD_TABLE, embedding_dim=self.encoder.dim, num_embeddings=spec.num_classes,
@@ -100,38 +104,48 @@ class XCModel(nn.Module):
         return losses, self.head.topk(features, k)[1] if k else None
 
 
-def build_head(cfg: HeadConfig, num_classes: int, dim: int,
-               group: Optional[dist.ProcessGroup] = None,
-               class_counts: Optional[Tensor] = None, seed: int = 0) -> nn.Module:
-    """The head ``cfg.kind`` describes (sharded heads: this rank's slice over ``group``).
+def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float = 0.1,
+               hard_negatives: int = 10, refresh_every: int = 100, margin: Margin = Margin.NONE,
+               margin_value: float = 0.35, scale: float = 30.0, cutoffs: Sequence[int] = (),
+               div_value: float = 4.0, mach_buckets: int = 0, mach_repetitions: int = 4,
+               group: Optional[dist.ProcessGroup] = None, class_counts: Optional[Tensor] = None,
+               seed: int = 0) -> nn.Module:
+    """The class head of ``kind`` (sharded heads: this rank's slice over ``group``).
 
     Args:
-        cfg: the ``xc.head`` section.
+        kind: which head (:class:`~embedtrain.models.options.HeadKind`).
         num_classes: C.
         dim: the encoder's feature dimension D.
+        sample_rate: partial_fc's share of each slice's classes sampled per step;
+            hard_negatives' extra uniform sample (0: none).
+        hard_negatives, refresh_every: hard_negatives' nearest classes per example and rank,
+            and the steps between rebuilds of its index.
+        margin, margin_value, scale: CosFace/ArcFace margin on the positives' logits (sharded
+            heads only), its ``m`` and the logit scale ``s``.
+        cutoffs, div_value: adaptive softmax's cluster boundaries (empty: chosen from C) and
+            dimension divisor per cluster.
+        mach_buckets, mach_repetitions: MACH's B (0: about sqrt(C), at least 64) and R.
         group: ranks sharing a sharded head.
         class_counts: ``[C]`` training frequencies (adaptive softmax sorts classes by them).
         seed: initialisation and sampling seed.
     """
-    common = dict(group=group, margin=cfg.margin, margin_value=cfg.margin_value,
-                  scale=cfg.scale, seed=seed)
-    if cfg.kind is HeadKind.FULL:
+    common = dict(group=group, margin=margin, margin_value=margin_value, scale=scale, seed=seed)
+    if kind is HeadKind.FULL:
         return ShardedSoftmaxHead(num_classes, dim, **common)
-    if cfg.kind is HeadKind.PARTIAL_FC:
-        return PartialFCHead(num_classes, dim, sample_rate=cfg.sample_rate, **common)
-    if cfg.kind is HeadKind.HARD_NEGATIVES:
-        return HardNegativeHead(num_classes, dim, negatives=cfg.hard_negatives,
-                                refresh_every=cfg.refresh_every, sample_rate=cfg.sample_rate,
-                                **common)
+    if kind is HeadKind.PARTIAL_FC:
+        return PartialFCHead(num_classes, dim, sample_rate=sample_rate, **common)
+    if kind is HeadKind.HARD_NEGATIVES:
+        return HardNegativeHead(num_classes, dim, negatives=hard_negatives,
+                                refresh_every=refresh_every, sample_rate=sample_rate, **common)
     from embedtrain.models import xc_heads
 
-    if cfg.margin.value != "none":
-        raise ValueError(f"xc.head.margin: {cfg.margin.value} needs a full, partial_fc or "
-                         f"hard_negatives head, not {cfg.kind.value}")
-    if cfg.kind is HeadKind.ADAPTIVE:
+    if margin is not Margin.NONE:
+        raise ValueError(f"xc.head.margin: {margin.value} needs a full, partial_fc or "
+                         f"hard_negatives head, not {kind.value}")
+    if kind is HeadKind.ADAPTIVE:
         order = xc_heads.frequency_order(class_counts) if class_counts is not None else None
-        return xc_heads.AdaptiveSoftmaxHead(num_classes, dim, cutoffs=cfg.cutoffs or None,
-                                            div_value=cfg.div_value, class_order=order)
-    buckets = cfg.mach_buckets or max(64, int(round(num_classes ** 0.5)))
+        return xc_heads.AdaptiveSoftmaxHead(num_classes, dim, cutoffs=list(cutoffs) or None,
+                                            div_value=div_value, class_order=order)
+    buckets = mach_buckets or max(64, int(round(num_classes ** 0.5)))
     return xc_heads.MACHHead(num_classes, dim, num_buckets=buckets,
-                             num_repetitions=cfg.mach_repetitions, seed=seed)
+                             num_repetitions=mach_repetitions, seed=seed)

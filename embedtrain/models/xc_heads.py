@@ -16,7 +16,7 @@ Every head has the same interface: ``forward(features, targets)`` returns the me
 loss, ``eval_loss(features, targets)`` the per-example loss, and ``topk(features, k)`` the top-k
 classes over all ``C`` with global class ids, scored ``block_rows`` classes at a time (memory
 ``O(B x block_rows)``, never ``B x C``) and ordered by the tie rule of
-:mod:`embedtrain.train.xc_metrics` (score descending, then class id ascending; padding
+:mod:`embedtrain.models.topk` (score descending, then class id ascending; padding
 ``(-inf, -1)`` when ``C < k``).
 
 Example:
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embedtrain.train.xc_metrics import merge_topk
+from embedtrain.models.topk import merge_topk
 
 TopK = tuple[Tensor, Tensor]
 

@@ -1,10 +1,19 @@
 """Sharding: cluster files → TorchRec topology, sharders, planning and dry-run reports.
 
-Everything here works on the ``meta`` device with no GPU.
+Everything here works on the ``meta`` device with no GPU. The names below load on first use, so
+that ``embedtrain.sharding.types`` (what the config schema needs) imports no torch.
 """
 
-from embedtrain.sharding.cluster import topology
-from embedtrain.sharding.planner import PlanError, PlanResult, plan_sharding
-from embedtrain.sharding.sharders import embedding_sharders
+from embedtrain.utils import lazy_exports
 
-__all__ = ["PlanError", "PlanResult", "embedding_sharders", "plan_sharding", "topology"]
+_EXPORTS = {
+    "topology": "embedtrain.sharding.cluster",
+    "PlanError": "embedtrain.sharding.planner",
+    "PlanResult": "embedtrain.sharding.planner",
+    "plan_sharding": "embedtrain.sharding.planner",
+    "PlanReport": "embedtrain.sharding.report_types",
+    "embedding_sharders": "embedtrain.sharding.sharders",
+    "PlannerOptions": "embedtrain.sharding.types",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,4 +1,4 @@
-"""A cluster description (:class:`~embedtrain.config.ClusterConfig`) as TorchRec planner objects.
+"""A cluster description (:class:`~embedtrain.sharding.types.ClusterConfig`) as TorchRec objects.
 
 Example:
     >>> cluster = load_cluster("configs/clusters/h100-16x8.yaml")
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torchrec.distributed.planner import Topology
 
-from embedtrain.config import ClusterConfig, DeviceKind
+from embedtrain.sharding.types import ClusterConfig, DeviceKind, MemoryTier
 
 GIB = 1024**3
 
@@ -38,6 +38,11 @@ def topology(cluster: ClusterConfig) -> Topology:
     )
 
 
-def device_memory_tier(cluster: ClusterConfig) -> str:
-    """``"hbm"`` for GPU clusters, ``"ddr"`` for CPU ones: where a rank's "fast" memory is."""
-    return "ddr" if cluster.device is DeviceKind.CPU else "hbm"
+def device_memory_tier(cluster: ClusterConfig) -> MemoryTier:
+    """Where a rank's "fast" memory is: HBM on GPU clusters, DDR on CPU ones."""
+    return MemoryTier.DDR if cluster.device is DeviceKind.CPU else MemoryTier.HBM
+
+
+def tier_capacity(cluster: ClusterConfig, tier: MemoryTier) -> int:
+    """Bytes of ``tier`` memory one rank of ``cluster`` has (as the cluster file says)."""
+    return int((cluster.hbm_gb if tier is MemoryTier.HBM else cluster.ddr_gb) * GIB)

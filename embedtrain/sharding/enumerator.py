@@ -160,9 +160,6 @@ class CompactEnumerator(EmbeddingEnumerator):
         self.num_estimated_shards += sum(len(o.shards) for o in sharding_options)
         super().populate_estimates(sharding_options)
 
-    def num_shards(self, option: ShardingOption) -> int:
-        return len(self._layouts[option_key(option)])
-
     def shard_counts(self, option: ShardingOption) -> list[int]:
         """How many shards of the full option each compact shard stands for."""
         counts: dict[tuple[int, ...], int] = {}

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+from embedtrain.sharding.report_types import PlanReport
+
 TABLE_KEY = "embedding_bags"  # what TorchRec's sharded modules put in their tables' names
 
 
@@ -59,25 +61,34 @@ def measure_head_bytes(head: nn.Module, optimizer: Optional[torch.optim.Optimize
     return {"weights": held["weights"] + weights, "optimizer": held["optimizer"] + state}
 
 
-def plan_vs_measured(report: dict[str, Any], measured: list[dict[str, int]]) -> dict[str, Any]:
+def plan_vs_measured(report: PlanReport, measured: list[dict[str, int]]) -> dict[str, Any]:
     """Per rank: the plan's estimated embedding weights + optimizer bytes against ``measured``.
 
     The estimate of data-parallel tables' optimizer state (the dense optimizer's, created at its
     first step) is left out of the comparison and reported on its own.
+
+    Args:
+        report: the plan the model was sharded with.
+        measured: per rank, :func:`measure_embedding_bytes` (or :func:`measure_head_bytes`).
+
+    Returns:
+        ``plan_vs_measured.json``'s content: per rank the estimated and measured bytes and their
+        ratio, the largest deviation from 1, and the data-parallel optimizer bytes left out.
     """
-    tier = report["summary"]["memory_tier"]
-    replicated_opt = sum(t["optimizer_bytes"] for t in report["tables"]
-                         if t["sharding_type"] == "data_parallel")
+    tier = report.memory_tier
+    replicated_opt = sum(t.optimizer_bytes for t in report.tables
+                         if t.sharding_type == "data_parallel")
     ranks = []
     for rank, held in enumerate(measured):
-        est = dict(report["ranks"][rank]["memory"][tier])
-        est["embedding_optimizer"] -= replicated_opt
-        estimated = est["embedding_params"] + est["embedding_optimizer"]
+        est = report.ranks[rank].memory[tier]
+        weights = est.get("embedding_params")
+        optimizer = est.get("embedding_optimizer") - replicated_opt
+        estimated = weights + optimizer
         total = held["weights"] + held["optimizer"]
         ranks.append({"rank": rank, "estimated_bytes": estimated, "measured_bytes": total,
-                      "estimated_weights": est["embedding_params"],
+                      "estimated_weights": weights,
                       "measured_weights": held["weights"],
-                      "estimated_optimizer": est["embedding_optimizer"],
+                      "estimated_optimizer": optimizer,
                       "measured_optimizer": held["optimizer"],
                       "ratio": estimated / total if total else None})
     deviations = [abs(r["ratio"] - 1) for r in ranks if r["ratio"] is not None]

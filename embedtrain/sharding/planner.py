@@ -9,18 +9,20 @@ estimators and partitioner, driven by a faster enumerator (:mod:`.enumerator`) a
 Example:
     >>> model = dlrm(features, 128, [512, 256, 128], [1024, 1024, 512, 256, 1], device="meta")
     >>> fuse_sparse_optimizer(model, SparseOptimizer.ROWWISE_ADAGRAD, lr=0.05)
-    >>> result = plan_sharding(model, load_cluster("configs/clusters/h100-16x8.yaml"))
-    >>> result.report["summary"]["embedding_max_rank_ms"]
+    >>> result = plan_sharding(model, load_cluster("configs/clusters/h100-16x8.yaml"),
+    ...                        PlannerOptions(sharding_types=[ShardingType.ROW_WISE]))
+    >>> result.report.summary.embedding_max_rank_ms
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import fnmatch
 import math
-import re
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -33,14 +35,26 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
-from embedtrain.config import ClusterConfig, DenseAllReduce, ShardingConfig, to_dict
-from embedtrain.sharding.cluster import GIB, device_memory_tier, topology
+from embedtrain.sharding.cluster import GIB, device_memory_tier, tier_capacity, topology
 from embedtrain.sharding.enumerator import OFFLOAD_KERNELS, CompactEnumerator, _shardable_modules
+from embedtrain.sharding.report_types import (
+    PlannerInfo,
+    PlanReport,
+    PlanSummary,
+    RankLoad,
+    RankTime,
+    ShardPlan,
+    TablePlan,
+    TierMemory,
+)
 from embedtrain.sharding.reservation import ExplicitStorageReservation
 from embedtrain.sharding.search import SearchResult, search_plan
 from embedtrain.sharding.sharders import embedding_sharders
+from embedtrain.sharding.types import ClusterConfig, DenseAllReduce, MemoryTier, PlannerOptions
+from embedtrain.utils import natural_key
 
-SCHEMA_VERSION = 1
+TIERS = (MemoryTier.HBM, MemoryTier.DDR)
+EMBEDDING_PARTS = ("embedding_params", "embedding_optimizer", "io_and_cache")
 
 
 class PlanError(ValueError):
@@ -53,7 +67,7 @@ class PlanResult:
 
     sharding_plan: ShardingPlan
     options: list[ShardingOption]
-    report: dict[str, Any]
+    report: PlanReport
 
 
 @dataclass
@@ -77,13 +91,24 @@ def _tables(model: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> dict[
 
 def table_constraints(
     tables: list[str],
-    sharding: ShardingConfig,
+    sharding: PlannerOptions,
     pooling_factors: Optional[dict[str, float]] = None,
 ) -> dict[str, ParameterConstraints]:
-    """TorchRec constraints per table from the config's ``sharding`` section.
+    """TorchRec constraints per table from the planner's options.
 
     Later ``sharding.tables`` entries override earlier ones and the global lists. A pattern that
     matches no table is an error (a typo would otherwise constrain nothing).
+
+    Args:
+        tables: the model's table names.
+        sharding: the allowed sharding types and kernels, and the per-table constraints.
+        pooling_factors: mean ids per example by table (default 1.0; a constraint's wins).
+
+    Returns:
+        One :class:`ParameterConstraints` per table name.
+
+    Raises:
+        PlanError: a ``sharding.tables`` pattern matches no table.
     """
     for i, tc in enumerate(sharding.tables):
         for pattern in tc.tables:
@@ -135,7 +160,8 @@ def _check_constraints(tables: dict[str, _Table], constraints: dict[str, Paramet
 def plan_sharding(
     model: nn.Module,
     cluster: ClusterConfig,
-    sharding: Optional[ShardingConfig] = None,
+    sharding: Optional[PlannerOptions] = None,
+    *,
     pooling_factors: Optional[dict[str, float]] = None,
     dense_optimizer_slots: int = 2,
     budget: Optional[int] = None,
@@ -147,7 +173,9 @@ def plan_sharding(
         model: the unsharded model, ideally on ``meta``; sparse optimizers already fused
             (``fuse_sparse_optimizer``) so optimizer state is counted.
         cluster: the target cluster.
-        sharding: allowed sharding types/kernels, per-table constraints, qcomms precision.
+        sharding: allowed sharding types/kernels, per-table constraints, qcomms precision, the
+            dense all-reduce (for its time), the search budget (default ``PlannerOptions()``);
+            echoed in the report.
         pooling_factors: mean ids per example per table (default 1.0).
         dense_optimizer_slots: dense optimizer values per dense parameter (Adam 2).
         budget: partitions for the local search (default ``sharding.search_budget``).
@@ -155,17 +183,17 @@ def plan_sharding(
             class head's logits); itemised in the report's ranks like the dense model.
 
     Returns:
-        The plan and its report.
+        The plan: TorchRec's ``ShardingPlan``, the placed options, and the :class:`PlanReport`.
 
     Raises:
         PlanError: inconsistent constraints, or the model does not fit (says by how much,
             on which memory, and which tables are largest).
     """
     start = time.perf_counter()
-    sharding = sharding or ShardingConfig()
+    sharding = sharding or PlannerOptions()
     topo = topology(cluster)
     tier = device_memory_tier(cluster)
-    sharders = embedding_sharders(sharding)
+    sharders = embedding_sharders(sharding.forward_comm_precision, sharding.backward_comm_precision)
     tables = _tables(model, sharders)
     if not tables:
         raise PlanError("the model has no embedding tables to shard")
@@ -175,12 +203,13 @@ def plan_sharding(
     reservation = ExplicitStorageReservation(cluster.reserved_fraction, dense_optimizer_slots,
                                              extra=extra_reservations)
     left = reservation.reserve(topo, cluster.batch_size_per_rank, model, sharders, constraints)
-    if getattr(left.devices[0].storage, tier) <= 0:
+    if getattr(left.devices[0].storage, tier.value) <= 0:
         need = sum(reservation.breakdown.values()) / GIB
         raise PlanError(f"does not fit: the dense model, its optimizer, input buffers, "
                         f"{''.join(k + ', ' for k in (extra_reservations or {}))}and the "
-                        f"{cluster.reserved_fraction:.0%} reserve need {need:.2f} GiB of {tier.upper()} "
-                        f"per rank, more than the {_capacity(cluster, tier) / GIB:.2f} GiB a rank has")
+                        f"{cluster.reserved_fraction:.0%} reserve need {need:.2f} GiB of "
+                        f"{_label(tier)} per rank, more than the "
+                        f"{tier_capacity(cluster, tier) / GIB:.2f} GiB a rank has")
     enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints)
     options = enum.enumerate(model, sharders)
     budget = sharding.search_budget if budget is None else budget
@@ -197,29 +226,25 @@ def plan_sharding(
         raise PlanError(_no_fit_message(options, enum, left, cluster, tier, tables))
 
     sharding_plan = to_sharding_plan(result.plan, topo)
-    report = _report(result, cluster, sharding, reservation, tables, constraints, tier,
-                     dense_optimizer_slots,
-                     seconds=time.perf_counter() - start, estimated_shards=enum.num_estimated_shards,
-                     num_options=len(options), offloaded=offloaded)
+    planner = _planner_info(result, time.perf_counter() - start, len(options),
+                            enum.num_estimated_shards)
+    report = _build_report(result, cluster, sharding, reservation, tables, constraints,
+                           dense_optimizer_slots, planner, offloaded)
     return PlanResult(sharding_plan=sharding_plan, options=result.plan, report=report)
 
 
-def _natural(name: str) -> list:
-    """Sort key that puts t_C2 before t_C10."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+def _label(tier: MemoryTier) -> str:
+    return tier.value.upper()  # "HBM", "DDR"
 
 
-def _capacity(cluster: ClusterConfig, tier: str) -> int:
-    return int((cluster.hbm_gb if tier == "hbm" else cluster.ddr_gb) * GIB)
-
-
-def _no_fit_message(options, enum, left, cluster: ClusterConfig, tier: str, tables) -> str:
+def _no_fit_message(options, enum, left, cluster: ClusterConfig, tier: MemoryTier,
+                    tables) -> str:
     by_table: dict[str, list[ShardingOption]] = {}
     for o in options:
         by_table.setdefault(o.name, []).append(o)
 
-    def total(o: ShardingOption, tiers: tuple[str, ...]) -> float:
-        return sum(getattr(s.storage, t) * c for s, c in zip(o.shards, enum.shard_counts(o))
+    def total(o: ShardingOption, tiers: tuple[MemoryTier, ...]) -> float:
+        return sum(getattr(s.storage, t.value) * c for s, c in zip(o.shards, enum.shard_counts(o))
                    for t in tiers)
 
     sizes = sorted(((t.param.numel() * t.param.element_size(), n) for n, t in tables.items()),
@@ -227,12 +252,12 @@ def _no_fit_message(options, enum, left, cluster: ClusterConfig, tier: str, tabl
     largest = ", ".join(f"{n} ({b / GIB:.1f} GiB of weights)" for b, n in sizes)
     where = f"on {cluster.world_size} rank(s) of {cluster.name}"
     # Device memory alone, then device and host memory together (host-memory kernels).
-    checks = [((tier,), tier.upper())]
-    if tier == "hbm":
-        checks.append((("hbm", "ddr"), "HBM + host DDR"))
+    checks = [((tier,), _label(tier))]
+    if tier is MemoryTier.HBM:
+        checks.append(((MemoryTier.HBM, MemoryTier.DDR), "HBM + host DDR"))
     for tiers, label in reversed(checks):
         need = sum(min(total(o, tiers) for o in opts) for opts in by_table.values())
-        have = sum(getattr(d.storage, t) for d in left.devices for t in tiers)
+        have = sum(getattr(d.storage, t.value) for d in left.devices for t in tiers)
         if need > have:
             return (f"does not fit: the tables need at least {need / GIB:.1f} GiB of {label} "
                     f"{where}, {have / GIB:.1f} GiB are left after reservations (short by "
@@ -240,14 +265,14 @@ def _no_fit_message(options, enum, left, cluster: ClusterConfig, tier: str, tabl
     rank = left.devices[0].storage
     for name, opts in by_table.items():
         if not any(all(s.storage.fits_in(rank) for s in o.shards) for o in opts):
-            o = min(opts, key=lambda o: max(getattr(s.storage, tier) for s in o.shards))
-            shard = max(getattr(s.storage, tier) for s in o.shards)
-            room = getattr(rank, tier)
+            o = min(opts, key=lambda o: max(getattr(s.storage, tier.value) for s in o.shards))
+            shard = max(getattr(s.storage, tier.value) for s in o.shards)
+            room = getattr(rank, tier.value)
             return (f"does not fit: table {name}'s smallest shard needs {shard / GIB:.1f} GiB of "
-                    f"{tier.upper()}, a rank of {cluster.name} has {room / GIB:.1f} GiB left after "
+                    f"{_label(tier)}, a rank of {cluster.name} has {room / GIB:.1f} GiB left after "
                     f"reservations (short by {max(0.0, shard - room) / GIB:.1f} GiB); "
                     f"largest tables: {largest}")
-    return (f"does not fit: no placement packs the tables' shards into the {tier.upper()} {where} "
+    return (f"does not fit: no placement packs the tables' shards into the {_label(tier)} {where} "
             f"(try more ranks or fewer constraints); largest tables: {largest}")
 
 
@@ -263,6 +288,14 @@ def dense_allreduce_bytes(shapes: list[tuple[int, ...]], mode: DenseAllReduce,
 
     bf16/fp16 halve them; PowerSGD sends rank-``r`` factors ``P (n x r)`` and ``Q (m x r)`` of
     every matrix instead of its ``n x m`` values (vectors go uncompressed).
+
+    Args:
+        shapes: the dense (data-parallel) parameters' shapes.
+        mode: the all-reduce's compression.
+        powersgd_rank: the rank ``r`` of PowerSGD's factors.
+
+    Returns:
+        The bytes sent, per rank and step.
     """
     total = 0
     for shape in shapes:
@@ -277,146 +310,181 @@ def dense_allreduce_bytes(shapes: list[tuple[int, ...]], mode: DenseAllReduce,
     return total
 
 
-def _report(result: SearchResult, cluster: ClusterConfig, sharding: ShardingConfig,
-            reservation: ExplicitStorageReservation, tables: dict[str, _Table],
-            constraints: dict[str, ParameterConstraints], tier: str, dense_slots: int,
-            seconds: float,
-            estimated_shards: int, num_options: int, offloaded: bool) -> dict[str, Any]:
-    world = cluster.world_size
-    per_host = cluster.devices_per_host
-    kinds = ("embedding_params", "embedding_optimizer", "io_and_cache")
-    memory = [{t: dict.fromkeys(kinds, 0) for t in ("hbm", "ddr")} for _ in range(world)]
-    times = [dict.fromkeys(("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch"), 0.0)
-             for _ in range(world)]
-    table_rows = []
-    for option in sorted(result.plan or [], key=lambda o: _natural(o.name)):
+
+
+def _build_report(result: SearchResult, cluster: ClusterConfig, sharding: PlannerOptions,
+                  reservation: ExplicitStorageReservation, tables: dict[str, _Table],
+                  constraints: dict[str, ParameterConstraints], dense_slots: int,
+                  planner: PlannerInfo, offloaded: bool) -> PlanReport:
+    """The report of a found plan: its tables (in natural name order), ranks, summary, warnings."""
+    tier = device_memory_tier(cluster)
+    usage = _RankUsage(cluster.world_size)
+    table_plans = []
+    for option in sorted(result.plan or [], key=lambda o: natural_key(o.name)):
         param = tables[option.name].param
-        elem = param.element_size()
         # A data-parallel table is replicated and stepped by the dense optimizer (TorchRec's DP
         # lookup is a DDP module whose parameters carry no fused optimizer).
         dp = option.sharding_type == "data_parallel"
         slots = float(dense_slots) if dp else _optimizer_slots(param)
-        home = "ddr" if option.compute_kernel in OFFLOAD_KERNELS or tier == "ddr" else "hbm"
-        shards = []
+        offload = option.compute_kernel in OFFLOAD_KERNELS or tier is MemoryTier.DDR
+        table_plans.append(_table_plan(option, param, constraints[option.name], slots))
+        usage.add(option, param.element_size(), slots, MemoryTier.DDR if offload else MemoryTier.HBM)
+    wire, allreduce_ms = _dense_allreduce(reservation, sharding, cluster)
+    ranks = _rank_loads(usage, reservation, cluster, allreduce_ms)
+    summary = _summary(table_plans, ranks, reservation.breakdown["dense_model"], wire,
+                       allreduce_ms, tier_capacity(cluster, tier), tier)
+    planned = dataclasses.replace(cluster, **({"hbm_gb": 0.0} if tier is MemoryTier.DDR else {}))
+    return PlanReport(cluster=planned, sharding=copy.deepcopy(sharding), summary=summary,
+                      warnings=_warnings(summary, ranks, offloaded), planner=planner,
+                      tables=table_plans, ranks=ranks)
+
+
+def _planner_info(result: SearchResult, seconds: float, num_options: int,
+                  estimated_shards: int) -> PlannerInfo:
+    stats = result.stats
+    return PlannerInfo(seconds=seconds, search_seconds=stats.seconds, options=num_options,
+                       estimated_shards=estimated_shards, proposals=stats.proposals,
+                       partitions=stats.partitions, pruned_by_bound=stats.pruned_by_bound,
+                       improving_moves=stats.improving_moves, best_seed=stats.best_seed,
+                       seed_ratings_ms=dict(stats.seeds))
+
+
+def _table_plan(option: ShardingOption, param: torch.Tensor, constraint: ParameterConstraints,
+                slots: float) -> TablePlan:
+    """One placed table: its shards (as placed), sizes and estimated times."""
+    elem = param.element_size()
+    shards = [ShardPlan(rank=s.rank, offset=list(s.offset), size=list(s.size),
+                        hbm_bytes=int(s.storage.hbm), ddr_bytes=int(s.storage.ddr),
+                        perf_ms=s.perf.total) for s in option.shards]
+    return TablePlan(
+        name=option.name,
+        rows=int(param.shape[0]),
+        dim=int(param.shape[1]),
+        pooling_factor=float(sum(constraint.pooling_factors)),
+        sharding_type=option.sharding_type,
+        compute_kernel=option.compute_kernel,
+        ranks=sorted({s.rank for s in option.shards}),
+        weight_bytes=int(param.numel() * elem),
+        optimizer_bytes=int(math.ceil(param.numel() * elem * slots)),
+        perf_ms_all_shards=sum(s.perf.total for s in option.shards),
+        slowest_shard_ms=max(s.perf.total for s in option.shards),
+        shards=shards,
+    )
+
+
+class _RankUsage:
+    """Per rank: embedding bytes by tier and component, and estimated times, over placed shards."""
+
+    def __init__(self, world: int) -> None:
+        self.memory = [{t: dict.fromkeys(EMBEDDING_PARTS, 0) for t in TIERS} for _ in range(world)]
+        self.times = [RankTime() for _ in range(world)]
+
+    def add(self, option: ShardingOption, elem: int, slots: float, home: MemoryTier) -> None:
+        """Adds ``option``'s shards: weights and optimizer state in ``home``, the rest of each
+        shard's storage estimate (IO buffers, cache) as ``io_and_cache``."""
         for s in option.shards:
             weights = math.prod(s.size) * elem
             opt = math.ceil(weights * slots)
-            mem = memory[s.rank]
+            mem = self.memory[s.rank]
             mem[home]["embedding_params"] += weights
             mem[home]["embedding_optimizer"] += opt
-            for t in ("hbm", "ddr"):
-                own = weights + opt if t == home else 0
-                mem[t]["io_and_cache"] += max(0, getattr(s.storage, t) - own)
-            p = s.perf
-            tm = times[s.rank]
-            tm["fwd_compute"] += p.fwd_compute
-            tm["fwd_comms"] += p.fwd_comms
-            tm["bwd_compute"] += p.bwd_compute
-            tm["bwd_comms"] += p.bwd_comms
-            tm["prefetch"] += p.prefetch_compute
-            shards.append({"rank": s.rank, "offset": list(s.offset), "size": list(s.size),
-                           "hbm_bytes": int(s.storage.hbm), "ddr_bytes": int(s.storage.ddr),
-                           "perf_ms": p.total})
-        table_rows.append({
-            "name": option.name,
-            "rows": int(param.shape[0]),
-            "dim": int(param.shape[1]),
-            "pooling_factor": float(sum(constraints[option.name].pooling_factors)),
-            "sharding_type": option.sharding_type,
-            "compute_kernel": option.compute_kernel,
-            "ranks": sorted({s.rank for s in option.shards}),
-            "weight_bytes": int(param.numel() * elem),
-            "optimizer_bytes": int(math.ceil(param.numel() * elem * slots)),
-            "perf_ms_all_shards": sum(s.perf.total for s in option.shards),
-            "slowest_shard_ms": max(s.perf.total for s in option.shards),
-            "shards": shards,
-        })
+            for t in TIERS:
+                own = weights + opt if t is home else 0
+                mem[t]["io_and_cache"] += max(0, getattr(s.storage, t.value) - own)
+            p, tm = s.perf, self.times[s.rank]
+            tm.fwd_compute += p.fwd_compute
+            tm.fwd_comms += p.fwd_comms
+            tm.bwd_compute += p.bwd_compute
+            tm.bwd_comms += p.bwd_comms
+            tm.prefetch += p.prefetch_compute
 
-    dense = reservation.breakdown
-    dense_bytes = dense["dense_model"]
+
+def _dense_allreduce(reservation: ExplicitStorageReservation, sharding: PlannerOptions,
+                     cluster: ClusterConfig) -> tuple[int, float]:
+    """Bytes each rank all-reduces for the dense gradients per step, and the ring's time (ms)."""
+    world = cluster.world_size
     wire = dense_allreduce_bytes(reservation.dense_shapes, sharding.dense_allreduce,
                                  sharding.powersgd_rank)
     bw = cluster.inter_host_gb_per_s if cluster.hosts > 1 else cluster.intra_host_gb_per_s
-    allreduce_ms = (2 * (world - 1) / world * wire / (bw * GIB) * 1000) if world > 1 else 0.0
-    ranks = []
-    for r in range(world):
-        mem = memory[r]
-        for k, v in dense.items():
-            mem[reservation.tier][k] = v
-        for t in ("hbm", "ddr"):
-            mem[t]["total"] = sum(v for k, v in mem[t].items())
-            mem[t]["capacity"] = _capacity(cluster, t) if not (t == "hbm" and tier == "ddr") else 0
-        tm = times[r]
-        tm["embedding_total"] = sum(tm.values())
-        tm["dense_allreduce"] = allreduce_ms
-        tm["total"] = tm["embedding_total"] + allreduce_ms
-        ranks.append({"rank": r, "host": r // per_host, "memory": mem, "time_ms": tm})
+    ms = (2 * (world - 1) / world * wire / (bw * GIB) * 1000) if world > 1 else 0.0
+    return wire, ms
 
-    emb = [r["time_ms"]["embedding_total"] for r in ranks]
-    used = [r["memory"][tier]["total"] for r in ranks]
+
+def _rank_loads(usage: _RankUsage, reservation: ExplicitStorageReservation,
+                cluster: ClusterConfig, allreduce_ms: float) -> list[RankLoad]:
+    """Each rank's memory (the reservation's items in the dense model's tier) and time."""
+    cpu = device_memory_tier(cluster) is MemoryTier.DDR
+    ranks = []
+    for r in range(cluster.world_size):
+        memory = {}
+        for t in TIERS:
+            parts = usage.memory[r][t]
+            if t is reservation.tier:
+                parts.update(reservation.breakdown)
+            capacity = 0 if (t is MemoryTier.HBM and cpu) else tier_capacity(cluster, t)
+            memory[t] = TierMemory(parts, total=sum(parts.values()), capacity=capacity)
+        tm = usage.times[r]
+        tm.embedding_total = sum((tm.fwd_compute, tm.fwd_comms, tm.bwd_compute, tm.bwd_comms,
+                                  tm.prefetch))
+        tm.dense_allreduce = allreduce_ms
+        tm.total = tm.embedding_total + allreduce_ms
+        ranks.append(RankLoad(rank=r, host=r // cluster.devices_per_host, memory=memory,
+                              time_ms=tm))
+    return ranks
+
+
+def _summary(tables: list[TablePlan], ranks: list[RankLoad], dense_bytes: int, wire: int,
+             allreduce_ms: float, capacity: int, tier: MemoryTier) -> PlanSummary:
+    world = len(ranks)
+    emb = [r.time_ms.embedding_total for r in ranks]
+    used = [r.memory[tier].total for r in ranks]
     slowest = max(range(world), key=lambda r: (round(emb[r], 9), -r))
     fullest = max(range(world), key=lambda r: (used[r], -r))
-    peak = used[fullest]
-    capacity = _capacity(cluster, tier)
-    warnings = []
     mean = sum(emb) / world
-    imbalance = max(1.0, round(max(emb) / mean, 6)) if mean > 0 else 1.0
-    if imbalance > 1.5:
-        warnings.append(f"rank {slowest} is the bottleneck: {max(emb):.2f} ms vs {mean:.2f} ms "
-                        f"mean embedding time ({imbalance:.2f}x imbalance)")
+    types: dict[str, int] = {}
+    for t in tables:
+        key = f"{t.sharding_type}/{t.compute_kernel}"
+        types[key] = types.get(key, 0) + 1
+    return PlanSummary(
+        tables=len(tables),
+        embedding_weight_bytes=sum(t.weight_bytes for t in tables),
+        embedding_optimizer_bytes=sum(t.optimizer_bytes for t in tables),
+        dense_parameter_bytes=dense_bytes,
+        dense_allreduce_bytes=wire,
+        embedding_max_rank_ms=max(emb),
+        embedding_mean_rank_ms=mean,
+        imbalance=max(1.0, round(max(emb) / mean, 6)) if mean > 0 else 1.0,
+        slowest_rank=slowest,
+        peak_memory_rank=fullest,
+        dense_allreduce_ms=allreduce_ms,
+        step_estimate_ms=max(emb) + allreduce_ms,
+        memory_tier=tier,
+        peak_rank_memory_bytes=used[fullest],
+        rank_memory_capacity_bytes=capacity,
+        sharding_types=types,
+    )
+
+
+def _warnings(s: PlanSummary, ranks: list[RankLoad], offloaded: bool) -> list[str]:
+    """What a reader should look at: imbalance, (uneven) memory pressure, offload, all-reduce."""
+    tier, label = s.memory_tier, _label(s.memory_tier)
+    peak, capacity = s.peak_rank_memory_bytes, s.rank_memory_capacity_bytes
+    warnings = []
+    if s.imbalance > 1.5:
+        warnings.append(f"rank {s.slowest_rank} is the bottleneck: {s.embedding_max_rank_ms:.2f} "
+                        f"ms vs {s.embedding_mean_rank_ms:.2f} ms mean embedding time "
+                        f"({s.imbalance:.2f}x imbalance)")
     if peak > 0.9 * capacity:
-        warnings.append(f"peak {tier.upper()} use is {peak / capacity:.0%} of capacity (rank {fullest})")
-    mean_used = sum(used) / world
+        warnings.append(f"peak {label} use is {peak / capacity:.0%} of capacity "
+                        f"(rank {s.peak_memory_rank})")
+    mean_used = sum(r.memory[tier].total for r in ranks) / len(ranks)
     if mean_used > 0 and peak / mean_used > 1.5 and peak > 0.25 * capacity:
-        warnings.append(f"memory is uneven: rank {fullest} uses {peak / GIB:.1f} GiB of "
-                        f"{tier.upper()}, the mean rank {mean_used / GIB:.1f} GiB")
+        warnings.append(f"memory is uneven: rank {s.peak_memory_rank} uses {peak / GIB:.1f} GiB "
+                        f"of {label}, the mean rank {mean_used / GIB:.1f} GiB")
     if offloaded:
         warnings.append("the tables do not fit in device memory: host-memory (UVM) kernels "
                         "were allowed, which are slower")
-    if allreduce_ms > max(emb, default=0):
-        warnings.append(f"the dense gradient all-reduce ({allreduce_ms:.2f} ms) costs more than "
-                        "the embeddings; consider compressed all-reduce or a faster network")
-    types: dict[str, int] = {}
-    for t in table_rows:
-        key = f"{t['sharding_type']}/{t['compute_kernel']}"
-        types[key] = types.get(key, 0) + 1
-    stats = result.stats
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "cluster": {**to_dict(cluster), "world_size": world,
-                    **({"hbm_gb": 0.0} if tier == "ddr" else {})},
-        "sharding": to_dict(sharding),
-        "summary": {
-            "tables": len(table_rows),
-            "embedding_weight_bytes": sum(t["weight_bytes"] for t in table_rows),
-            "embedding_optimizer_bytes": sum(t["optimizer_bytes"] for t in table_rows),
-            "dense_parameter_bytes": dense_bytes,
-            "dense_allreduce_bytes": wire,
-            "embedding_max_rank_ms": max(emb),
-            "embedding_mean_rank_ms": mean,
-            "imbalance": imbalance,
-            "slowest_rank": slowest,
-            "peak_memory_rank": fullest,
-            "dense_allreduce_ms": allreduce_ms,
-            "step_estimate_ms": max(emb) + allreduce_ms,
-            "memory_tier": tier,
-            "peak_rank_memory_bytes": peak,
-            "rank_memory_capacity_bytes": capacity,
-            "sharding_types": types,
-        },
-        "warnings": warnings,
-        "planner": {
-            "seconds": seconds,
-            "search_seconds": stats.seconds,
-            "options": num_options,
-            "estimated_shards": estimated_shards,
-            "proposals": stats.proposals,
-            "partitions": stats.partitions,
-            "pruned_by_bound": stats.pruned_by_bound,
-            "improving_moves": stats.improving_moves,
-            "best_seed": stats.best_seed,
-            "seed_ratings_ms": stats.seeds,
-        },
-        "tables": table_rows,
-        "ranks": ranks,
-    }
+    if s.dense_allreduce_ms > s.embedding_max_rank_ms:
+        warnings.append(f"the dense gradient all-reduce ({s.dense_allreduce_ms:.2f} ms) costs more "
+                        "than the embeddings; consider compressed all-reduce or a faster network")
+    return warnings

@@ -1,15 +1,17 @@
-"""Renders a sharding plan's report (``plan.json``) as ``plan.md`` and self-contained ``plan.html``.
+"""Writes a sharding plan's report as ``plan.json``, ``plan.md`` and self-contained ``plan.html``.
 
-The report is the plain dict :func:`~embedtrain.sharding.planner.plan_sharding` returns as
-``PlanResult.report``. The Markdown is for terminals and code review (one row per table and per
-rank, so it greps well); the HTML adds two inline-SVG charts (memory and estimated time per rank)
-and needs no network, JavaScript or external files, so it can be attached to a ticket as is.
+The report is the :class:`~embedtrain.sharding.report_types.PlanReport`
+:func:`~embedtrain.sharding.planner.plan_sharding` returns as ``PlanResult.report`` (or one read
+back from a ``plan.json`` with ``PlanReport.from_dict``). The JSON is ``PlanReport.to_dict()``.
+The Markdown is for terminals and code review (one row per table and per rank, so it greps well);
+the HTML adds two inline-SVG charts (memory and estimated time per rank) and needs no network,
+JavaScript or external files, so it can be attached to a ticket as is.
 
 Example:
     >>> result = plan_sharding(model, load_cluster("configs/clusters/h100-16x8.yaml"))
     >>> [p.name for p in write_report(result.report, "runs/plan")]
     ['plan.json', 'plan.md', 'plan.html']
-    >>> compress_ranks(result.report["tables"][0]["ranks"])
+    >>> compress_ranks(result.report.tables[0].ranks)
     '8-15'
 """
 
@@ -20,9 +22,10 @@ import json
 import math
 import pathlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from embedtrain.sharding.cluster import GIB
+from embedtrain.sharding.report_types import PlanReport, RankLoad
+from embedtrain.sharding.types import MemoryTier
 
 MIB = 1024**2
 FORMATS = ("json", "md", "html")
@@ -42,7 +45,6 @@ UNKNOWN_PART_COLOUR = "#9c755f"  # a component a later planner adds still gets d
 TABLE_TEXT_COLUMNS = 4  # name, sharding type, kernel, ranks; the later columns are numbers
 MIN_SEGMENT_PX = 1.0  # a 20 MB slice of an 80 GiB axis would otherwise not be drawn at all
 
-Report = dict[str, Any]
 Rows = tuple[list[str], list[list[str]]]
 
 
@@ -79,86 +81,82 @@ def _num(value: float) -> str:
     return f"{value:.{decimals}f}" if decimals <= 6 else f"{value:.2g}"  # 384 B = 3.6e-07 GiB
 
 
-def _tier(report: Report) -> str:
-    return report["summary"].get("memory_tier", "hbm")
+def _label(tier: MemoryTier) -> str:
+    return tier.value.upper()  # "HBM", "DDR"
 
 
-def _memory_parts(report: Report) -> list[str]:
+def _memory_parts(report: PlanReport) -> list[str]:
     """Device-tier components in stack order, then any unknown ones (shown, not dropped)."""
-    tier = _tier(report)
-    seen = {k for r in report["ranks"] for k in r["memory"][tier] if k not in ("total", "capacity")}
+    tier = report.memory_tier
+    seen = {k for r in report.ranks for k in r.memory[tier].parts}
     return [k for k in MEMORY_PARTS if k in seen] + sorted(seen - set(MEMORY_PARTS))
 
 
-def _title(report: Report) -> tuple[str, str]:
-    c = report["cluster"]
-    world = c.get("world_size", len(report["ranks"]))
-    capacity = report["summary"]["rank_memory_capacity_bytes"] / GIB
-    subtitle = (f"{c.get('hosts', '?')} host(s) × {c.get('devices_per_host', '?')} "
-                f"{c.get('device', '')} device(s); device memory: {_num(capacity)} GiB "
-                f"{_tier(report).upper()} per rank")
-    return f"Sharding plan: {c.get('name', '?')} ({world} ranks)", subtitle
+def _title(report: PlanReport) -> tuple[str, str]:
+    c = report.cluster
+    capacity = report.summary.rank_memory_capacity_bytes / GIB
+    subtitle = (f"{c.hosts} host(s) × {c.devices_per_host} {c.device.value} device(s); device "
+                f"memory: {_num(capacity)} GiB {_label(report.memory_tier)} per rank")
+    return f"Sharding plan: {c.name} ({c.world_size} ranks)", subtitle
 
 
-def _summary_rows(report: Report) -> list[tuple[str, str]]:
-    s, p, tier = report["summary"], report.get("planner", {}), _tier(report)
-    slowest, fullest = s["slowest_rank"], s["peak_memory_rank"]
-    cap = s["rank_memory_capacity_bytes"]
-    peak = s["peak_rank_memory_bytes"]
+def _summary_rows(report: PlanReport) -> list[tuple[str, str]]:
+    s, p = report.summary, report.planner
+    cap, peak = s.rank_memory_capacity_bytes, s.peak_rank_memory_bytes
     share = f" ({peak / cap:.0%})" if cap else ""
-    by_count = sorted(s["sharding_types"].items(), key=lambda kv: -kv[1])
-    weights, optimizer = s["embedding_weight_bytes"] / GIB, s["embedding_optimizer_bytes"] / GIB
+    by_count = sorted(s.sharding_types.items(), key=lambda kv: -kv[1])
+    weights, optimizer = s.embedding_weight_bytes / GIB, s.embedding_optimizer_bytes / GIB
     return [
-        ("Tables", str(s["tables"])),
+        ("Tables", str(s.tables)),
         ("Embedding weights + optimizer", f"{_num(weights)} + {_num(optimizer)} GiB"),
-        ("Dense parameters", f"{_num(s['dense_parameter_bytes'] / MIB)} MiB"),
+        ("Dense parameters", f"{_num(s.dense_parameter_bytes / MIB)} MiB"),
         ("Slowest-rank embedding time",
-         f"{_num(s['embedding_max_rank_ms'])} ms (rank {slowest})"),
-        ("Mean-rank embedding time", f"{_num(s['embedding_mean_rank_ms'])} ms"),
-        ("Imbalance (slowest / mean)", f"{s['imbalance']:.2f}x"),
-        ("Dense all-reduce", f"{_num(s['dense_allreduce_ms'])} ms"),
-        ("Step estimate (slowest embeddings + all-reduce)", f"{_num(s['step_estimate_ms'])} ms"),
-        (f"Peak per-rank {tier.upper()}",
-         f"{_num(peak / GIB)} of {_num(cap / GIB)} GiB{share} (rank {fullest})"),
+         f"{_num(s.embedding_max_rank_ms)} ms (rank {s.slowest_rank})"),
+        ("Mean-rank embedding time", f"{_num(s.embedding_mean_rank_ms)} ms"),
+        ("Imbalance (slowest / mean)", f"{s.imbalance:.2f}x"),
+        ("Dense all-reduce", f"{_num(s.dense_allreduce_ms)} ms"),
+        ("Step estimate (slowest embeddings + all-reduce)", f"{_num(s.step_estimate_ms)} ms"),
+        (f"Peak per-rank {_label(s.memory_tier)}",
+         f"{_num(peak / GIB)} of {_num(cap / GIB)} GiB{share} (rank {s.peak_memory_rank})"),
         ("Sharding type/kernel", ", ".join(f"{n} × {k}" for k, n in by_count) or "none"),
-        ("Planner", (f"{p.get('seconds', 0):.2f} s, {p.get('proposals', 0)} proposals, "
-                     f"{p.get('partitions', 0)} partitions, best seed {p.get('best_seed', '?')}")),
+        ("Planner", (f"{p.seconds:.2f} s, {p.proposals} proposals, "
+                     f"{p.partitions} partitions, best seed {p.best_seed}")),
     ]
 
 
-def _table_rows(report: Report) -> Rows:
+def _table_rows(report: PlanReport) -> Rows:
     header = ["table", "sharding type", "kernel", "ranks", "rows", "dim", "pooling",
               "weights GiB", "optimizer MiB", "slowest shard ms", "all shards ms"]
-    rows = [[t["name"], t["sharding_type"], t["compute_kernel"], compress_ranks(t["ranks"]),
-             f"{t['rows']:,}", str(t["dim"]), _num(t["pooling_factor"]),
-             _num(t["weight_bytes"] / GIB), _num(t["optimizer_bytes"] / MIB), _num(t["slowest_shard_ms"]),
-             _num(t["perf_ms_all_shards"])]
-            for t in report["tables"]]
+    rows = [[t.name, t.sharding_type, t.compute_kernel, compress_ranks(t.ranks),
+             f"{t.rows:,}", str(t.dim), _num(t.pooling_factor),
+             _num(t.weight_bytes / GIB), _num(t.optimizer_bytes / MIB), _num(t.slowest_shard_ms),
+             _num(t.perf_ms_all_shards)]
+            for t in report.tables]
     return header, rows
 
 
-def _rank_rows(report: Report) -> Rows:
-    tier = _tier(report)
+def _rank_rows(report: PlanReport) -> Rows:
+    tier = report.memory_tier
     parts = _memory_parts(report)
     # On GPU clusters UVM kernels put tables in host DDR: a column for it only when any rank has.
-    other = "ddr" if tier == "hbm" else None
-    if other and not any(r["memory"].get(other, {}).get("total", 0) for r in report["ranks"]):
+    other = MemoryTier.DDR if tier is MemoryTier.HBM else None
+    if other and not any(r.memory[other].total for r in report.ranks):
         other = None
     header = (["rank", "host"] + [f"{p} GiB" for p in parts]
-              + [f"total {tier.upper()} GiB", "% of capacity"]
-              + ([f"{other.upper()} GiB"] if other else [])
+              + [f"total {_label(tier)} GiB", "% of capacity"]
+              + ([f"{_label(other)} GiB"] if other else [])
               + ["compute ms", "comms ms", "dense all-reduce ms", "total ms"])
     rows = []
-    for r in report["ranks"]:
-        mem, t = r["memory"][tier], r["time_ms"]
-        share = f"{mem['total'] / mem['capacity']:.1%}" if mem.get("capacity") else "n/a"
-        rows.append([str(r["rank"]), str(r["host"])]
-                    + [_num(mem.get(p, 0) / GIB) for p in parts]
-                    + [_num(mem["total"] / GIB), share]
-                    + ([_num(r["memory"][other]["total"] / GIB)] if other else [])
-                    + [_num(t["fwd_compute"] + t["bwd_compute"] + t["prefetch"]),
-                       _num(t["fwd_comms"] + t["bwd_comms"]), _num(t["dense_allreduce"]),
-                       _num(t["total"])])
+    for r in report.ranks:
+        mem, t = r.memory[tier], r.time_ms
+        share = f"{mem.total / mem.capacity:.1%}" if mem.capacity else "n/a"
+        rows.append([str(r.rank), str(r.host)]
+                    + [_num(mem.get(p) / GIB) for p in parts]
+                    + [_num(mem.total / GIB), share]
+                    + ([_num(r.memory[other].total / GIB)] if other else [])
+                    + [_num(t.fwd_compute + t.bwd_compute + t.prefetch),
+                       _num(t.fwd_comms + t.bwd_comms), _num(t.dense_allreduce),
+                       _num(t.total)])
     return header, rows
 
 
@@ -171,17 +169,18 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]], text_columns
     return "\n".join([cells(header), "|" + "|".join(align) + "|"] + [cells(r) for r in rows])
 
 
-def render_markdown(report: Report) -> str:
+def render_markdown(report: PlanReport) -> str:
     """The report as Markdown (``plan.md``): warnings, summary, one row per table and per rank.
 
     Args:
-        report: a planner report (``PlanResult.report`` or a loaded ``plan.json``).
+        report: a planner report (``PlanResult.report``, or ``PlanReport.from_dict`` of a
+            loaded ``plan.json``).
 
     Returns:
         The Markdown text, ending in a newline.
     """
     title, subtitle = _title(report)
-    warnings = [f"- **{w}**" for w in report["warnings"]] or ["No warnings."]
+    warnings = [f"- **{w}**" for w in report.warnings] or ["No warnings."]
     return "\n\n".join([
         f"# {title}", subtitle,
         "## Warnings", "\n".join(warnings),
@@ -214,12 +213,12 @@ def _segment_heights(true: list[float]) -> list[float]:
     return drawn
 
 
-def _bar_chart(title: str, unit: str, ranks: list[dict[str, Any]], values: list[dict[str, float]],
+def _bar_chart(title: str, unit: str, ranks: list[RankLoad], values: list[dict[str, float]],
                parts: dict[str, str], limit: tuple[float, str] | None = None) -> str:
     """A figure: an SVG of stacked bars, one per rank, y ticks, host bands, and an HTML legend.
 
     Args:
-        title: the caption. unit: the y axis unit. ranks: the report's rank dicts.
+        title: the caption. unit: the y axis unit. ranks: the report's ranks.
         values: per rank, the value of each part. parts: part -> colour, bottom-up.
         limit: a horizontal line (value, label), the memory capacity.
     """
@@ -239,7 +238,7 @@ def _bar_chart(title: str, unit: str, ranks: list[dict[str, Any]], values: list[
     # Alternate host backgrounds so that the ranks of one host read as a group.
     hosts: dict[int, list[int]] = {}
     for i, r in enumerate(ranks):
-        hosts.setdefault(r["host"], []).append(i)
+        hosts.setdefault(r.host, []).append(i)
     host_step = _label_step(slot * max(map(len, hosts.values()), default=1), 46)
     for n, (host, idx) in enumerate(sorted(hosts.items())):
         x0, x1 = left + idx[0] * slot, left + (idx[-1] + 1) * slot
@@ -266,13 +265,13 @@ def _bar_chart(title: str, unit: str, ranks: list[dict[str, Any]], values: list[
         seg_y = base_y
         for (part, colour, v), h in zip(shown, heights, strict=True):
             seg_y -= h
-            tip = f"rank {r['rank']} (host {r['host']}): {part} {_num(v)} {unit}"
-            out.append(f'<rect class="seg" data-rank="{r["rank"]}" data-part="{html.escape(part)}" '
+            tip = f"rank {r.rank} (host {r.host}): {part} {_num(v)} {unit}"
+            out.append(f'<rect class="seg" data-rank="{r.rank}" data-part="{html.escape(part)}" '
                        f'x="{x:.2f}" y="{seg_y:.2f}" width="{bar_w:.2f}" height="{h:.2f}" '
                        f'fill="{colour}"><title>{html.escape(tip)}</title></rect>')
         if i % rank_step == 0:
             out.append(f'<text x="{x + bar_w / 2:.2f}" y="{base_y + 14}" class="xtick">'
-                       f'{r["rank"]}</text>')
+                       f'{r.rank}</text>')
     out.append(f'<text x="{left + plot_w / 2}" y="{base_y + 28}" class="axis">rank</text>')
     if limit and limit[0] > 0:
         label = html.escape(limit[1])
@@ -326,34 +325,35 @@ def _html_table(header: Sequence[str], rows: Iterable[Sequence[str]], text_colum
             f'<tbody>{body}</tbody></table></div>')
 
 
-def render_html(report: Report) -> str:
+def render_html(report: PlanReport) -> str:
     """The report as one self-contained HTML page (``plan.html``): inline CSS and SVG, no script.
 
     Args:
-        report: a planner report (``PlanResult.report`` or a loaded ``plan.json``).
+        report: a planner report (``PlanResult.report``, or ``PlanReport.from_dict`` of a
+            loaded ``plan.json``).
 
     Returns:
         The HTML document.
     """
     title, subtitle = _title(report)
-    tier, ranks = _tier(report), report["ranks"]
-    if report["warnings"]:
-        items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
+    tier, ranks = report.memory_tier, report.ranks
+    if report.warnings:
+        items = "".join(f"<li>{html.escape(w)}</li>" for w in report.warnings)
         warnings = f'<div class="warnings"><strong>Warnings</strong><ul>{items}</ul></div>'
     else:
         warnings = '<p class="ok">No warnings.</p>'
     summary = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                       for k, v in _summary_rows(report))
     parts = _memory_parts(report)
-    capacity = report["summary"]["rank_memory_capacity_bytes"] / GIB
+    capacity = report.summary.rank_memory_capacity_bytes / GIB
     memory_chart = _bar_chart(
-        f"{tier.upper()} per rank (GiB)", "GiB", ranks,
-        [{p: r["memory"][tier].get(p, 0) / GIB for p in parts} for r in ranks],
+        f"{_label(tier)} per rank (GiB)", "GiB", ranks,
+        [{p: r.memory[tier].get(p) / GIB for p in parts} for r in ranks],
         {p: MEMORY_PARTS.get(p, UNKNOWN_PART_COLOUR) for p in parts},
         (capacity, f"capacity {_num(capacity)} GiB"))
     time_chart = _bar_chart(
         "Estimated time per rank and step (ms)", "ms", ranks,
-        [{p: r["time_ms"].get(p, 0.0) for p in TIME_PARTS} for r in ranks], TIME_PARTS)
+        [{p: r.time_ms.part(p) for p in TIME_PARTS} for r in ranks], TIME_PARTS)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -369,7 +369,12 @@ def render_html(report: Report) -> str:
 """
 
 
-def write_report(report: Report, out_dir: str | pathlib.Path,
+def render_json(report: PlanReport) -> str:
+    """The report as ``plan.json``'s text: ``report.to_dict()``, indented, ending in a newline."""
+    return json.dumps(report.to_dict(), indent=2) + "\n"
+
+
+def write_report(report: PlanReport, out_dir: str | pathlib.Path,
                  formats: Iterable[str] = FORMATS) -> list[pathlib.Path]:
     """Writes ``plan.json``, ``plan.md`` and/or ``plan.html`` into ``out_dir`` (created if need be).
 
@@ -389,8 +394,8 @@ def write_report(report: Report, out_dir: str | pathlib.Path,
     if unknown:
         raise ValueError(f"unknown report format(s) {', '.join(map(repr, unknown))} "
                          f"(allowed: {', '.join(FORMATS)})")
-    render: dict[str, Callable[[Report], str]] = {
-        "json": lambda r: json.dumps(r, indent=2) + "\n",
+    render: dict[str, Callable[[PlanReport], str]] = {
+        "json": render_json,
         "md": render_markdown,
         "html": render_html,
     }

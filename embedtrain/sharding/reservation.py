@@ -31,6 +31,8 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ModuleSharder
 
+from embedtrain.sharding.types import MemoryTier
+
 ID_BYTES = 8  # int64 ids (TBE converts int32 ids to int64 anyway)
 LENGTH_BYTES = 4
 
@@ -54,7 +56,7 @@ class ExplicitStorageReservation(StorageReservation):
         self.pipeline_batches = pipeline_batches
         self.breakdown: dict[str, int] = {}
         self.dense_shapes: list[tuple[int, ...]] = []  # of the data-parallel dense parameters
-        self.tier = "hbm"
+        self.tier = MemoryTier.HBM  # where the dense model lives (DDR on CPU), set by reserve()
         self._last: Optional[Topology] = None
 
     def reserve(
@@ -82,8 +84,8 @@ class ExplicitStorageReservation(StorageReservation):
         dense = sum(p.numel() * p.element_size() for p in dense_params)
         kjt = int(batch_size * (sum(pooling) * ID_BYTES + len(pooling) * LENGTH_BYTES)
                   * self.pipeline_batches)
-        self.tier = "ddr" if topology.compute_device == "cpu" else "hbm"
-        capacity = getattr(topology.devices[0].storage, self.tier)
+        self.tier = MemoryTier.DDR if topology.compute_device == "cpu" else MemoryTier.HBM
+        capacity = getattr(topology.devices[0].storage, self.tier.value)
         self.breakdown = {
             "dense_model": dense,
             "dense_gradients": dense,
@@ -95,7 +97,8 @@ class ExplicitStorageReservation(StorageReservation):
         total = sum(self.breakdown.values())
         left = copy.deepcopy(topology)
         for device in left.devices:
-            setattr(device.storage, self.tier, max(0, getattr(device.storage, self.tier) - total))
+            tier = self.tier.value
+            setattr(device.storage, tier, max(0, getattr(device.storage, tier) - total))
         self._last = left
         return left
 

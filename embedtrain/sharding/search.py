@@ -34,6 +34,8 @@ from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import PlannerError, ShardingOption, Topology
 from torchrec.distributed.types import ShardingType
 
+from embedtrain.sharding.types import MemoryTier
+
 Choice = tuple[int, ...]  # per table, the index of its option
 
 
@@ -59,8 +61,8 @@ def _depth(o: ShardingOption) -> float:
     return max(s.perf.total for s in o.shards)
 
 
-def _stored(o: ShardingOption, tier: str) -> float:
-    return max(getattr(s.storage, tier) for s in o.shards)
+def _stored(o: ShardingOption, tier: MemoryTier) -> float:
+    return max(getattr(s.storage, tier.value) for s in o.shards)
 
 
 class _Evaluator:
@@ -139,7 +141,7 @@ def search_plan(
     counts: Callable[[ShardingOption], list[int]],
     storage_constraint: Topology,
     budget: int = 48,
-    tier: str = "hbm",
+    tier: MemoryTier = MemoryTier.HBM,
 ) -> SearchResult:
     """Searches for the plan whose slowest rank is fastest.
 
@@ -149,7 +151,7 @@ def search_plan(
         counts: for a compact option, how many full shards each of its shards stands for.
         storage_constraint: the topology with capacities left after reservations.
         budget: partitions the bottleneck descent may spend.
-        tier: the memory the storage repair shrinks first (``hbm``, or ``ddr`` on CPU).
+        tier: the memory the storage repair shrinks first (HBM, or DDR on CPU).
 
     Returns:
         The best plan found (ranks assigned), its rating and search statistics.
@@ -189,7 +191,7 @@ def search_plan(
     return SearchResult(plan, ev.best_rating, ev.stats)
 
 
-def _repair_storage(ev: _Evaluator, choice: Choice, tier: str) -> None:
+def _repair_storage(ev: _Evaluator, choice: Choice, tier: MemoryTier) -> None:
     current = list(choice)
     for _ in range(sum(len(t) for t in ev.tables)):
         if ev.rate(tuple(current)) is not None:

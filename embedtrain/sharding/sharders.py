@@ -8,7 +8,7 @@ qcomms: fp16/bf16 all-to-all) is attached through the codec registry, which is a
 planner's perf estimator reads to size the messages.
 
 Example:
-    >>> sharders = embedding_sharders(ShardingConfig(forward_comm_precision=CommPrecision.FP16))
+    >>> sharders = embedding_sharders(CommPrecision.FP16, CommPrecision.BF16)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingType
 
-from embedtrain.config import CommPrecision, ShardingConfig
+from embedtrain.sharding.types import CommPrecision
 
 _CPU_EXTRA = [ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value]
 
@@ -52,20 +52,41 @@ _COMM = {CommPrecision.FP32: CommType.FP32, CommPrecision.FP16: CommType.FP16,
          CommPrecision.BF16: CommType.BF16}
 
 
-def qcomm_registry(sharding: ShardingConfig) -> Optional[dict]:
-    """TorchRec's qcomm codec registry for the configured all-to-all precisions (None: fp32)."""
-    if (sharding.forward_comm_precision is CommPrecision.FP32
-            and sharding.backward_comm_precision is CommPrecision.FP32):
+def qcomm_registry(forward_precision: CommPrecision = CommPrecision.FP32,
+                   backward_precision: CommPrecision = CommPrecision.FP32) -> Optional[dict]:
+    """TorchRec's qcomm codec registry for these all-to-all precisions.
+
+    Args:
+        forward_precision: of the forward all-to-all (the pooled embeddings).
+        backward_precision: of the backward one (their gradients).
+
+    Returns:
+        The registry, or None when both are fp32 (no codecs: plain fp32 collectives).
+    """
+    if forward_precision is CommPrecision.FP32 and backward_precision is CommPrecision.FP32:
         return None
     return get_qcomm_codecs_registry(QCommsConfig(
-        forward_precision=_COMM[sharding.forward_comm_precision],
-        backward_precision=_COMM[sharding.backward_comm_precision],
+        forward_precision=_COMM[forward_precision],
+        backward_precision=_COMM[backward_precision],
     ))
 
 
-def embedding_sharders(sharding: Optional[ShardingConfig] = None) -> list[ModuleSharder[nn.Module]]:
-    """The sharders for every embedding module embedtrain builds (pooled and sequence tables)."""
-    registry = qcomm_registry(sharding) if sharding is not None else None
+def embedding_sharders(
+    forward_precision: CommPrecision = CommPrecision.FP32,
+    backward_precision: CommPrecision = CommPrecision.FP32,
+) -> list[ModuleSharder[nn.Module]]:
+    """The sharders for every embedding module embedtrain builds (pooled and sequence tables).
+
+    Args:
+        forward_precision, backward_precision: the embedding all-to-all's precisions (qcomms;
+            a config's ``sharding.forward_comm_precision`` / ``backward_comm_precision``).
+
+    Returns:
+        An :class:`EmbeddingBagCollectionAllTypesSharder` and an
+        :class:`EmbeddingCollectionAllTypesSharder`, for the planner and for
+        ``DistributedModelParallel`` (which must get the same ones the plan was made with).
+    """
+    registry = qcomm_registry(forward_precision, backward_precision)
     return [
         EmbeddingBagCollectionAllTypesSharder(qcomm_codecs_registry=registry),
         EmbeddingCollectionAllTypesSharder(qcomm_codecs_registry=registry),

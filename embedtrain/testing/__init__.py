@@ -19,7 +19,7 @@ from embedtrain.features import FeatureSpec, SparseFeature
 
 def tiny_ctr_dataset(out_dir: str | os.PathLike, rows: int = 4000, seed: int = 0) -> Path:
     """A small synthetic CTR data set (``embedtrain datagen ctr``) with several row groups."""
-    from embedtrain.data.datagen import CTRDataSpec, generate_ctr
+    from embedtrain.datagen import CTRDataSpec, generate_ctr
 
     generate_ctr(CTRDataSpec(rows=rows, seed=seed, rows_per_row_group=512), out_dir, progress=False)
     return Path(out_dir)
@@ -28,7 +28,7 @@ def tiny_ctr_dataset(out_dir: str | os.PathLike, rows: int = 4000, seed: int = 0
 def tiny_xc_dataset(out_dir: str | os.PathLike, rows: int = 4000, classes: int = 200,
                     seed: int = 0, multi_label: bool = False) -> Path:
     """A small extreme-classification data set (``embedtrain datagen xc``), several row groups."""
-    from embedtrain.data.datagen_xc import XCDataSpec, generate_xc
+    from embedtrain.datagen import XCDataSpec, generate_xc
 
     generate_xc(XCDataSpec(classes=classes, rows=rows, vocab=2_000, noise=0.5, seed=seed,
                            multi_label=multi_label, rows_per_row_group=1_000), out_dir,
@@ -39,7 +39,7 @@ def tiny_xc_dataset(out_dir: str | os.PathLike, rows: int = 4000, classes: int =
 def tiny_graph_dataset(out_dir: str | os.PathLike, nodes: int = 2000, seed: int = 0,
                        link_fraction: float = 0.1) -> Path:
     """A small graph data set (``embedtrain datagen graph``) with node splits and held-out edges."""
-    from embedtrain.data.datagen_graph import GraphDataSpec, generate_graph
+    from embedtrain.datagen import GraphDataSpec, generate_graph
 
     generate_graph(GraphDataSpec(nodes=nodes, avg_degree=8, communities=4, seed=seed,
                                  link_fraction=link_fraction), out_dir, progress=False)
@@ -101,8 +101,7 @@ def tiny_ctr_tsv(out_dir: str | os.PathLike, rows: int = 4000, seed: int = 0,
     Returns:
         The TSV files written.
     """
-    from embedtrain.data.datagen import CTRDataSpec
-    from embedtrain.data.datagen_tsv import generate_ctr_tsv
+    from embedtrain.datagen import CTRDataSpec, generate_ctr_tsv
 
     info = generate_ctr_tsv(CTRDataSpec(rows=rows, seed=seed, rows_per_file=rows_per_file),
                             out_dir, progress=False)

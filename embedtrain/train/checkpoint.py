@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d{8,})$")
@@ -247,3 +248,11 @@ def all_ranks_ok(ok: bool) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def init_optimizer_state(optimizer: KeyedOptimizer) -> None:
+    """Creates the lazy state of the non-fused optimizers, so a checkpoint can load in place."""
+    children = optimizer.optimizers if isinstance(optimizer, CombinedOptimizer) else [("", optimizer)]
+    for _, child in children:
+        if isinstance(child, KeyedOptimizerWrapper):
+            child.init_state()

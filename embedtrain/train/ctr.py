@@ -36,6 +36,7 @@ class CTRMetrics:
         self.sums = {k: SumMetric() for k in ("ce", "count", "positives", "predicted")}
 
     def update(self, output: StepOutput, batch: Batch) -> None:
+        """Adds the batch's click probabilities and labels (padding rows left out)."""
         p = output.predictions.detach().double()
         y = batch.labels[: len(p)].double()  # padding rows (see ParquetBatchReader) come last
         ce = F.binary_cross_entropy(p.clamp(_ETA, 1 - _ETA), y, reduction="sum")
@@ -46,6 +47,7 @@ class CTRMetrics:
         self.sums["predicted"].update(p.sum())
 
     def compute(self) -> dict[str, float]:
+        """``auc``, ``ne``, ``logloss``, ``calibration``, ``ctr`` over all ranks' batches."""
         s = {k: m.compute().double() for k, m in self.sums.items()}
         if s["count"] == 0:
             return {}
@@ -68,6 +70,7 @@ class CTRTask:
     main_metric = "auc"
 
     def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
+        """Mean binary cross-entropy of the real rows; predictions: their click probabilities."""
         logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
         n = logits.numel() - num_padding(batch)  # padding rows take part in the forward only
         real = logits[:n]
@@ -78,4 +81,5 @@ class CTRTask:
         return StepOutput(loss=loss, predictions=torch.sigmoid(real), num_examples=n)
 
     def new_metrics(self) -> CTRMetrics:
+        """A fresh AUC / NE / log-loss / calibration accumulator."""
         return CTRMetrics()

@@ -1,15 +1,16 @@
 """GNN tasks on sampled neighbourhoods: node classification and link prediction.
 
-A :class:`GraphBatch` is what the trainer hands a GNN task: the sampled subgraph's blocks
-(:class:`~embedtrain.graph.sampler.SampledBlocks`), its nodes' ids as a ``KeyedJaggedTensor`` for
-the node-id table (one id per node; under several ranks the rows are padded to the same count
-on every rank with empty bags, as TorchRec's sharded lookups expect equal batch sizes), their
-features, and the targets: the seeds' labels, or the positive and negative node pairs.
+A :class:`~embedtrain.graph.batch.GraphBatch` is what the trainer hands a GNN task: the sampled
+subgraph's blocks (:class:`~embedtrain.graph.sampler.SampledBlocks`), their features, and the
+targets: the seeds' labels, or the positive and negative node pairs. The task adds the nodes' ids
+as a ``KeyedJaggedTensor`` for the node-id table (:func:`with_node_ids`: one id per node; under
+several ranks the rows are padded to the same count on every rank with empty bags, as TorchRec's
+sharded lookups expect equal batch sizes) and calls the model on ``(blocks, node_ids,
+features)``.
 
-Batches come from :class:`~embedtrain.graph.sampler.SeedBatches` (every seed once per epoch,
-split over ranks) with a collate that samples the neighbourhood; they follow the trainer's
-``EpochData`` protocol, so resume restarts on exactly the batch an uninterrupted run would have
-seen.
+Batches come from the loaders of :mod:`embedtrain.graph.loader` (every seed once per epoch, split
+over ranks; loader -> sampler -> collate -> features); they follow the trainer's ``EpochData``
+protocol, so resume restarts on exactly the batch an uninterrupted run would have seen.
 
 Metrics: accuracy and macro-F1 (``torchmetrics``) for nodes; MRR and Hits@K of each positive
 ranked against its sampled negatives for links.
@@ -17,10 +18,8 @@ ranked against its sampled negatives for links.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -29,34 +28,26 @@ from torchmetrics import SumMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from embedtrain.graph.batch import GraphBatch
 from embedtrain.models.gnn import NODE_FEATURE
 from embedtrain.train.task import StepOutput
 
 
-@dataclass
-class GraphBatch:
-    """One training/evaluation batch of a GNN task."""
+def with_node_ids(batch: GraphBatch) -> GraphBatch:
+    """Sets ``batch.node_ids``: one id per sampled node for the node-id table, padded with empty
+    bags to the largest subgraph of the step over all ranks; returns ``batch``.
 
-    blocks: Any  # SampledBlocks
-    num_nodes: int  # sampled nodes (blocks.n_id)
-    features: Optional[Tensor]  # [num_nodes, F] or None
-    labels: Optional[Tensor]  # [num_seeds] (node classification)
-    pairs: Optional[Tensor] = None  # [2, P]: local seed indices of positive pairs (links)
-    negatives: Optional[Tensor] = None  # [2, P * k]: local seed indices of negative pairs
-    # One id per sampled node for the node-id table, padded with empty bags to the largest
-    # subgraph of the step over all ranks; set in the training thread by with_node_ids (an
-    # all-reduce, which must not run in a loader thread).
-    node_ids: Optional[KeyedJaggedTensor] = None
+    Runs in the training thread (an all-reduce, which must not run in a loader thread), and again
+    at every use: a batch evaluated again (a rank out of evaluation batches keeps the collectives
+    matched) must pad to *this* step's largest subgraph.
+    """
+    batch.node_ids = node_id_kjt(batch.blocks.n_id, padded_rows(batch.num_nodes))
+    return batch
 
-    def with_node_ids(self) -> "GraphBatch":
-        # Rebuilt at every use: a batch evaluated again (a rank out of evaluation batches keeps
-        # the collectives matched) must pad to *this* step's largest subgraph.
-        self.node_ids = node_id_kjt(self.blocks.n_id, padded_rows(self.num_nodes))
-        return self
 
-    @property
-    def num_examples(self) -> int:
-        return int(self.labels.numel()) if self.labels is not None else int(self.pairs.shape[1])
+def _forward(model: nn.Module, batch: GraphBatch) -> Tensor:
+    batch = with_node_ids(batch)
+    return model(batch.blocks, batch.node_ids, batch.features)
 
 
 def node_id_kjt(n_id: Tensor, rows: int) -> KeyedJaggedTensor:
@@ -102,7 +93,7 @@ class NodeClassificationTask:
         self.num_classes = num_classes
 
     def forward(self, model: nn.Module, batch: GraphBatch) -> StepOutput:
-        logits = model(batch.with_node_ids())
+        logits = _forward(model, batch)
         # A rank may have no seed left in an epoch's last step: it still runs the step (the
         # node table's all-to-all), with a zero loss.
         loss = F.cross_entropy(logits, batch.labels) if len(batch.labels) else logits.sum() * 0.0
@@ -146,7 +137,7 @@ class LinkPredictionTask:
         self.ks = tuple(ks)
 
     def forward(self, model: nn.Module, batch: GraphBatch) -> StepOutput:
-        h = model(batch.with_node_ids())  # [num_seeds, D]
+        h = _forward(model, batch)  # [num_seeds, D]
         pos = (h[batch.pairs[0]] * h[batch.pairs[1]]).sum(dim=1)
         neg = (h[batch.negatives[0]] * h[batch.negatives[1]]).sum(dim=1)
         scores = torch.cat([pos, neg])
@@ -162,10 +153,3 @@ class LinkPredictionTask:
     def new_metrics(self) -> LinkMetrics:
         return LinkMetrics(self.ks)
 
-
-def gather_rows(array: np.ndarray, ids: np.ndarray) -> Tensor:
-    """``array[ids]`` as a tensor (works on memory-mapped arrays: reads only those rows)."""
-    order = np.argsort(ids, kind="stable")  # sorted reads are sequential on a memory map
-    out = np.empty((len(ids), *array.shape[1:]), array.dtype)
-    out[order] = array[ids[order]]
-    return torch.from_numpy(out)

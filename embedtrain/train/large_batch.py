@@ -20,7 +20,7 @@ warmup followed by constant, cosine or step decay, and :func:`lr_multiplier` is 
 Example:
     >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     >>> opt = LAMB(split_decay_groups(model.named_parameters()), lr=2e-3, weight_decay=0.01)
-    >>> sched = lr_schedule(opt, warmup_steps=100, total_steps=1000, decay="cosine")
+    >>> sched = lr_schedule(opt, warmup_steps=100, total_steps=1000, decay=LRDecay.COSINE)
     >>> # per step: loss.backward(); opt.step(); opt.zero_grad(); sched.step()
 """
 
@@ -35,9 +35,10 @@ import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["LAMB", "LARS", "split_decay_groups", "lr_multiplier", "lr_schedule", "DECAYS"]
+from embedtrain.train.options import LRDecay
 
-DECAYS = ("none", "cosine", "step")
+__all__ = ["LAMB", "LARS", "split_decay_groups", "lr_multiplier", "lr_schedule"]
+
 _Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 _NamedParams = (
     Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor]
@@ -219,15 +220,16 @@ class LARS(_LayerWise):
         torch._foreach_add_(ps, d if group["nesterov"] else bufs, alpha=-float(group["lr"]))
 
 
-def _check_schedule(warmup_steps: int, total_steps: int, decay: str, step_size: int,
+def _check_schedule(warmup_steps: int, total_steps: int, decay: LRDecay, step_size: int,
                     gamma: float, min_lr_ratio: float) -> None:
-    if decay not in DECAYS:
-        raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
+    if not isinstance(decay, LRDecay):
+        raise ValueError(f"decay must be an LRDecay ({', '.join(d.value for d in LRDecay)}), "
+                         f"got {decay!r}")
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if total_steps < 0:
         raise ValueError(f"total_steps must be >= 0, got {total_steps}")
-    if decay == "cosine" and total_steps <= warmup_steps:
+    if decay is LRDecay.COSINE and total_steps <= warmup_steps:
         raise ValueError(f"total_steps ({total_steps}) must be > warmup_steps ({warmup_steps}) "
                          "for cosine decay")
     if step_size <= 0:
@@ -238,7 +240,7 @@ def _check_schedule(warmup_steps: int, total_steps: int, decay: str, step_size: 
         raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
 
 
-def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, decay: str = "none",
+def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, decay: LRDecay = LRDecay.NONE,
                   step_size: int = 1000, gamma: float = 0.1, min_lr_ratio: float = 0.0) -> float:
     """The factor on the base learning rate at 0-based ``step`` (what :func:`lr_schedule` applies).
 
@@ -247,10 +249,10 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, decay: str 
         warmup_steps: Steps of linear warmup; step ``s < warmup_steps`` gives
             ``(s + 1) / warmup_steps``, so the factor reaches 1 on the last warmup step.
         total_steps: Length of the run; cosine decay reaches ``min_lr_ratio`` there and stays.
-        decay: After warmup: ``"none"`` (1), ``"cosine"`` (half cosine from 1 to
-            ``min_lr_ratio``) or ``"step"`` (``gamma ** ((step - warmup_steps) // step_size)``).
-        step_size: Steps between multiplications by ``gamma`` (``"step"`` decay).
-        gamma: Factor per ``step_size`` steps (``"step"`` decay), in (0, 1].
+        decay: After warmup: ``NONE`` (1), ``COSINE`` (half cosine from 1 to ``min_lr_ratio``)
+            or ``STEP`` (``gamma ** ((step - warmup_steps) // step_size)``).
+        step_size: Steps between multiplications by ``gamma`` (``STEP`` decay).
+        gamma: Factor per ``step_size`` steps (``STEP`` decay), in (0, 1].
         min_lr_ratio: Final factor of cosine decay, in [0, 1].
 
     Raises:
@@ -262,16 +264,16 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, decay: str 
         raise ValueError(f"step must be >= 0, got {step}")
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    if decay == "cosine":
+    if decay is LRDecay.COSINE:
         progress = min(1.0, max(0.0, (step - warmup_steps) / (total_steps - warmup_steps)))
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if decay == "step":
+    if decay is LRDecay.STEP:
         return gamma ** ((step - warmup_steps) // step_size)
     return 1.0
 
 
 def lr_schedule(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
-                decay: str = "none", step_size: int = 1000, gamma: float = 0.1,
+                decay: LRDecay = LRDecay.NONE, step_size: int = 1000, gamma: float = 0.1,
                 min_lr_ratio: float = 0.0) -> LambdaLR:
     """A ``LambdaLR`` applying :func:`lr_multiplier` to every param group of ``optimizer``.
 

@@ -8,8 +8,8 @@ into one keyed optimizer whose ``state_dict`` checkpoints through DCP.
 Example:
     >>> fuse_sparse_optimizer(model, SparseOptimizer.ROWWISE_ADAGRAD, lr=0.05)
     >>> dmp = DistributedModelParallel(model, device=torch.device("cpu"))
-    >>> opt, dense = combined_optimizer(dmp, OptimConfig(dense=DenseOptimizer.LAMB))
-    >>> schedule = dense_lr_schedule(dense, OptimConfig(warmup_steps=100), total_steps=10_000)
+    >>> opt, dense = combined_optimizer(dmp, dense_optimizer_factory(DenseOptimizer.LAMB, lr=2e-3))
+    >>> schedule = dense_lr_schedule(dense, total_steps=10_000, warmup_steps=100)
 """
 
 from __future__ import annotations
@@ -27,14 +27,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from embedtrain.config import (
-    DenseAllReduce,
-    DenseOptimizer,
-    HeadConfig,
-    HeadOptimizer,
-    OptimConfig,
-    SparseOptimizer,
-)
+from embedtrain.sharding.types import DenseAllReduce
+from embedtrain.train.options import DenseOptimizer, HeadOptimizer, LRDecay, SparseOptimizer
 
 _SPARSE = {
     SparseOptimizer.ROWWISE_ADAGRAD: RowWiseAdagrad,
@@ -67,20 +61,21 @@ def fuse_sparse_optimizer(model: nn.Module, kind: SparseOptimizer, lr: float) ->
     return len(tables)
 
 
-def dense_optimizer_factory(cfg: OptimConfig) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
-    """Builds ``cfg.dense`` over a list of parameters (what ``KeyedOptimizerWrapper`` calls).
+def dense_optimizer_factory(kind: DenseOptimizer, lr: float, weight_decay: float = 0.0,
+                            momentum: float = 0.9
+                            ) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+    """Builds ``kind`` over a list of parameters (what ``KeyedOptimizerWrapper`` calls).
 
-    LAMB and LARS leave 1-D parameters (biases) out of weight decay and of the trust ratio, as
-    the large-batch papers do.
+    ``momentum`` applies to SGD and LARS. LAMB and LARS leave 1-D parameters (biases) out of
+    weight decay and of the trust ratio, as the large-batch papers do.
     """
-    lr, wd = cfg.dense_lr, cfg.weight_decay
-    kind = cfg.dense
+    wd = weight_decay
     if kind is DenseOptimizer.ADAM:
         return lambda params: torch.optim.Adam(params, lr=lr, weight_decay=wd)
     if kind is DenseOptimizer.ADAGRAD:
         return lambda params: torch.optim.Adagrad(params, lr=lr, weight_decay=wd)
     if kind is DenseOptimizer.SGD:
-        return lambda params: torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=wd)
+        return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
     from embedtrain.train import large_batch
 
     def groups(params: list[torch.Tensor]) -> list[dict]:
@@ -93,19 +88,21 @@ def dense_optimizer_factory(cfg: OptimConfig) -> Callable[[list[torch.Tensor]], 
 
     if kind is DenseOptimizer.LAMB:
         return lambda params: large_batch.LAMB(groups(params), lr=lr, weight_decay=wd)
-    return lambda params: large_batch.LARS(groups(params), lr=lr, momentum=cfg.momentum,
+    return lambda params: large_batch.LARS(groups(params), lr=lr, momentum=momentum,
                                            weight_decay=wd)
 
 
 def combined_optimizer(
-    model: DistributedModelParallel, cfg: OptimConfig, exclude: Collection[str] = (),
-    extra: Sequence[tuple[str, KeyedOptimizer]] = (),
+    model: DistributedModelParallel,
+    dense_factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    exclude: Collection[str] = (), extra: Sequence[tuple[str, KeyedOptimizer]] = (),
 ) -> tuple[CombinedOptimizer, KeyedOptimizerWrapper]:
-    """The sharded model's fused sparse optimizer plus ``cfg.dense`` over the dense parameters.
+    """The sharded model's fused sparse optimizer plus a dense one over the dense parameters.
 
     Args:
         model: the sharded model.
-        cfg: the ``optim`` section.
+        dense_factory: builds the dense optimizer over a list of parameters
+            (:func:`dense_optimizer_factory`).
         exclude: parameter names the dense optimizer leaves to one of ``extra``.
         extra: more ``(name, optimizer)`` pairs (e.g. a sharded class head's).
 
@@ -115,7 +112,7 @@ def combined_optimizer(
     """
     dense = {k: p for k, p in in_backward_optimizer_filter(model.named_parameters(), include=False)
              if k not in exclude}
-    dense_opt = KeyedOptimizerWrapper(dense, dense_optimizer_factory(cfg))
+    dense_opt = KeyedOptimizerWrapper(dense, dense_factory)
     combined = CombinedOptimizer([("sparse", model.fused_optimizer), ("dense", dense_opt),
                                   *extra])
     return combined, dense_opt
@@ -174,31 +171,33 @@ class ShardedRowsOptimizer(KeyedOptimizerWrapper):
         self.zero_grad()
 
 
-def sharded_head_optimizer(head: nn.Module, cfg: HeadConfig, prefix: str = "") -> ShardedRowsOptimizer:
-    """The optimizer of a model-parallel class head's slice (``cfg.optimizer``, ``cfg.lr``).
+def sharded_head_optimizer(head: nn.Module, kind: HeadOptimizer, lr: float,
+                           prefix: str = "") -> ShardedRowsOptimizer:
+    """The optimizer (``kind`` at ``lr``) of a model-parallel class head's slice.
 
     Sampled heads produce sparse gradients: Adagrad and SGD then touch only the sampled rows
     (SGD without momentum; Adagrad's accumulator stays put for rows without gradient).
     """
-    cls = head_optimizer_class(cfg.optimizer)
+    cls = head_optimizer_class(kind)
     params = {prefix + n: p for n, p in head.named_parameters()}
-    kwargs: dict = {"lr": cfg.lr, "foreach": False}
+    kwargs: dict = {"lr": lr, "foreach": False}
     return ShardedRowsOptimizer(params, lambda ps: cls(ps, **kwargs),
                                 {k: head.num_classes for k in params}, head.group)
 
 
-def dense_lr_schedule(dense: torch.optim.Optimizer, cfg: OptimConfig,
-                      total_steps: int) -> Optional[torch.optim.lr_scheduler.LambdaLR]:
-    """Linear warmup then cosine/step decay of the dense learning rate (None: constant)."""
-    from embedtrain.config import LRDecay
+def dense_lr_schedule(dense: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
+                      decay: LRDecay = LRDecay.NONE, step_size: int = 1000, gamma: float = 0.1,
+                      min_lr_ratio: float = 0.0) -> Optional[torch.optim.lr_scheduler.LambdaLR]:
+    """Linear warmup then cosine/step decay of the dense learning rate (None: constant).
 
-    if cfg.warmup_steps == 0 and cfg.lr_decay is LRDecay.NONE:
+    Arguments as :func:`embedtrain.train.large_batch.lr_multiplier`'s.
+    """
+    if warmup_steps == 0 and decay is LRDecay.NONE:
         return None
     from embedtrain.train.large_batch import lr_schedule
 
-    return lr_schedule(dense, warmup_steps=cfg.warmup_steps, total_steps=max(total_steps, 1),
-                       decay=cfg.lr_decay.value, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma,
-                       min_lr_ratio=cfg.min_lr_ratio)
+    return lr_schedule(dense, warmup_steps=warmup_steps, total_steps=max(total_steps, 1),
+                       decay=decay, step_size=step_size, gamma=gamma, min_lr_ratio=min_lr_ratio)
 
 
 def compressed_allreduce_hook(dtype: torch.dtype):
@@ -248,11 +247,3 @@ def register_dense_allreduce(model: nn.Module, mode: DenseAllReduce, powersgd_ra
             module.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         hooked += 1
     return hooked
-
-
-def init_optimizer_state(optimizer: KeyedOptimizer) -> None:
-    """Creates the lazy state of the non-fused optimizers, so a checkpoint can load in place."""
-    children = optimizer.optimizers if isinstance(optimizer, CombinedOptimizer) else [("", optimizer)]
-    for _, child in children:
-        if isinstance(child, KeyedOptimizerWrapper):
-            child.init_state()

@@ -18,6 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from embedtrain.dependencies import import_optional
+
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CURVES_FILE = "curves.png"
@@ -96,10 +98,8 @@ class RunDir:
         records = [r for r in self.read_metrics() if r.get("split") == "valid"]
         if not records:
             return None
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import_optional("matplotlib", "matplotlib", "curves.png").use("Agg")
+        plt = import_optional("matplotlib.pyplot", "matplotlib", "curves.png")
 
         steps = [r["step"] for r in records]
         fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(10, 4))

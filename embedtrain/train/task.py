@@ -26,9 +26,14 @@ class StepOutput:
 class Metrics(Protocol):
     """An accumulator over evaluation batches; ``compute`` syncs across ranks if distributed."""
 
-    def update(self, output: StepOutput, batch: Any) -> None: ...
+    def update(self, output: StepOutput, batch: Any) -> None:
+        """Adds one evaluation batch: the task's ``output`` for ``batch`` (padding excluded)."""
+        ...
 
-    def compute(self) -> dict[str, float]: ...
+    def compute(self) -> dict[str, float]:
+        """The metrics over every batch added so far, on all ranks (a collective when
+        distributed: every rank calls it); ``{}`` when no example was added."""
+        ...
 
 
 class Task(Protocol):

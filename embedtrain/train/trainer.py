@@ -29,8 +29,7 @@ from torchrec.optim.keyed import KeyedOptimizer
 from tqdm import tqdm
 
 from embedtrain.train.checkpoint import (
-    CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok)
-from embedtrain.train.optim import init_optimizer_state
+    CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok, init_optimizer_state)
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.task import Task
 
@@ -42,7 +41,18 @@ class EpochData(Protocol):
     together). ``step_rows(i)`` is ``(examples, padding rows)`` of batch ``i`` summed over all
     ranks: the trainer counts examples with it, so an epoch counts every row of the split once
     and padding (equal batch sizes in an epoch's last step) never.
+
+    Attributes:
+        unit: what a row is (``"rows"``, ``"nodes"``, ``"edges"``), for messages.
+        total_rows: rows of the split over all ranks.
+        rank_rows: each rank's share of them.
+        dropped_rows: rows left out per epoch (``drop_last``), counted in the summary.
     """
+
+    unit: str
+    total_rows: int
+    rank_rows: list[int]
+    dropped_rows: int
 
     def __len__(self) -> int: ...
 
@@ -94,6 +104,8 @@ class Trainer:
         dataset_name: recorded in ``summary.json``.
         extra_summary: more fields for ``summary.json`` (e.g. the data set's oracle AUC).
         lr_scheduler: stepped after every dense optimizer step, checkpointed with the run.
+        reference: a reference value of the task's main metric (e.g. the data set's oracle),
+            drawn as a line in ``curves.png``.
 
     Every rank runs the loop; only rank 0 shows progress and writes records. Ranks must get
     the same number of training batches (``LastBatch.PAD``); evaluation copes with ranks holding
@@ -114,12 +126,14 @@ class Trainer:
         dataset_name: str = "",
         extra_summary: Optional[dict[str, Any]] = None,
         lr_scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+        reference: Optional[float] = None,
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
         self.run_dir, self.options = run_dir, options
         self.dataset_name = dataset_name
         self.extra_summary = extra_summary or {}
+        self.reference = reference
         self.checkpoints = CheckpointManager(run_dir.checkpoints, keep=options.keep_checkpoints)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -371,9 +385,9 @@ class Trainer:
             "task": self.task.name,
             "steps": st.step,
             "examples": st.examples,
-            "train_rows": getattr(self.train_data, "total_rows", None),
+            "train_rows": self.train_data.total_rows,
             "padded_rows": st.padded_rows,
-            "dropped_rows_per_epoch": getattr(self.train_data, "dropped_rows", 0),
+            "dropped_rows_per_epoch": self.train_data.dropped_rows,
             "train_examples_per_s": st.examples / st.train_time_s if st.train_time_s else None,
             "train_time_s": st.train_time_s,
             "wall_time_s": wall_s,
@@ -384,9 +398,8 @@ class Trainer:
         }
         if self.rank == 0:
             self.run_dir.write_summary(summary)
-            reference = self.extra_summary.get(f"oracle_{self.task.main_metric}")
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
-                                     reference=reference)
+                                     reference=self.reference)
         return summary
 
 

@@ -31,9 +31,11 @@ class XCTaskMetrics:
         self.metrics = XCMetrics(ks)
 
     def update(self, output: StepOutput, batch: Batch) -> None:
+        """Adds the batch's top-k class ids against its labels (padding rows left out)."""
         self.metrics.update(output.predictions, batch.labels[: output.num_examples])
 
     def compute(self) -> dict[str, float]:
+        """``p@k``, ``ndcg@k``, ``recall@k`` for each k, summed over ranks."""
         return self.metrics.compute()
 
 
@@ -50,6 +52,7 @@ class XCTask:
         self.main_metric = f"p@{self.ks[0]}"
 
     def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
+        """Training: the head's loss. Evaluation: mean loss over all classes and the top-k ids."""
         # Padding rows (label -1, last) run through the model, whose heads leave them out of
         # the loss; they are left out of the metrics here.
         n = batch.labels.shape[0] - num_padding(batch)
@@ -62,4 +65,5 @@ class XCTask:
         return StepOutput(loss=loss, predictions=top[:n], num_examples=n)
 
     def new_metrics(self) -> XCTaskMetrics:
+        """A fresh top-k metrics accumulator for this task's ``ks``."""
         return XCTaskMetrics(self.ks)

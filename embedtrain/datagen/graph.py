@@ -30,11 +30,11 @@ The draws are vectorised: endpoint counts per node come from one multinomial and
 with ``np.repeat``, shuffled once, and matched to second endpoints drawn the same way per
 community; no step loops over edges or nodes. On two loaded cores, 1M nodes with average degree
 20 (20M CSR entries) generate in ~12 s with a peak RSS of 1.1 GB; 10M nodes (200M CSR entries)
-in ~105 s with 4.0 GB (the edge keys of :func:`~embedtrain.data.graph_store.csr_from_edges`
+in ~105 s with 4.0 GB (the edge keys of :func:`~embedtrain.graph.csr.csr_from_edges`
 dominate).
 
 Example:
-    >>> from embedtrain.data.datagen_graph import GraphDataSpec, generate_graph
+    >>> from embedtrain.datagen import GraphDataSpec, generate_graph
     >>> meta = generate_graph(GraphDataSpec(nodes=20_000, seed=1), "/tmp/graph", progress=False)
     >>> meta["num_classes"], meta["generator"]["homophily"] > 0.6
     (16, True)
@@ -43,17 +43,17 @@ Example:
 from __future__ import annotations
 
 import math
-import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from tqdm import tqdm
 
-from embedtrain.data.datagen import check_fields, is_int, is_real
-from embedtrain.data.graph_store import (
-    csr_from_edges, hold_out_edges, row_blocks, write_graph)
+from embedtrain.datagen.ctr import check_fields, is_real
+from embedtrain.graph.csr import csr_from_edges, hold_out_edges, row_blocks
+from embedtrain.graph.store import write_graph
+from embedtrain.utils import is_int, phase_bar
 
 _FEATURE_CHUNK = 1 << 20     # nodes per feature chunk (also fixes the per-chunk random streams)
 _ONE_HOP_NODES = 20_000      # test nodes scored by the one-hop Bayes classifier
@@ -302,21 +302,21 @@ def planted_description(spec: GraphDataSpec) -> str:
             f"{spec.feature_dim} dims")
 
 
-def _log(progress: bool, start: float, what: str) -> None:
-    if progress:
-        print(f"datagen graph: {what} ({time.perf_counter() - start:.1f} s)", file=sys.stderr,
-              flush=True)
+def _log(bar: tqdm, what: str) -> None:
+    """One phase done: ``what`` is shown after the bar's phase count and elapsed time."""
+    bar.set_postfix_str(what, refresh=False)
+    bar.update()
 
 
 def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = True) -> dict:
-    """Writes a synthetic graph data set (the format of :mod:`embedtrain.data.graph_store`) to ``out_dir``.
+    """Writes a synthetic graph data set (the format of :mod:`embedtrain.graph.store`) to ``out_dir``.
 
     An earlier graph data set there is replaced; the same spec always gives identical files.
 
     Args:
         spec: size, communities, degrees, features, splits.
         out_dir: destination folder (created if missing).
-        progress: one line per phase on stderr.
+        progress: show a progress bar on stderr (phases done, elapsed time, the last phase).
 
     Returns:
         The metadata written to ``metadata.json``; ``metadata["generator"]`` holds the spec and
@@ -329,21 +329,26 @@ def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = Tr
         0.6
     """
     spec.validate()
-    start = time.perf_counter()
+    phases = 5 if spec.link_fraction > 0 else 4
+    with phase_bar(phases, "datagen graph", disable=not progress) as bar:
+        return _generate(spec, out_dir, bar)
+
+
+def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm) -> dict:
     model = PlantedGraph(spec)
     labels = model.community.astype(np.int64)
     src, dst = model.draw_edges(spec)
     drawn = int(src.shape[0])
-    _log(progress, start, f"{drawn:,} edges drawn")
+    _log(bar, f"{drawn:,} edges drawn")
     indptr, indices, _, counts = csr_from_edges(src, dst, spec.nodes)
     del src, dst
-    _log(progress, start, f"CSR of {indices.shape[0]:,} entries")
+    _log(bar, f"CSR of {indices.shape[0]:,} entries")
     edge_splits: Optional[dict[str, np.ndarray]] = None
     if spec.link_fraction > 0:
         indptr, indices, _, edge_splits = hold_out_edges(
             indptr, indices, None, directed=False, valid_fraction=spec.link_fraction / 2,
             test_fraction=spec.link_fraction / 2, seed=spec.seed)
-        _log(progress, start, "link-prediction edges held out")
+        _log(bar, "link-prediction edges held out")
     splits = _splits(spec)
     features = model.features(spec, labels)
     h = homophily(indptr, indices, labels)
@@ -352,7 +357,7 @@ def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = Tr
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 5]))
     sample = np.sort(rng.choice(test, size=min(_ONE_HOP_NODES, test.shape[0]), replace=False))
     one_hop = model.one_hop_bayes(spec, sample, indptr, indices, features, h)
-    _log(progress, start, "features and oracle figures")
+    _log(bar, "features and oracle figures")
 
     def acc(p: np.ndarray, nodes: np.ndarray) -> Optional[float]:
         return round(float(np.mean(p == labels[nodes])), 4) if nodes.shape[0] else None
@@ -377,5 +382,5 @@ def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = Tr
                        labels=labels, num_classes=spec.communities, splits=splits,
                        edge_splits=edge_splits, directed=False, name="synthetic_graph",
                        extra_meta={"generator": generator})
-    _log(progress, start, f"wrote {out_dir}")
+    _log(bar, f"wrote {out_dir}")
     return meta

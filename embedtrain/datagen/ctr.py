@@ -6,7 +6,7 @@ drawn from a known click probability, so the metadata can report the oracle
 AUC / log loss that a perfect model would reach on each split.
 
 Example:
-    >>> from embedtrain.data.datagen import CTRDataSpec, generate_ctr
+    >>> from embedtrain.datagen import CTRDataSpec, generate_ctr
     >>> meta = generate_ctr(CTRDataSpec(rows=20_000, seed=1), "/tmp/ctr", progress=False)
     >>> meta["splits"]["train"]["files"]
     ['train/part-00000.parquet']
@@ -18,8 +18,6 @@ import math
 import os
 import re
 import shutil
-import sys
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +26,8 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from embedtrain.utils import is_int, progress_bar
 
 DENSE_NAMES = [f"I{i}" for i in range(1, 14)]
 SPARSE_NAMES = [f"C{i}" for i in range(1, 27)]
@@ -108,6 +108,10 @@ class CTRDataSpec:
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Exact ROC AUC: the Mann-Whitney U statistic with average ranks for tied scores.
+
+    The oracle AUC of the metadata, in NumPy so that datagen needs no torch. It is the metric
+    the trainer reports (``torchmetrics.classification.BinaryAUROC``, exact): a test checks the
+    two agree to 1e-9, ties included.
 
     Args:
         scores: predicted scores or probabilities, shape (n,).
@@ -344,11 +348,6 @@ class SplitWriter:
             self.writer.close()
 
 
-def is_int(x: Any) -> bool:
-    """An integer that is not a bool (config values and NumPy scalars alike)."""
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
 def is_real(x: Any) -> bool:
     """A real number that is not a bool."""
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
@@ -365,10 +364,12 @@ def check_fields(spec: Any, checks: list) -> None:
             raise ValueError(f"{type(spec).__name__}.{name} must be {want}, got {v!r}")
 
 
-def progress_line(what: str, done: int, total: int, start: float) -> None:
-    """One ``what: done/total rows (rate rows/s)`` line on stderr."""
-    rate = done / max(time.perf_counter() - start, 1e-9)
-    print(f"{what}: {done:,}/{total:,} rows ({rate:,.0f} rows/s)", file=sys.stderr, flush=True)
+def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
+    """``out_dir``, created, with an earlier data set's splits and metadata removed."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clear_old(out)
+    return out
 
 
 def clear_old(out: Path) -> None:
@@ -394,7 +395,7 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
     Args:
         spec: size, seed, split fractions and file layout.
         out_dir: destination folder (created if missing).
-        progress: print one progress line per chunk to stderr.
+        progress: show a progress bar on stderr (rows done / total, rows/s).
 
     Returns:
         The metadata dict that was written to ``metadata.json``.
@@ -405,24 +406,20 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
         0.79
     """
     spec.validate()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    clear_old(out)
+    out = prepare_out_dir(out_dir)
     model = PlantedModel(spec)
     writers = {s: SplitWriter(out, s, spec) for s in SPLITS}
     probs: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     labels: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
-    start, done = time.perf_counter(), 0
-    for chunk in iter_chunks(spec, model):
-        table = model.table(chunk.draw, chunk.labels)
-        for k, s in enumerate(SPLITS):
-            mask = chunk.split == k
-            writers[s].add(table.filter(pa.array(mask)))
-            probs[s].append(chunk.p[mask])
-            labels[s].append(chunk.labels[mask])
-        done += len(chunk.p)
-        if progress:
-            progress_line("datagen", done, spec.rows, start)
+    with progress_bar(spec.rows, "datagen", disable=not progress) as bar:
+        for chunk in iter_chunks(spec, model):
+            table = model.table(chunk.draw, chunk.labels)
+            for k, s in enumerate(SPLITS):
+                mask = chunk.split == k
+                writers[s].add(table.filter(pa.array(mask)))
+                probs[s].append(chunk.p[mask])
+                labels[s].append(chunk.labels[mask])
+            bar.update(len(chunk.p))
     for w in writers.values():
         w.close()
 

@@ -1,6 +1,6 @@
 """The synthetic CTR data set as raw Criteo-style TSV: what ``embedtrain ingest`` starts from.
 
-The rows are exactly those of :func:`embedtrain.data.datagen.generate_ctr` with the same spec, in
+The rows are exactly those of :func:`embedtrain.datagen.ctr.generate_ctr` with the same spec, in
 generation order and unsplit (raw logs do not come split). Each line holds, tab-separated and with
 no header: the 0/1 label, the 13 integer counts ``I1..I13``, and the 26 categorical features
 ``C1..C26`` as 8-hex-digit tokens, like the Criteo release. The multi-hot features ``C24..C26`` hold
@@ -12,7 +12,7 @@ Tokens are a bijection of (feature, id): ``hex_tokens(f, ids)`` gives distinct t
 ids of one feature, so an ingested vocabulary maps one-to-one onto the generator's ids.
 
 Example:
-    >>> from embedtrain.data.datagen import CTRDataSpec
+    >>> from embedtrain.datagen import CTRDataSpec, generate_ctr_tsv
     >>> info = generate_ctr_tsv(CTRDataSpec(rows=20_000), "/tmp/ctr_tsv", progress=False)
     >>> info["files"]
     ['part-00000.tsv']
@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from embedtrain.data.datagen import (
+from embedtrain.datagen.ctr import (
     DENSE_NAMES, MULTI_HOT, SPARSE_NAMES, CTRDataSpec, PlantedModel, iter_chunks)
+from embedtrain.utils import progress_bar
 
 LIST_SEPARATOR = ","
 INFO_FILE = "datagen.json"
@@ -131,7 +130,7 @@ def generate_ctr_tsv(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bo
     Args:
         spec: size, seed and file layout (as for the parquet form).
         out_dir: destination folder (created if missing).
-        progress: print one progress line per chunk to stderr.
+        progress: show a progress bar on stderr (rows done / total, rows/s).
 
     Returns:
         The dict written to ``datagen.json``: ``format``, ``rows``, ``files``, ``columns``,
@@ -149,26 +148,24 @@ def generate_ctr_tsv(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bo
     model = PlantedModel(spec)
     options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
     files: list[str] = []
-    writer, file_rows, done, start = None, 0, 0, time.perf_counter()
-    for chunk in iter_chunks(spec, model):
-        # A separate generator for the blanks: the parquet form's draws stay untouched.
-        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 3, chunk.index]))
-        table = _tsv_table(model, chunk.draw, chunk.labels, rng)
-        while table.num_rows:
-            if writer is None:
-                files.append(f"part-{len(files):05d}.tsv")
-                writer = pacsv.CSVWriter(str(out / files[-1]), table.schema, write_options=options)
-            k = min(table.num_rows, spec.rows_per_file - file_rows)
-            writer.write_table(table.slice(0, k))
-            table, file_rows = table.slice(k), file_rows + k
-            if file_rows == spec.rows_per_file:
-                writer.close()
-                writer, file_rows = None, 0
-        done += len(chunk.labels)
-        if progress:
-            rate = done / max(time.perf_counter() - start, 1e-9)
-            print(f"datagen: {done:,}/{spec.rows:,} rows ({rate:,.0f} rows/s)",
-                  file=sys.stderr, flush=True)
+    writer, file_rows = None, 0
+    with progress_bar(spec.rows, "datagen", disable=not progress) as bar:
+        for chunk in iter_chunks(spec, model):
+            # A separate generator for the blanks: the parquet form's draws stay untouched.
+            rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 3, chunk.index]))
+            table = _tsv_table(model, chunk.draw, chunk.labels, rng)
+            while table.num_rows:
+                if writer is None:
+                    files.append(f"part-{len(files):05d}.tsv")
+                    writer = pacsv.CSVWriter(str(out / files[-1]), table.schema,
+                                             write_options=options)
+                k = min(table.num_rows, spec.rows_per_file - file_rows)
+                writer.write_table(table.slice(0, k))
+                table, file_rows = table.slice(k), file_rows + k
+                if file_rows == spec.rows_per_file:
+                    writer.close()
+                    writer, file_rows = None, 0
+            bar.update(len(chunk.labels))
     if writer is not None:
         writer.close()
     columns = ["label", *DENSE_NAMES, *SPARSE_NAMES]

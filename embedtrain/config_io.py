@@ -1,0 +1,310 @@
+"""YAML files onto typed dataclasses: the generic loader behind every config-like file.
+
+Training configs (:mod:`embedtrain.config`), cluster files, ingestion specs (:mod:`pipelines.spec`)
+and the data sets' ``metadata.json`` all load through :func:`load_dataclass` / :func:`from_dict`:
+``yaml`` safe loading only (a file can never execute code), unknown keys, wrong types and values
+out of range reported as one :class:`ConfigError` line naming the file and the dotted key path,
+e.g. ``configs/dlrm.yaml: train.batch_sise: unknown key (did you mean 'batch_size'?)``.
+
+A dataclass field declares its check and whether it is a path with :func:`config_field`; the
+check runs where a file or ``--set`` gives the value. Numbers follow YAML 1.2: ``1e-3`` and
+``1E-3`` are floats (PyYAML's YAML 1.1 resolver reads them as strings), in files and in
+``--set``. Relative paths in a file are taken relative to that file's directory, so a config
+works from any working directory; a path given by ``--set`` is relative to the working
+directory; a default is left as it is.
+
+This module imports nothing of embedtrain: any layer may use it for its own typed specs.
+
+Example:
+    >>> @dataclass
+    ... class Spec:
+    ...     rows: int = config_field(10, check=POSITIVE)
+    >>> load_dataclass("spec.yaml", Spec, overrides=["rows=20"]).rows
+    20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import math
+import os
+import re
+import types
+import typing
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar, Union
+
+import yaml
+
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config problem; ``str(err)`` is one line naming the file and the key path."""
+
+
+# Checks of single values, run where a file or --set gives them: (test, what the error says).
+POSITIVE = (lambda v: v > 0, "must be positive")
+NON_NEGATIVE = (lambda v: v >= 0, "must be at least 0")
+FRACTION = (lambda v: 0 < v <= 1, "must be in (0, 1]")
+PROBABILITY = (lambda v: 0 <= v < 1, "must be in [0, 1)")
+UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
+FANOUT = (lambda v: v > 0 or v == -1, "must be positive, or -1 for all neighbours")
+
+
+def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
+           check: Optional[tuple[Callable[[Any], bool], str]] = None, path: bool = False) -> Any:
+    """A config field; ``check`` applies to the value (each element of a list), ``path`` marks
+    a file path resolved against the config file's directory."""
+    metadata = {"check": check, "path": path}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+
+def load_dataclass(
+    path: str | os.PathLike, cls: type[T], overrides: Optional[list[str]] = None
+) -> T:
+    """Reads a YAML file into dataclass ``cls`` (any config-like dataclass, e.g. an ingest spec).
+
+    Supported field types: ``int``, ``float``, ``bool``, ``str``, enums, ``Optional[...]``,
+    ``list[...]``, ``dict[str, ...]`` and nested dataclasses (also inside lists and dicts).
+
+    Raises:
+        ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.load(path.read_text(), Loader=SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    _resolve_paths(cls, raw, path.resolve().parent)
+    for item in overrides or []:
+        _apply_override(raw, item, path, cls)
+    return from_dict(cls, raw, source=str(path))
+
+
+class SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with YAML 1.2's float rule: ``1e-3``, ``1E-3``, ``5e4`` are floats."""
+
+
+SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def parse_scalar(text: str) -> Any:
+    """A ``--set`` value as YAML (1.2 floats); text that is not valid YAML stays a string."""
+    try:
+        return yaml.load(text, Loader=SafeLoader) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _fields_and_hints(cls: type) -> tuple[dict[str, Any], dict[str, type]]:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    return fields, typing.get_type_hints(cls)
+
+
+def _resolve_paths(cls: type, raw: Any, base: Path) -> None:
+    """Makes the relative paths ``raw`` gives (fields marked ``path``) relative to ``base``."""
+    if not isinstance(raw, dict):
+        return  # from_dict reports it
+    fields, hints = _fields_and_hints(cls)
+    for key, value in raw.items():
+        f = fields.get(key)
+        if f is None:
+            continue
+        if f.metadata.get("path") and isinstance(value, str) and value:
+            raw[key] = _absolute(value, base)
+        elif dataclasses.is_dataclass(hints[key]):
+            _resolve_paths(hints[key], value, base)
+
+
+def _absolute(value: str, base: Path) -> str:
+    expanded = Path(os.path.expanduser(value))
+    return str(expanded if expanded.is_absolute() else Path(os.path.normpath(base / expanded)))
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """``{key path: (old value, new value)}`` of every field that differs between two configs."""
+    out: dict[str, tuple[Any, Any]] = {}
+    if dataclasses.is_dataclass(old) and type(old) is type(new):
+        for f in dataclasses.fields(old):
+            out.update(changed_keys(getattr(old, f.name), getattr(new, f.name),
+                                    f"{prefix}{f.name}."))
+        return out
+    if old != new:
+        out[prefix.rstrip(".")] = (to_dict(old), to_dict(new))
+    return out
+
+
+def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "",
+              ignore_unknown: bool = False) -> Any:
+    """Builds dataclass ``cls`` from plain data, checking keys and types recursively.
+
+    A field without a default is required (``key: missing``). ``ignore_unknown`` skips keys
+    ``cls`` does not have at this level (a file that carries more than the reader needs, such
+    as ``metadata.json``); otherwise they are errors.
+    """
+    if not isinstance(data, dict):
+        where = prefix.rstrip(".") or "<top>"
+        raise ConfigError(f"{source}: {where}: expected a mapping, got {_describe(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        key_path = f"{prefix}{key}"
+        if key not in fields and ignore_unknown:
+            continue
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(fields)})"
+            raise ConfigError(f"{source}: {key_path}: unknown key{hint}")
+        kwargs[key] = _convert(hints[key], value, source, key_path)
+        check = fields[key].metadata.get("check")
+        if check is not None:
+            _check(kwargs[key], check, source, key_path)
+    for name, f in fields.items():
+        if (name not in kwargs and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING):
+            raise ConfigError(f"{source}: {prefix}{name}: missing")
+    return cls(**kwargs)
+
+
+def _check(value: Any, check: tuple[Callable[[Any], bool], str], source: str,
+           key_path: str) -> None:
+    if value is None:
+        return
+    test, what = check
+    for i, v in enumerate(value) if isinstance(value, list) else [(None, value)]:
+        if isinstance(v, float) and not math.isfinite(v) or not test(v):
+            where = key_path if i is None else f"{key_path}[{i}]"
+            raise ConfigError(f"{source}: {where}: {what}, got {v!r}")
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data view of a config (enums as their values), suitable for YAML/JSON."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def dump_config(cfg: Any, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def _convert(tp: Any, value: Any, source: str, key_path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, source, key_path)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, source, prefix=f"{key_path}.")
+    if origin is dict:
+        key_type, inner = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise _type_error(source, key_path, "a mapping", value)
+        return {_convert(key_type, k, source, key_path): _convert(inner, v, source,
+                                                                  f"{key_path}.{k}")
+                for k, v in value.items()}
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise _type_error(source, key_path, "a list", value)
+        return [_convert(inner, v, source, f"{key_path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        allowed = [m.value for m in tp]
+        if value not in allowed:
+            raise ConfigError(
+                f"{source}: {key_path}: {value!r} is not one of {', '.join(map(str, allowed))}"
+            )
+        return tp(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _type_error(source, key_path, "true or false", value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(source, key_path, "an integer", value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _type_error(source, key_path, "a number", value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _type_error(source, key_path, "a string", value)
+        return value
+    raise TypeError(f"config type {tp!r} at {key_path} is not supported")  # a bug in this module
+
+
+def _type_error(source: str, key_path: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(f"{source}: {key_path}: expected {expected}, got {_describe(value)}")
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _apply_override(raw: dict, item: str, path: Path, cls: Optional[type] = None) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected key.path=value")
+    value = parse_scalar(text)
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{path}: {'.'.join(parts[: i + 1])}: --set {key}: not a section")
+        node = child
+        cls = _section(cls, part)
+    if cls is not None and isinstance(value, str) and value:
+        f = _fields_and_hints(cls)[0].get(parts[-1])
+        if f is not None and f.metadata.get("path"):  # --set paths: the working directory's
+            value = _absolute(value, Path.cwd())
+    node[parts[-1]] = value
+
+
+def _section(cls: Optional[type], name: str) -> Optional[type]:
+    """The dataclass of section ``name`` of ``cls`` (None when unknown: from_dict reports it)."""
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    fields, hints = _fields_and_hints(cls)
+    if name not in fields or not dataclasses.is_dataclass(hints[name]):
+        return None
+    return hints[name]

@@ -1,0 +1,26 @@
+"""Deterministic synthetic data sets with planted models (``embedtrain datagen``), torch-free.
+
+- :mod:`embedtrain.datagen.ctr`: Criteo-layout CTR parquet with a planted click model and the
+  oracle AUC / log loss (:func:`generate_ctr`);
+- :mod:`embedtrain.datagen.tsv`: the same CTR rows as raw Criteo-style TSV logs, what
+  ``embedtrain ingest`` starts from (:func:`generate_ctr_tsv`);
+- :mod:`embedtrain.datagen.xc`: extreme classification with the Bayes-optimal P@k
+  (:func:`generate_xc`);
+- :mod:`embedtrain.datagen.graph`: a degree-corrected block model graph with the Bayes
+  accuracies (:func:`generate_graph`).
+
+Nothing here imports torch or torchrec (only NumPy, PyArrow and the graph store), so generating
+data needs neither; a test checks it.
+
+Example:
+    >>> from embedtrain.datagen import CTRDataSpec, generate_ctr
+    >>> meta = generate_ctr(CTRDataSpec(rows=20_000, seed=1), "/tmp/ctr", progress=False)
+"""
+
+from embedtrain.datagen.ctr import CTRDataSpec, generate_ctr
+from embedtrain.datagen.graph import GraphDataSpec, generate_graph
+from embedtrain.datagen.tsv import generate_ctr_tsv
+from embedtrain.datagen.xc import XCDataSpec, generate_xc
+
+__all__ = ["CTRDataSpec", "GraphDataSpec", "XCDataSpec", "generate_ctr", "generate_ctr_tsv",
+           "generate_graph", "generate_xc"]

@@ -1,0 +1,53 @@
+"""Choices that shape the models (the config schema imports them from here).
+
+No torch import: the config loads these without building anything.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Interaction(enum.Enum):
+    """How a DLRM combines its dense and sparse features."""
+
+    DOT = "dot"  # DLRM's pairwise dot products
+    DCN = "dcn"  # DCNv2 low-rank cross layers
+
+
+class Pooling(enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class HeadKind(enum.Enum):
+    """The extreme-classification head (see ``embedtrain.models.class_head``)."""
+
+    FULL = "full"  # exact softmax, classes split across ranks
+    PARTIAL_FC = "partial_fc"  # positives + uniform negatives at sample_rate, per rank
+    HARD_NEGATIVES = "hard_negatives"  # positives + nearest classes from a refreshed index
+    ADAPTIVE = "adaptive"  # adaptive softmax over frequency-sorted classes (single-label)
+    MACH = "mach"  # R hashings of the classes into B buckets, R small heads
+
+
+class Margin(enum.Enum):
+    """Margin on the positives' logits; not ``none``: features and class weights normalised."""
+
+    NONE = "none"
+    COSFACE = "cosface"  # s * (cos - m)
+    ARCFACE = "arcface"  # s * cos(theta + m)
+
+
+class GNNModel(enum.Enum):
+    """What :class:`~embedtrain.models.gnn.GraphSAGE` computes from a seed node."""
+
+    SAGE = "sage"  # one SAGEConv per hop over the sampled neighbourhood
+    MLP = "mlp"  # the same layers on the node alone: a no-graph baseline
+
+
+class Aggregation(enum.Enum):
+    """How a SAGEConv layer pools its neighbours' messages."""
+
+    MEAN = "mean"
+    MAX = "max"
+    SUM = "sum"

@@ -1,0 +1,388 @@
+"""The recipe base: config → data, model, plan → sharded model → optimizers → :class:`Trainer`.
+
+A recipe is the only library code that reads the resolved config. A family's recipe
+(:mod:`~embedtrain.recipes.ctr`, :mod:`~embedtrain.recipes.xc`, :mod:`~embedtrain.recipes.gnn`)
+says what is particular to it -- the data set, the model and what the planner sees of it, the
+readers of each split, the task and the summary's extra fields -- and :class:`Recipe` does the
+rest the same way for all: plan on rank 0 (broadcast), ``DistributedModelParallel``, the dense
+all-reduce hook, the combined optimizer, the learning-rate schedule and the trainer.
+
+``data.batch_size`` is the global batch: each of the ``world_size`` ranks reads
+``batch_size / world_size`` examples per step from its own share of the data.
+
+Example:
+    >>> recipe = recipe_for(load_config("configs/dlrm_synthetic.yaml"))   # embedtrain.recipes
+    >>> run = recipe.build_run("runs/demo")
+    >>> summary = run.trainer.fit(test_data=run.test_data)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
+from torchrec.distributed.model_parallel import (
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+)
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
+
+from embedtrain.config import ClusterConfig, Config, DeviceKind, TableConstraint, check_world_size
+from embedtrain.sharding.measure import (
+    measure_embedding_bytes,
+    measure_head_bytes,
+    plan_vs_measured,
+)
+from embedtrain.sharding.planner import PlanResult, plan_sharding
+from embedtrain.sharding.report import write_report
+from embedtrain.sharding.sharders import embedding_sharders
+from embedtrain.train.dist import init_process_group
+from embedtrain.train.optim import (
+    combined_optimizer,
+    dense_lr_schedule,
+    dense_optimizer_factory,
+    dense_optimizer_slots,
+    fuse_sparse_optimizer,
+    register_dense_allreduce,
+)
+from embedtrain.train.run_dir import RunDir
+from embedtrain.train.task import Task
+from embedtrain.train.trainer import EpochData, Trainer, TrainerOptions
+
+
+@dataclass
+class Run:
+    """Everything a run needs, built and connected."""
+
+    trainer: Trainer
+    recipe: "Recipe"
+    test_data: Optional[EpochData]
+    eval_reader: Callable[[str], EpochData]  # the evaluation reader of any split
+
+
+@dataclass
+class ModelParts:
+    """What a recipe builds for training, before sharding.
+
+    Attributes:
+        model: the model on ``meta`` with its tables' sparse optimizer fused.
+        planning_model: what the planner sizes, when it is not ``model`` (an XC model's sharded
+            head appears there as the row-wise table ``class_head``).
+        sharded_head: ``model.head`` when it is model-parallel outside TorchRec: kept out of
+            DDP, measured with the tables.
+        head_optimizer: the sharded head's optimizer (joins the combined optimizer as ``head``).
+    """
+
+    model: nn.Module
+    planning_model: Optional[nn.Module] = None
+    sharded_head: Optional[nn.Module] = None
+    head_optimizer: Optional[KeyedOptimizer] = None
+
+
+@dataclass
+class DatasetInfo:
+    """The data set a run reads: its name, directory and splits."""
+
+    name: str
+    root: Path
+    splits: Sequence[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Recipe:
+    """One task family's wiring of the config into a run. Subclasses implement the hooks below.
+
+    Attributes:
+        oracle: ``(summary key, label, explanation)`` of the data set's best possible value of
+            the main metric, printed under the final metrics and drawn in ``curves.png``.
+        printed_metrics: the summary keys printed after a run, in order (``@`` metrics follow,
+            sorted, then the loss).
+    """
+
+    oracle: ClassVar[Optional[tuple[str, str, str]]] = None
+    printed_metrics: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._dataset: Any = None
+
+    # -- what a family says ------------------------------------------------------------------
+
+    def load_dataset(self) -> Any:
+        """Reads the data set's metadata (called once; the result is :attr:`dataset`)."""
+        raise NotImplementedError
+
+    def dataset_info(self) -> DatasetInfo:
+        """Name, directory and splits of :attr:`dataset`."""
+        raise NotImplementedError
+
+    def planning_model(self) -> nn.Module:
+        """The model on ``meta`` with its sparse optimizers marked: what ``embedtrain plan``
+        sizes (no process group needed)."""
+        raise NotImplementedError
+
+    def model_parts(self, device: torch.device) -> ModelParts:
+        """The training model (and a sharded head, if any), in a joined process group."""
+        return ModelParts(self.planning_model())
+
+    def reader(self, split: str, train: bool, batch_size: int, rank: int,
+               world_size: int) -> EpochData:
+        """This rank's batches of ``split`` (``batch_size`` per rank)."""
+        raise NotImplementedError
+
+    def task(self) -> Task:
+        """The task the trainer runs (loss, predictions, metrics)."""
+        raise NotImplementedError
+
+    def summary_extra(self) -> dict[str, Any]:
+        """More fields for ``summary.json`` (e.g. the data set's oracle metric)."""
+        return {}
+
+    def planning_constraints(self) -> list[TableConstraint]:
+        """Constraints the family adds to ``sharding.tables`` (e.g. the class head row-wise)."""
+        return []
+
+    def pooling_factors(self) -> dict[str, float]:
+        """Mean ids per example per table, for the planner (default: 1 for every table)."""
+        return {}
+
+    def extra_reservations(self, cluster: ClusterConfig) -> dict[str, int]:
+        """More per-rank memory the planner sets aside, by name, in bytes."""
+        return {}
+
+    def describe_plan(self, result: PlanResult) -> None:
+        """Adds the family's notes (model section, warnings) to the plan's report."""
+
+    # -- shared ------------------------------------------------------------------------------
+
+    @property
+    def dataset(self) -> Any:
+        if self._dataset is None:
+            self._dataset = self.load_dataset()
+        return self._dataset
+
+    def plan(self, cluster: ClusterConfig, model: Optional[nn.Module] = None) -> PlanResult:
+        """Dry-run plan of the config's model on ``cluster``: built on ``meta``, no GPU."""
+        cfg, info = self.cfg, self.dataset_info()
+        model = model if model is not None else self.planning_model()
+        sharding = cfg.sharding
+        extra = self.planning_constraints()
+        if extra:
+            sharding = dataclasses.replace(sharding, tables=[*sharding.tables, *extra])
+        result = plan_sharding(model, cluster, sharding,
+                               pooling_factors=self.pooling_factors(),
+                               dense_optimizer_slots=dense_optimizer_slots(cfg.optim.dense),
+                               extra_reservations=self.extra_reservations(cluster))
+        result.report.model = {"task": cfg.task.value, "dataset": info.name,
+                               "dataset_path": str(info.root),
+                               "pooling_factors": self.pooling_note()}
+        self.describe_plan(result)
+        return result
+
+    def pooling_note(self) -> str:
+        """How the plan's pooling factors were found (shown in the report)."""
+        return "1.0 (no data)"
+
+    def build_run(self, out_dir: str | os.PathLike, progress: Optional[bool] = None,
+                  cluster: Optional[ClusterConfig] = None, record_plan: bool = True) -> Run:
+        """Builds the sharded model, optimizers, readers and trainer of a run.
+
+        Args:
+            out_dir: the run directory.
+            progress: overrides ``train.progress``.
+            cluster: the cluster this run is on (its world size must match); default: this
+                machine.
+            record_plan: write the plan used into ``out_dir`` (``plan.json``, ``plan.md``,
+                ``plan_vs_measured.json``); off for read-only commands (``embedtrain eval``).
+
+        Returns:
+            The run; call ``run.trainer.fit(test_data=run.test_data)``.
+        """
+        cfg, d, t = self.cfg, self.cfg.data, self.cfg.train
+        rank, world, device = init_process_group()
+        check_world_size(cfg, world)
+        if t.grad_accumulation > 1 and t.checkpoint_every % t.grad_accumulation:
+            # A checkpoint between micro-batches would lose the gradients accumulated so far.
+            raise ValueError(f"train.checkpoint_every: {t.checkpoint_every} is not a multiple "
+                             f"of train.grad_accumulation ({t.grad_accumulation})")
+        local_batch, local_eval_batch = d.batch_size // world, d.eval_batch_size // world
+        if cluster is None:
+            cluster = local_cluster(world, device, local_batch)
+        else:
+            cluster = dataclasses.replace(cluster, batch_size_per_rank=local_batch)
+        torch.manual_seed(t.seed)
+        os.makedirs(out_dir, exist_ok=True)
+        info = self.dataset_info()
+
+        dmp, optimizer, dense = self.sharded_model(cluster, device,
+                                                   out_dir if record_plan else None)
+        o = cfg.optim
+
+        def reader(split: str, train: bool) -> EpochData:
+            return self.reader(split, train, local_batch if train else local_eval_batch,
+                               rank, world)
+
+        train_data = reader("train", True)
+        check_batch_fits(d.batch_size, train_data, f"the train split of {info.root}")
+        task = self.task()
+        extra_summary = self.summary_extra()
+        trainer = Trainer(
+            task, dmp, optimizer, train_data, reader("valid", False), RunDir(out_dir),
+            self.trainer_options(progress), dataset_name=info.name, extra_summary=extra_summary,
+            lr_scheduler=dense_lr_schedule(
+                dense, self.total_steps(len(train_data)), o.warmup_steps, o.lr_decay,
+                o.lr_step_size, o.lr_gamma, o.min_lr_ratio),
+            reference=extra_summary.get(self.oracle[0]) if self.oracle else None,
+        )
+        test = reader("test", False) if "test" in info.splits else None
+        return Run(trainer=trainer, recipe=self, test_data=test,
+                   eval_reader=lambda split: reader(split, False))
+
+    def sharded_model(self, cluster: ClusterConfig, device: torch.device,
+                      out_dir: Optional[str | os.PathLike] = None
+                      ) -> tuple[DistributedModelParallel, CombinedOptimizer, KeyedOptimizer]:
+        """The model built, planned and sharded, the dense all-reduce hooked, and its optimizers.
+
+        Returns:
+            The sharded model, the combined optimizer (fused sparse + dense [+ head]: what the
+            trainer steps and checkpoints) and its dense part (what the schedule drives).
+        """
+        parts = self.model_parts(device)
+        dmp = self.shard(parts, cluster, device, out_dir)
+        s, o = self.cfg.sharding, self.cfg.optim
+        register_dense_allreduce(dmp, s.dense_allreduce, s.powersgd_rank)
+        exclude, extra = set(), []
+        if parts.sharded_head is not None:
+            exclude = {f"head.{n}" for n, _ in parts.sharded_head.named_parameters()}
+            extra = [("head", parts.head_optimizer)]
+        optimizer, dense = combined_optimizer(
+            dmp, dense_optimizer_factory(o.dense, o.dense_lr, o.weight_decay, o.momentum),
+            exclude=exclude, extra=extra)
+        return dmp, optimizer, dense
+
+    def shard(self, parts: ModelParts, cluster: ClusterConfig, device: torch.device,
+              out_dir: Optional[str | os.PathLike] = None) -> DistributedModelParallel:
+        """Plans on rank 0 (broadcast to all) and wraps the model in ``DistributedModelParallel``.
+
+        With ``out_dir``, rank 0 writes the plan used (``plan.json``, ``plan.md``) and, after
+        sharding, ``plan_vs_measured.json``: the planner's per-rank embedding bytes (with a
+        sharded class head) against what each rank holds.
+        """
+        world = dist.get_world_size()
+        if cluster.world_size != world:
+            raise ValueError(f"cluster {cluster.name} has {cluster.world_size} ranks "
+                             f"({cluster.hosts} x {cluster.devices_per_host}) but this run has "
+                             f"{world}")
+        model, head = parts.model, parts.sharded_head
+        planned = parts.planning_model if parts.planning_model is not None else model
+        if any(isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+               for m in model.modules()):
+            sharding_plan, report = invoke_on_rank_and_broadcast_result(
+                dist.GroupMember.WORLD, 0, _plan_for_broadcast, self, cluster, planned)
+        else:  # nothing to shard (e.g. a features-only baseline): plain data parallelism
+            sharding_plan, report = ShardingPlan(plan={}), None
+        wrapper = None
+        if head is not None:  # the head's slice is its own: no DDP all-reduce for it
+            sharding_plan.plan.pop("head", None)
+            wrapper = DefaultDataParallelWrapper(
+                params_to_ignore=[f"head.{n}" for n, _ in head.named_parameters()])
+        s = self.cfg.sharding
+        dmp = DistributedModelParallel(
+            model, device=device, plan=sharding_plan,
+            sharders=embedding_sharders(s.forward_comm_precision, s.backward_comm_precision),
+            env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+            data_parallel_wrapper=wrapper)
+        held = measure_embedding_bytes(dmp)
+        if head is not None:
+            held = measure_head_bytes(head, parts.head_optimizer, held)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, held)
+        if out_dir is not None and dist.get_rank() == 0 and report is not None:
+            write_report(report, out_dir, ("json", "md"))
+            with open(os.path.join(out_dir, "plan_vs_measured.json"), "w") as f:
+                json.dump(plan_vs_measured(report, gathered), f, indent=2)
+        return dmp
+
+    def fuse_sparse(self, model: nn.Module) -> nn.Module:
+        """Marks ``model``'s tables for the config's fused sparse optimizer; returns ``model``."""
+        fuse_sparse_optimizer(model, self.cfg.optim.sparse, self.cfg.optim.sparse_lr)
+        return model
+
+    def trainer_options(self, progress: Optional[bool] = None) -> TrainerOptions:
+        t = self.cfg.train
+        return TrainerOptions(
+            epochs=t.epochs, max_steps=t.max_steps, eval_every=t.eval_every,
+            eval_max_batches=t.eval_max_batches, checkpoint_every=t.checkpoint_every,
+            keep_checkpoints=t.keep_checkpoints,
+            progress=t.progress if progress is None else progress,
+            grad_accumulation=t.grad_accumulation, bf16_dense=t.bf16_dense)
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        t = self.cfg.train
+        steps = t.epochs * batches_per_epoch
+        return min(t.max_steps or steps, steps)
+
+    def summary_lines(self, summary: dict[str, Any]) -> list[str]:
+        """The final metrics of a run as printed lines (metric, value[, what it is])."""
+        keys = [k for k in self.printed_metrics if k in summary]
+        keys += sorted((k for k in summary if "@" in k),
+                       key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+        keys += ["loss"] if "loss" in summary else []
+        lines = [f"  {k:<12} {summary[k]:.4f}" for k in keys]
+        if self.oracle and self.oracle[0] in summary:
+            key, label, what = self.oracle
+            lines.append(f"  {label:<12} {summary[key]:.4f}  ({what})")
+        return lines
+
+
+def _plan_for_broadcast(recipe: Recipe, cluster: ClusterConfig, model: nn.Module):
+    result = recipe.plan(cluster, model)
+    return result.sharding_plan, result.report
+
+
+def local_cluster(world_size: int, device: torch.device, batch_size_per_rank: int
+                  ) -> ClusterConfig:
+    """The machine(s) this run is on, as a cluster description (used when none is given)."""
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    ram_gb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    cuda = device.type == "cuda"
+    cluster = ClusterConfig(
+        name="local",
+        hosts=max(1, world_size // per_host),
+        devices_per_host=per_host,
+        device=DeviceKind.CUDA if cuda else DeviceKind.CPU,
+        hbm_gb=torch.cuda.get_device_properties(device).total_memory / 2**30 if cuda else 0.0,
+        ddr_gb=ram_gb / per_host,
+        batch_size_per_rank=batch_size_per_rank,
+    )
+    if not cuda:  # processes on one host talk through gloo over loopback, not NVLink
+        cluster = dataclasses.replace(cluster, ddr_bandwidth_gb_per_s=8.0, intra_host_gb_per_s=4.0,
+                                      inter_host_gb_per_s=4.0)
+    return cluster
+
+
+def check_batch_fits(global_batch: int, train_data: Any, what: str) -> None:
+    """A global batch larger than the training split is a config mistake (a run of 0 or 1 steps)."""
+    rows = train_data.total_rows
+    if global_batch > rows:
+        raise ValueError(f"data.batch_size: {global_batch:,} (the global batch) is larger than "
+                         f"{what} ({rows:,} rows); lower data.batch_size")
+    if len(train_data) == 0:  # drop_last with fewer rows per rank than a local batch
+        raise ValueError(f"data.batch_size: {global_batch:,} leaves no full batch of {what} "
+                         f"({rows:,} rows) with data.drop_last: true")
+
+
+def oracle_of(extra: dict[str, Any], key: str) -> dict[str, Any]:
+    """``{key: test value}`` of a data set's oracle metric in ``metadata.json`` (``{}``: none)."""
+    oracle = extra.get(key, {})
+    return {key: oracle["test"]} if isinstance(oracle, dict) and "test" in oracle else {}

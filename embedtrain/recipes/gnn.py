@@ -1,0 +1,120 @@
+"""Node classification and link prediction with GraphSAGE on sampled neighbourhoods.
+
+The node-id table is a TorchRec table, so the model is planned by embedtrain's planner (it shows
+up in ``plan.json`` as ``t_node``) and sharded by ``DistributedModelParallel`` like DLRM's tables;
+the SAGEConv layers are data-parallel. Seed nodes (or edges) are split over the ranks by the
+graph loader (:mod:`embedtrain.graph.loader`), each batch's neighbourhood sampled in loader
+threads, seeded by ``(seed, epoch, rank, batch)`` so a resumed run sees the same subgraphs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from embedtrain.config import GNNModel
+from embedtrain.graph.loader import SeedBatches, link_loader, node_loader
+from embedtrain.graph.store import GraphData, load_graph
+from embedtrain.models.gnn import NODE_TABLE, GraphSAGE
+from embedtrain.recipes.base import DatasetInfo, Recipe
+from embedtrain.train.gnn import LinkPredictionTask, NodeClassificationTask
+
+
+class GraphRecipe(Recipe):
+    """What both graph families share: the graph data set, GraphSAGE, the seed loader's knobs."""
+
+    def load_dataset(self) -> GraphData:
+        return load_graph(self.cfg.data.path, mmap=True, check_ranges=False)
+
+    def dataset_info(self) -> DatasetInfo:
+        g = self.dataset
+        return DatasetInfo(g.name, g.root, list(g.splits))
+
+    def out_dim(self) -> int:
+        """Width of the model's output per node."""
+        raise NotImplementedError
+
+    def planning_model(self) -> nn.Module:
+        g, graph = self.cfg.gnn, self.dataset
+        out = self.out_dim()
+        if len(g.fanouts) != len(g.hidden):
+            raise ValueError(f"gnn.fanouts ({len(g.fanouts)} hops) and gnn.hidden "
+                             f"({len(g.hidden)} layers) must have the same length")
+        model = GraphSAGE(graph.num_nodes, graph.num_features, g.embedding_dim, g.hidden, out,
+                          aggr=g.aggr, dropout=g.dropout, device=torch.device("meta"),
+                          kind=g.model)
+        return self.fuse_sparse(model)
+
+    def loader_arguments(self, train: bool, rank: int, world_size: int) -> dict[str, Any]:
+        """The loader's fanouts, seeds and threads (seeded ``train.seed``, +1 for evaluation)."""
+        cfg, g = self.cfg, self.cfg.gnn
+        fanouts = g.fanouts if train or not g.eval_fanouts else g.eval_fanouts
+        if g.model is GNNModel.MLP:  # the baseline reads no neighbours: sample as little as can be
+            fanouts = [1] * len(fanouts)
+        return dict(fanouts=fanouts, weighted=g.weighted, shuffle=cfg.data.shuffle and train,
+                    seed=cfg.train.seed + (0 if train else 1), sampler_seed=cfg.train.seed,
+                    rank=rank, world_size=world_size, num_workers=cfg.data.num_workers,
+                    drop_last=cfg.data.drop_last and train)
+
+    def pooling_factors(self) -> dict[str, float]:
+        """The node table looks up one id per sampled node."""
+        return {NODE_TABLE: 1.0}
+
+    def pooling_note(self) -> str:
+        return "1 id per node"
+
+    def summary_extra(self) -> dict[str, Any]:
+        gen = self.dataset.meta.get("generator") or {}
+        return {k: gen[k] for k in ("features_only_bayes_accuracy", "one_hop_bayes_accuracy",
+                                    "homophily") if k in gen}
+
+
+class NodeClassificationRecipe(GraphRecipe):
+    """``task: gnn_node``: the classes of a split's nodes, cross-entropy, accuracy and macro-F1."""
+
+    printed_metrics = ("accuracy", "macro_f1")
+
+    def out_dim(self) -> int:
+        graph = self.dataset
+        if graph.labels is None or not graph.num_classes:
+            raise ValueError(f"{graph.root / 'metadata.json'}: task gnn_node needs node labels")
+        return graph.num_classes
+
+    def reader(self, split: str, train: bool, batch_size: int, rank: int,
+               world_size: int) -> SeedBatches:
+        """The split's nodes with their sampled neighbourhoods (this rank's share)."""
+        graph = self.dataset
+        if split not in graph.splits:
+            raise ValueError(f"{graph.root / 'metadata.json'}: no {split} split")
+        args = self.loader_arguments(train, rank, world_size)
+        return node_loader(graph, graph.splits[split], batch_size, args.pop("fanouts"), **args)
+
+    def task(self) -> NodeClassificationTask:
+        return NodeClassificationTask(self.dataset.num_classes)
+
+
+class LinkPredictionRecipe(GraphRecipe):
+    """``task: gnn_link``: edges against sampled negatives, dot-product scores, MRR and Hits@K."""
+
+    printed_metrics = ("mrr",)
+
+    def out_dim(self) -> int:
+        return self.cfg.gnn.out_dim
+
+    def reader(self, split: str, train: bool, batch_size: int, rank: int,
+               world_size: int) -> SeedBatches:
+        """Every CSR edge for training, the held-out positive edges (``edge_splits``) for
+        evaluation, each with ``gnn.negatives`` sampled negatives (this rank's share)."""
+        graph, g = self.dataset, self.cfg.gnn
+        pairs = None if train else graph.edge_splits.get(split)
+        if not train and pairs is None:
+            raise ValueError(f"{graph.root / 'metadata.json'}: no held-out {split} edges for link "
+                             f"prediction (embedtrain datagen graph --link-fraction 0.1)")
+        args = self.loader_arguments(train, rank, world_size)
+        return link_loader(graph, batch_size, args.pop("fanouts"), edges=pairs,
+                           num_negatives=g.negatives, negative=g.negative_sampling, **args)
+
+    def task(self) -> LinkPredictionTask:
+        return LinkPredictionTask(self.cfg.gnn.link_ks)

@@ -1,0 +1,149 @@
+"""Extreme classification: token bags → MLP → a class head of C classes (``embedtrain datagen xc``).
+
+The sharded heads (``full``, ``partial_fc``, ``hard_negatives``) hold a slice of the classes on
+each rank, outside TorchRec: the planner sees them as a row-wise table ``class_head`` (its memory
+per rank exact), DDP leaves them alone, and their optimizer joins the combined one as ``head``.
+Their collectives get their own process group, so they never interleave with DDP's bucket
+all-reduces or the tables' all-to-alls on the default one. ``adaptive`` and ``mach`` are
+replicated dense heads, all-reduced with the MLP.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from embedtrain.config import ClusterConfig, HeadConfig, HeadKind, Margin, ShardingType
+from embedtrain.config import TableConstraint
+from embedtrain.data.stats import class_counts
+from embedtrain.models.xc import HEAD_TABLE, SHARDED_HEADS, XCModel, build_head
+from embedtrain.recipes.base import ModelParts, oracle_of
+from embedtrain.recipes.ctr import TabularRecipe
+from embedtrain.sharding.planner import PlanResult
+from embedtrain.train.optim import head_optimizer_class, sharded_head_optimizer
+from embedtrain.train.xc import XCTask
+
+
+def head_arguments(h: HeadConfig) -> dict[str, Any]:
+    """``build_head``'s keyword arguments from the ``xc.head`` section."""
+    return dict(sample_rate=h.sample_rate, hard_negatives=h.hard_negatives,
+                refresh_every=h.refresh_every, margin=h.margin, margin_value=h.margin_value,
+                scale=h.scale, cutoffs=h.cutoffs, div_value=h.div_value,
+                mach_buckets=h.mach_buckets, mach_repetitions=h.mach_repetitions)
+
+
+class XCRecipe(TabularRecipe):
+    """``task: xc``: the ``xc`` section's encoder and head, top-k metrics over all classes."""
+
+    oracle = ("oracle_p_at_1", "oracle_p@1", "P@1 of the Bayes-optimal classifier")
+
+    @property
+    def sharded(self) -> bool:
+        return self.cfg.xc.head.kind in SHARDED_HEADS
+
+    def load_dataset(self):
+        meta = super().load_dataset()
+        where = meta.root / "metadata.json"
+        if meta.features.num_classes is None:
+            raise ValueError(f"{where}: task xc needs a classification data set "
+                             f"(num_classes missing; generate one with: embedtrain datagen xc)")
+        if self.cfg.xc.head.kind is HeadKind.ADAPTIVE and meta.features.max_labels > 1:
+            raise ValueError(f"xc.head.kind: adaptive takes one label per example, but "
+                             f"{where} allows {meta.features.max_labels}")
+        return meta
+
+    def _model(self, head: Optional[nn.Module]) -> XCModel:
+        x = self.cfg.xc
+        model = XCModel(self.dataset.features, x.embedding_dim, x.pooling, x.mlp, head,
+                        device=torch.device("meta"))
+        self.fuse_sparse(model.encoder)
+        return model
+
+    def _head(self, **kwargs: Any) -> nn.Module:
+        h = self.cfg.xc.head
+        return build_head(h.kind, self.dataset.features.num_classes, self.cfg.xc.mlp[-1],
+                          **head_arguments(h), **kwargs)
+
+    def planning_model(self) -> nn.Module:
+        """A sharded head stands in as the row-wise table ``class_head`` carrying the head's
+        optimizer (its memory per rank as the head splits it); a replicated head is there as
+        itself (dense parameters, as the planner counts them)."""
+        if not self.sharded:
+            with torch.device("meta"):
+                return self._model(self._head())
+        model = self._model(None)
+        h = self.cfg.xc.head
+        apply_optimizer_in_backward(head_optimizer_class(h.optimizer), model.head.parameters(),
+                                    {"lr": h.lr})
+        return model
+
+    def model_parts(self, device: torch.device) -> ModelParts:
+        h = self.cfg.xc.head
+        counts = None
+        if h.kind is HeadKind.ADAPTIVE:
+            counts = torch.from_numpy(class_counts(self.dataset))
+        group = dist.new_group(list(range(dist.get_world_size()))) if self.sharded else None
+        head = self._head(group=group, class_counts=counts, seed=self.cfg.train.seed)
+        if not self.sharded:
+            return ModelParts(self._model(head.to(device)), planning_model=self.planning_model())
+        model = self._model(head)
+        return ModelParts(model, planning_model=self.planning_model(), sharded_head=head,
+                          head_optimizer=sharded_head_optimizer(head, h.optimizer, h.lr,
+                                                                prefix="head."))
+
+    def task(self) -> XCTask:
+        return XCTask(self.cfg.xc.top_k)
+
+    def summary_extra(self) -> dict[str, Any]:
+        return oracle_of(self.dataset.extra, "oracle_p_at_1")
+
+    def planning_constraints(self) -> list[TableConstraint]:
+        """A sharded class head is split row-wise (as the sharded heads split it)."""
+        if not self.sharded or any(HEAD_TABLE in c.tables for c in self.cfg.sharding.tables):
+            return []
+        return [TableConstraint(tables=[HEAD_TABLE], sharding_types=[ShardingType.ROW_WISE])]
+
+    def extra_reservations(self, cluster: ClusterConfig) -> dict[str, int]:
+        """Per-rank memory of a sharded class head's logits in a training step.
+
+        Every rank scores the *global* batch (``batch_size_per_rank x ranks`` gathered features)
+        against its slice, or against the slice's sample: the logits and the softmax kept for
+        the backward pass (one more copy with a margin) are ``B x columns`` floats each.
+        """
+        h = self.cfg.xc.head
+        if not self.sharded:
+            return {}
+        batch = cluster.batch_size_per_rank * cluster.world_size
+        local = -(-self.dataset.features.num_classes // cluster.world_size)
+        if h.kind is HeadKind.FULL:
+            columns = local
+        elif h.kind is HeadKind.PARTIAL_FC:
+            columns = max(round(h.sample_rate * local), 1)
+        else:  # positives + nearest classes + uniform sample, at most the slice
+            columns = min(local, batch * (1 + h.hard_negatives) + round(h.sample_rate * local))
+        copies = 3 if h.margin is not Margin.NONE else 2
+        return {"class_head_logits": batch * columns * 4 * copies}
+
+    def describe_plan(self, result: PlanResult) -> None:
+        """Notes the class head in the report: its size, and that its compute is not estimated."""
+        report = result.report
+        h, c, d = self.cfg.xc.head, self.dataset.features.num_classes, self.cfg.xc.mlp[-1]
+        info = {"kind": h.kind.value, "num_classes": c, "dim": d, "optimizer": h.optimizer.value}
+        if self.sharded:
+            entry = report.table(HEAD_TABLE)
+            info["table"] = HEAD_TABLE
+            report.warnings.append(
+                f"class head {HEAD_TABLE} ({c:,} classes x {d}, {h.kind.value}) is planned as a "
+                f"row-wise table: its memory per rank is exact, its time is not (the head's "
+                f"matmul over its slice, about 6 x batch x {c:,} / ranks x {d} flops a step, is "
+                f"not estimated); {entry.sharding_type} over {len(entry.shards)} shard(s)")
+        else:
+            info["table"] = None
+            report.warnings.append(
+                f"class head ({h.kind.value}, {c:,} classes) is replicated on every rank (dense "
+                f"parameters, all-reduced with the MLP)")
+        report.model["class_head"] = info

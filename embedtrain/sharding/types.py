@@ -1,0 +1,130 @@
+"""The sharding layer's vocabulary: sharding types, kernels, clusters, constraints, options.
+
+Plain enums and dataclasses with no torch import: the config schema, the cluster files
+(``configs/clusters/*.yaml``) and the planner share them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+from embedtrain.config_io import FRACTION, NON_NEGATIVE, POSITIVE, config_field
+
+
+class ShardingType(enum.Enum):
+    """How one embedding table (or class head) is split across ranks (TorchRec's names)."""
+
+    TABLE_WISE = "table_wise"
+    ROW_WISE = "row_wise"
+    COLUMN_WISE = "column_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+    DATA_PARALLEL = "data_parallel"
+
+
+class ComputeKernel(enum.Enum):
+    """Where a shard's rows live and which kernel looks them up (TorchRec's names)."""
+
+    DENSE = "dense"  # plain tensor; only for data_parallel
+    FUSED = "fused"  # FBGEMM TBE with the optimizer fused, rows in device memory (HBM)
+    FUSED_UVM = "fused_uvm"  # rows in host memory (UVM), read over PCIe
+    FUSED_UVM_CACHING = "fused_uvm_caching"  # rows in host memory, hot rows cached in HBM
+
+
+class CommPrecision(enum.Enum):
+    """Precision of the embedding all-to-all (TorchRec qcomms); lower halves the bytes sent."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class DenseAllReduce(enum.Enum):
+    """How the dense gradients are all-reduced (DDP communication hooks)."""
+
+    FP32 = "fp32"  # plain all-reduce
+    BF16 = "bf16"  # compress to bfloat16 for the wire (half the bytes)
+    FP16 = "fp16"  # compress to float16
+    POWERSGD = "powersgd"  # low-rank PowerSGD compression (with error feedback)
+
+
+class DeviceKind(enum.Enum):
+    """The kind of device a cluster's ranks compute on."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class MemoryTier(enum.Enum):
+    """Where a rank's embedding rows live: device memory (GPU) or host memory."""
+
+    HBM = "hbm"
+    DDR = "ddr"
+
+
+@dataclass
+class ClusterConfig:
+    """A target cluster for planning and training (``configs/clusters/*.yaml``).
+
+    Memory sizes are GiB per device; bandwidths are GB/s (1 GB = 2^30 bytes, as TorchRec's
+    planner counts), so a 25 Gbit/s network is ``inter_host_gb_per_s: 2.9``.
+    """
+
+    name: str = "local"
+    hosts: int = 1
+    devices_per_host: int = 1
+    device: DeviceKind = DeviceKind.CUDA
+    hbm_gb: float = 80.0  # device memory per GPU (unused for cpu)
+    ddr_gb: float = 128.0  # host memory per device (per rank)
+    hbm_bandwidth_gb_per_s: float = 897.0  # device memory bandwidth
+    ddr_bandwidth_gb_per_s: float = 51.0  # host memory bandwidth
+    intra_host_gb_per_s: float = 600.0  # between devices of one host (NVLink)
+    inter_host_gb_per_s: float = 12.5  # between hosts, per device (network)
+    batch_size_per_rank: int = 512
+    reserved_fraction: float = 0.1  # device memory kept free: allocator, activations, context
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts * self.devices_per_host
+
+
+@dataclass
+class TableConstraint:
+    """Constraints for the tables whose names match ``tables`` (names or globs, e.g. ``t_C*``).
+
+    Empty lists mean "no constraint"; ``pooling_factor`` overrides the one measured from data.
+    """
+
+    tables: list[str] = field(default_factory=list)
+    sharding_types: list[ShardingType] = field(default_factory=list)
+    compute_kernels: list[ComputeKernel] = field(default_factory=list)
+    # fraction of rows cached in HBM (uvm_caching)
+    cache_load_factor: Optional[float] = config_field(None, check=FRACTION)
+    pooling_factor: Optional[float] = config_field(None, check=POSITIVE)  # mean ids per example
+
+
+@dataclass
+class PlannerOptions:
+    """What the planner may choose from, and how the embedding all-to-all is encoded.
+
+    These are the fields of a training config's ``sharding:`` section, in its order (the plan
+    report echoes them as ``plan.json``'s ``sharding``), so the config schema can use this class
+    for that section as it does :class:`ClusterConfig` and :class:`TableConstraint`.
+    ``pooling_factors_from_data`` is the caller's: whether it measured the pooling factors it
+    passes to the planner; the planner only records it.
+    """
+
+    # Empty: all but data_parallel, which is used only where listed (globally or per table): it
+    # replicates the table, all-reduces its gradient every step and hands it to the dense optimizer.
+    sharding_types: list[ShardingType] = field(default_factory=list)
+    compute_kernels: list[ComputeKernel] = field(default_factory=list)  # empty: all
+    tables: list[TableConstraint] = field(default_factory=list)  # later entries win
+    forward_comm_precision: CommPrecision = CommPrecision.FP32
+    backward_comm_precision: CommPrecision = CommPrecision.FP32
+    pooling_factors_from_data: bool = True  # measure mean ids per example from the train split
+    dense_allreduce: DenseAllReduce = DenseAllReduce.FP32
+    powersgd_rank: int = config_field(2, check=POSITIVE)  # matrix rank of PowerSGD's approximation
+    # extra partitions the planner's local search may try
+    search_budget: int = config_field(48, check=NON_NEGATIVE)

@@ -1,0 +1,40 @@
+"""Choices of the training layer: optimizers and learning-rate schedules.
+
+No torch import: the config schema imports these without building anything.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class SparseOptimizer(enum.Enum):
+    """Optimizers fused into the embedding backward pass (FBGEMM TBE)."""
+
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAGRAD = "adagrad"
+    SGD = "sgd"
+    ADAM = "adam"
+
+
+class DenseOptimizer(enum.Enum):
+    ADAM = "adam"
+    ADAGRAD = "adagrad"
+    SGD = "sgd"
+    LAMB = "lamb"  # Adam with a layer-wise trust ratio, for large batches
+    LARS = "lars"  # SGD-momentum with a layer-wise trust ratio, for large batches
+
+
+class LRDecay(enum.Enum):
+    """Learning-rate decay after the linear warmup."""
+
+    NONE = "none"
+    COSINE = "cosine"
+    STEP = "step"
+
+
+class HeadOptimizer(enum.Enum):
+    """Optimizer of a sharded class head (sparse-capable: sampled heads update sampled rows)."""
+
+    ADAGRAD = "adagrad"
+    SGD = "sgd"

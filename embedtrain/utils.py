@@ -1,0 +1,90 @@
+"""Small helpers shared by the training code, the synthetic-data generators and the data jobs.
+
+Imports nothing of embedtrain (and nothing but the standard library and tqdm), so that any
+module, torch-free ones included, can use it.
+
+Example:
+    >>> is_int(3, least=1), is_int(True), is_int(2.0)
+    (True, False, False)
+    >>> sorted(["part-10", "part-2"], key=natural_key)
+    ['part-2', 'part-10']
+    >>> first_line(ValueError("bad value\\nmore detail"))
+    'bad value'
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import re
+import sys
+from typing import Any, Optional
+
+from tqdm import tqdm
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type name if the message is empty."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def is_int(value: Any, least: Optional[int] = None) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy), not a bool, and ``>= least`` if given.
+
+    Config and JSON values and NumPy scalars alike: ``np.int64(3)`` is one, ``True``,
+    ``np.bool_(True)``, ``3.0`` and ``"3"`` are not.
+    """
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and (least is None or bool(value >= least)))
+
+
+def natural_key(text: str | os.PathLike) -> list:
+    """Sort key comparing the digit runs of ``str(text)`` as numbers (``day_2`` < ``day_10``)."""
+    return [int(t) if t.isdigit() else t for t in _DIGITS.split(str(text))]
+
+
+def progress_bar(total: Optional[int], desc: str, unit: str = "rows", disable: bool = False,
+                 **kwargs: Any) -> tqdm:
+    """A ``tqdm`` progress bar on stderr: ``done/total`` (or ``done`` if ``total`` is None) and
+    the rate in ``unit``/s.
+
+    On a terminal it redraws at most 10 times a second; in a log file (stderr not a terminal) at
+    most every 10 s, plus the final state when it is closed. ``kwargs`` go to ``tqdm`` (e.g.
+    ``bar_format``).
+    """
+    options: dict[str, Any] = dict(
+        total=total, desc=desc, unit=f" {unit}", disable=disable, file=sys.stderr,
+        dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 10)
+    options.update(kwargs)
+    return tqdm(**options)
+
+
+def phase_bar(total: Optional[int], desc: str, disable: bool = False) -> tqdm:
+    """A :func:`progress_bar` counting a job's phases rather than rows.
+
+    It reads ``desc: done/total phases [elapsed], <last phase>`` (``done phases`` if ``total`` is
+    None); a finished phase is ``bar.set_postfix_str(name, refresh=False); bar.update()``.
+    """
+    counts = "{n}/{total}" if total is not None else "{n}"
+    return progress_bar(total, desc, unit="phases", disable=disable,
+                        bar_format="{desc}: " + counts + " phases [{elapsed}]{postfix}")
+
+
+def lazy_exports(package: str, exports: dict[str, str]):
+    """A module ``__getattr__`` that imports ``exports[name]`` (a module path) on first use.
+
+    For package ``__init__`` files whose names need heavy imports (torch, torchrec), so that
+    importing a light sibling module (an enum the config schema uses) does not pull them in.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            import importlib
+
+            return getattr(importlib.import_module(exports[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

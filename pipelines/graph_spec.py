@@ -1,0 +1,152 @@
+"""The graph ingestion spec: ``kind: graph`` YAML (``configs/ingest/graph_edges.yaml``).
+
+:func:`is_graph_spec` tells a graph spec from a tabular one; :func:`load_graph_spec` reads it
+into a :class:`GraphIngestSpec` (through :mod:`embedtrain.config_io`: one-line errors naming the
+file and key) and checks what spans keys. The job itself is :mod:`pipelines.graph`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from embedtrain.config_io import ConfigError, load_dataclass
+from embedtrain.graph.csr import Duplicates, SelfLoops
+from pipelines.spec import InputFormat, ValueType
+
+EXTENSIONS = {InputFormat.CSV: (".csv", ".tsv", ".txt"), InputFormat.PARQUET: (".parquet",)}
+
+
+class MissingNodes(enum.Enum):
+    """What happens to an edge whose endpoint is not in the node table."""
+
+    ADD = "add"    # the endpoint becomes a node without features (zeros) or label (-1), counted
+    DROP = "drop"  # the edge is dropped, counted
+
+
+@dataclass
+class EdgeTableSpec:
+    """The edge list: its layout and which column is what."""
+
+    format: InputFormat = InputFormat.CSV
+    separator: Optional[str] = None                 # csv only (default ",")
+    null_values: list[str] = field(default_factory=list)
+    src: str = "src"
+    dst: str = "dst"
+    weight: Optional[str] = None                    # positive weights; else unweighted
+    edge_type: Optional[str] = None
+    edge_types: Optional[list[str]] = None          # keep only these types (needs edge_type)
+    timestamp: Optional[str] = None                 # numbers (e.g. Unix s) or dates: held-out
+                                                    # edges are then the newest
+
+
+@dataclass
+class NodeTableSpec:
+    """The node table (``--nodes``): ids, features and labels."""
+
+    format: InputFormat = InputFormat.CSV
+    separator: Optional[str] = None
+    null_values: list[str] = field(default_factory=list)
+    id: str = "id"
+    features: list[str] = field(default_factory=list)  # float columns, or one list column
+    label: Optional[str] = None
+    missing_nodes: MissingNodes = MissingNodes.ADD
+
+
+@dataclass
+class GraphShapeSpec:
+    directed: bool = False
+    self_loops: SelfLoops = SelfLoops.DROP
+    duplicates: Duplicates = Duplicates.DROP
+
+
+@dataclass
+class GraphSplitSpec:
+    """Node splits (node classification) and held-out edges (link prediction)."""
+
+    valid_fraction: float = 0.1
+    test_fraction: float = 0.1
+    edge_valid_fraction: float = 0.0
+    edge_test_fraction: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class GraphIngestSpec:
+    """A whole graph ingestion job."""
+
+    kind: str = "graph"
+    name: str = "graph"
+    id_type: ValueType = ValueType.STRING  # ids are compared as strings or as integers
+    edges: EdgeTableSpec = field(default_factory=EdgeTableSpec)
+    nodes: Optional[NodeTableSpec] = None
+    graph: GraphShapeSpec = field(default_factory=GraphShapeSpec)
+    split: GraphSplitSpec = field(default_factory=GraphSplitSpec)
+
+
+def is_graph_spec(path: str | os.PathLike) -> bool:
+    """Whether an ingestion spec is a graph spec (``kind: graph`` at the top level).
+
+    Unreadable files answer False: :func:`pipelines.spec.load_spec` then reports the problem.
+    """
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and raw.get("kind") == "graph"
+
+
+def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
+                    ) -> GraphIngestSpec:
+    """Reads and validates a graph ingestion spec.
+
+    Args:
+        path: the YAML file.
+        overrides: ``key.path=value`` strings (``graph.directed=true``).
+
+    Raises:
+        ConfigError: one line naming the file and key path.
+
+    Example:
+        >>> load_graph_spec("configs/ingest/graph_edges.yaml").graph.duplicates
+        <Duplicates.DROP: 'drop'>
+    """
+    spec = load_dataclass(path, GraphIngestSpec, overrides)
+
+    def fail(key: str, message: str) -> None:
+        raise ConfigError(f"{path}: {key}: {message}")
+
+    if spec.kind != "graph":
+        fail("kind", f"expected 'graph', got {spec.kind!r}")
+    tables = [("edges", spec.edges)] + ([("nodes", spec.nodes)] if spec.nodes else [])
+    for key, table in tables:
+        if table.format not in EXTENSIONS:
+            fail(f"{key}.format", f"must be csv or parquet, got {table.format.value}")
+        if table.separator is not None and (table.format is not InputFormat.CSV
+                                            or len(table.separator) != 1):
+            fail(f"{key}.separator", "one character, for format: csv only")
+    e = spec.edges
+    columns = [c for c in (e.src, e.dst, e.weight, e.edge_type, e.timestamp) if c is not None]
+    if len(set(columns)) != len(columns):
+        fail("edges", f"a column is named twice: {columns}")
+    if e.edge_types is not None and e.edge_type is None:
+        fail("edges.edge_types", "needs edges.edge_type (the column holding the type)")
+    if spec.nodes is not None:
+        n = spec.nodes
+        named = [n.id, *n.features, *([n.label] if n.label else [])]
+        if len(set(named)) != len(named):
+            fail("nodes", f"a column is named twice: {named}")
+    s = spec.split
+    for key in ("valid_fraction", "test_fraction", "edge_valid_fraction", "edge_test_fraction"):
+        if not 0 <= getattr(s, key) < 1:
+            fail(f"split.{key}", f"must be in [0, 1), got {getattr(s, key)}")
+    if s.valid_fraction + s.test_fraction >= 1:
+        fail("split.test_fraction", "valid_fraction + test_fraction must be < 1")
+    if s.edge_valid_fraction + s.edge_test_fraction >= 1:
+        fail("split.edge_test_fraction", "edge_valid_fraction + edge_test_fraction must be < 1")
+    return spec
