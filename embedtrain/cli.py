@@ -41,6 +41,7 @@ from embedtrain.config import (
     dump_config,
     load_cluster,
     load_config,
+    load_run_config,
 )
 from embedtrain.dependencies import MissingDependency
 from embedtrain.train.run_dir import RunDir
@@ -299,7 +300,7 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[di
     saved_file = out / "config.yaml"
     if not saved_file.is_file():
         return {}
-    changes = changed_keys(load_config(saved_file), cfg)
+    changes = changed_keys(load_run_config(saved_file), cfg)
     unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE_KEYS}
     if unsafe:
         shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(unsafe.items())[:4])
@@ -347,7 +348,7 @@ def _eval(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise UsageError(f"{run_dir}: not a run directory (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_run_config(run_dir / "config.yaml")
     from embedtrain.recipes import build_run
 
     # Read-only: no plan files, no records; the result goes to a file of its own.

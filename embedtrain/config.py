@@ -54,6 +54,7 @@ __all__ = [
     "NegativeSampling", "OptimConfig", "Pooling", "RESUME_SAFE_KEYS", "ShardingConfig",
     "ShardingType", "SparseOptimizer", "TableConstraint", "TaskKind", "TrainConfig", "XCConfig",
     "changed_keys", "check_world_size", "dump_config", "load_cluster", "load_config",
+    "load_run_config", "RETIRED_KEYS",
     "parse_scalar", "to_dict",
 ]
 
@@ -81,7 +82,8 @@ class DataConfig:
     # Leave out an epoch's last, partial step (counted in summary.json's dropped_rows_per_epoch);
     # false: every row once per epoch, the last step padded where the ranks' shares differ.
     drop_last: bool = False
-    shuffle_buffer_rows: int = config_field(262_144, check=POSITIVE)  # rows mixed before batches are cut
+    # rows mixed before batches are cut
+    shuffle_buffer_rows: int = config_field(262_144, check=POSITIVE)
     # background loader threads per rank (0: read in the training thread)
     num_workers: int = config_field(2, check=NON_NEGATIVE)
     prefetch_batches: int = config_field(8, check=POSITIVE)  # batches the loader may hold ready
@@ -106,12 +108,14 @@ class HeadConfig:
     kind: HeadKind = HeadKind.FULL
     # partial_fc; hard_negatives' extra uniform sample (0: none)
     sample_rate: float = config_field(0.1, check=UNIT)
-    hard_negatives: int = config_field(10, check=NON_NEGATIVE)  # nearest classes per example and rank
+    # nearest classes per example and rank
+    hard_negatives: int = config_field(10, check=NON_NEGATIVE)
     refresh_every: int = config_field(100, check=POSITIVE)  # hard_negatives: steps between rebuilds
     margin: Margin = Margin.NONE
     margin_value: float = config_field(0.35, check=NON_NEGATIVE)  # m (CosFace ~0.35, ArcFace ~0.5)
     scale: float = config_field(30.0, check=POSITIVE)  # s, logit scale of the normalised heads
-    cutoffs: list[int] = config_field(factory=list, check=POSITIVE)  # adaptive; empty: chosen from C
+    # adaptive; empty: chosen from C
+    cutoffs: list[int] = config_field(factory=list, check=POSITIVE)
     div_value: float = config_field(4.0, check=POSITIVE)  # adaptive: dimension divisor per cluster
     mach_buckets: int = config_field(0, check=NON_NEGATIVE)  # mach: B (0: about sqrt(C), >= 64)
     mach_repetitions: int = config_field(4, check=POSITIVE)  # mach: R
@@ -135,13 +139,16 @@ class XCConfig:
 class GNNConfig:
     """GraphSAGE on sampled neighbourhoods: node-id table + features -> one SAGEConv per hop."""
 
-    model: GNNModel = GNNModel.SAGE  # sage, or mlp: the same layers on the node alone (a no-graph baseline)
+    # sage, or mlp: the same layers on the node alone (a no-graph baseline)
+    model: GNNModel = GNNModel.SAGE
     # neighbours per hop (-1: all)
     fanouts: list[int] = config_field(factory=lambda: [15, 10], check=FANOUT)
     # empty: the training fanouts
     eval_fanouts: list[int] = config_field(factory=list, check=FANOUT)
-    hidden: list[int] = config_field(factory=lambda: [128, 128], check=POSITIVE)  # one SAGEConv a hop
-    embedding_dim: int = config_field(32, check=NON_NEGATIVE)  # node-id table width (0: features only)
+    # one SAGEConv a hop
+    hidden: list[int] = config_field(factory=lambda: [128, 128], check=POSITIVE)
+    # node-id table width (0: features only)
+    embedding_dim: int = config_field(32, check=NON_NEGATIVE)
     aggr: Aggregation = Aggregation.MEAN  # SAGEConv aggregation: mean, max or sum
     dropout: float = config_field(0.0, check=PROBABILITY)
     weighted: bool = False  # sample neighbours by edge weight
@@ -182,7 +189,8 @@ class TrainConfig:
     keep_checkpoints: int = config_field(2, check=POSITIVE)
     seed: int = 0
     progress: bool = True
-    grad_accumulation: int = config_field(1, check=POSITIVE)  # micro-batches per dense optimizer step
+    # micro-batches per dense optimizer step
+    grad_accumulation: int = config_field(1, check=POSITIVE)
     bf16_dense: bool = False  # run the dense part under bfloat16 autocast
 
 
@@ -229,7 +237,8 @@ RESUME_SAFE_KEYS = frozenset({
 
 
 def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> ClusterConfig:
-    """Reads a cluster description (``configs/clusters/*.yaml``); errors as in :func:`load_config`."""
+    """Reads a cluster description (``configs/clusters/*.yaml``); errors as in
+    :func:`load_config`."""
     cluster = load_dataclass(path, ClusterConfig, overrides)
     for key in ("hosts", "devices_per_host", "batch_size_per_rank"):
         if getattr(cluster, key) <= 0:
@@ -242,6 +251,17 @@ def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None)
         raise ConfigError(f"{path}: reserved_fraction: must be in [0, 1), got "
                           f"{cluster.reserved_fraction}")
     return cluster
+
+
+# Keys earlier versions wrote into a run's config.yaml that no longer exist (a saved run still
+# loads for eval and --resume): key -> why it went.
+RETIRED_KEYS = {"train.pipeline": "did nothing (the plain loop always ran)"}
+
+
+def load_run_config(path: str | os.PathLike) -> Config:
+    """A run directory's saved ``config.yaml``, also one written by an earlier version (its
+    :data:`RETIRED_KEYS` are left out)."""
+    return load_dataclass(path, Config, drop_keys=RETIRED_KEYS)
 
 
 def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Config:

@@ -35,7 +35,7 @@ import types
 import typing
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
 import yaml
 
@@ -57,7 +57,8 @@ FANOUT = (lambda v: v > 0 or v == -1, "must be positive, or -1 for all neighbour
 
 
 def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-           check: Optional[tuple[Callable[[Any], bool], str]] = None, path: bool = False) -> Any:
+                 check: Optional[tuple[Callable[[Any], bool], str]] = None,
+                 path: bool = False) -> Any:
     """A config field; ``check`` applies to the value (each element of a list), ``path`` marks
     a file path resolved against the config file's directory."""
     metadata = {"check": check, "path": path}
@@ -68,12 +69,15 @@ def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclass
 
 
 def load_dataclass(
-    path: str | os.PathLike, cls: type[T], overrides: Optional[list[str]] = None
+    path: str | os.PathLike, cls: type[T], overrides: Optional[list[str]] = None,
+    drop_keys: Iterable[str] = (),
 ) -> T:
     """Reads a YAML file into dataclass ``cls`` (any config-like dataclass, e.g. an ingest spec).
 
     Supported field types: ``int``, ``float``, ``bool``, ``str``, enums, ``Optional[...]``,
     ``list[...]``, ``dict[str, ...]`` and nested dataclasses (also inside lists and dicts).
+    ``drop_keys`` (dotted paths) are removed from the file's data before it is read: keys an
+    older version wrote that no longer exist (a saved run's ``config.yaml``).
 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
@@ -93,7 +97,15 @@ def load_dataclass(
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got "
+                          f"{type(raw).__name__}")
+    for key in drop_keys:
+        *parents, last = key.split(".")
+        node = raw
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
     _resolve_paths(cls, raw, path.resolve().parent)
     for item in overrides or []:
         _apply_override(raw, item, path, cls)

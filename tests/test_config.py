@@ -214,3 +214,18 @@ def test_dataset_metadata_errors_name_the_key(tmp_path):
             continue
         with pytest.raises(DatasetError, match=rf"metadata\.json: {error}"):
             load_dataset_meta(root)
+
+
+def test_saved_run_config_of_an_earlier_version_still_loads(tmp_path):
+    """A run's config.yaml written before train.pipeline was removed loads for eval/--resume;
+    a config the user writes with it is refused (the option does nothing)."""
+    from embedtrain.config import dump_config, load_run_config, to_dict
+
+    cfg = load_config("configs/dlrm_synthetic.yaml")
+    saved = tmp_path / "config.yaml"
+    dump_config(cfg, saved)
+    text = saved.read_text().replace("train:\n", "train:\n  pipeline: true\n", 1)
+    saved.write_text(text)
+    assert to_dict(load_run_config(saved)) == to_dict(cfg)
+    with pytest.raises(ConfigError, match=r"train\.pipeline: unknown key"):
+        load_config(saved)

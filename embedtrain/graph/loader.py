@@ -165,8 +165,8 @@ def _identity(batches: Iterable[T]) -> Iterable[T]:
 
 
 def node_loader(graph: GraphData, ids: ArrayLike, batch_size: int, fanouts: Sequence[int], *,
-                weighted: bool = False, shuffle: bool = True, seed: int = 0, sampler_seed: int = 0,
-                rank: int = 0, world_size: int = 1, num_workers: int = 0,
+                weighted: bool = False, shuffle: bool = True, seed: int = 0, rank: int = 0,
+                world_size: int = 1, num_workers: int = 0,
                 drop_last: bool = False, prefetch_batches: int = 4
                 ) -> SeedBatches[GraphBatch]:
     """Node-classification batches of ``ids``, this rank's share, with sampled neighbourhoods.
@@ -179,13 +179,11 @@ def node_loader(graph: GraphData, ids: ArrayLike, batch_size: int, fanouts: Sequ
         weighted: sample proportionally to ``graph.weights`` (when the graph has them).
         shuffle, seed, rank, world_size, num_workers, drop_last, prefetch_batches: as
             :class:`SeedBatches` (``seed`` fixes the order and every batch's generator).
-        sampler_seed: the neighbour sampler's own seed (unused by these batches, which always
-            pass their generator).
 
     Returns:
         :class:`SeedBatches` yielding :func:`~embedtrain.graph.batch.node_batch` batches.
     """
-    sampler = _neighbor_sampler(graph, fanouts, weighted, sampler_seed)
+    sampler = _neighbor_sampler(graph, fanouts, weighted)
     return SeedBatches(ids, batch_size, shuffle=shuffle, seed=seed, rank=rank,
                        world_size=world_size, num_workers=num_workers, drop_last=drop_last,
                        prefetch_batches=prefetch_batches, unit="nodes",
@@ -195,7 +193,7 @@ def node_loader(graph: GraphData, ids: ArrayLike, batch_size: int, fanouts: Sequ
 def link_loader(graph: GraphData, batch_size: int, fanouts: Sequence[int], *,
                 edges: Optional[np.ndarray] = None, num_negatives: int = 1,
                 negative: NegativeSampling = NegativeSampling.UNIFORM, weighted: bool = False,
-                shuffle: bool = True, seed: int = 0, sampler_seed: int = 0, rank: int = 0,
+                shuffle: bool = True, seed: int = 0, rank: int = 0,
                 world_size: int = 1, num_workers: int = 0, drop_last: bool = False,
                 prefetch_batches: int = 4) -> SeedBatches[GraphBatch]:
     """Link-prediction batches: positive edges with sampled negatives and their endpoints'
@@ -209,14 +207,14 @@ def link_loader(graph: GraphData, batch_size: int, fanouts: Sequence[int], *,
             entry (training).
         num_negatives, negative: negatives per positive and how they are drawn
             (:class:`~embedtrain.graph.link.LinkSampler`).
-        weighted, shuffle, seed, sampler_seed, rank, world_size, num_workers, drop_last,
+        weighted, shuffle, seed, rank, world_size, num_workers, drop_last,
             prefetch_batches: as :func:`node_loader`.
 
     Returns:
         :class:`SeedBatches` over edge positions yielding
         :func:`~embedtrain.graph.batch.link_batch` batches.
     """
-    sampler = _neighbor_sampler(graph, fanouts, weighted, sampler_seed)
+    sampler = _neighbor_sampler(graph, fanouts, weighted)
     link = LinkSampler(graph.indptr, graph.indices, num_negatives=num_negatives,
                        negative=negative)
     pairs = None if edges is None else np.asarray(edges)
@@ -229,7 +227,8 @@ def link_loader(graph: GraphData, batch_size: int, fanouts: Sequence[int], *,
                        collate=lambda b, rng: link_batch(b, rng, link, sampler, graph, pairs))
 
 
-def _neighbor_sampler(graph: GraphData, fanouts: Sequence[int], weighted: bool,
-                      seed: int) -> NeighborSampler:
+def _neighbor_sampler(graph: GraphData, fanouts: Sequence[int], weighted: bool
+                      ) -> NeighborSampler:
+    # No seed of its own: every batch passes the generator its (seed, epoch, rank, batch) gives.
     return NeighborSampler(graph.indptr, graph.indices, fanouts,
-                           weights=graph.weights if weighted else None, seed=seed)
+                           weights=graph.weights if weighted else None)

@@ -1,4 +1,4 @@
-"""The recipe base: config → data, model, plan → sharded model → optimizers → :class:`Trainer`.
+"""The recipe base: config → data, model, plan → sharded model → optimizers → Trainer.
 
 A recipe is the only library code that reads the resolved config. A family's recipe
 (:mod:`~embedtrain.recipes.ctr`, :mod:`~embedtrain.recipes.xc`, :mod:`~embedtrain.recipes.gnn`)
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
@@ -96,20 +96,35 @@ class DatasetInfo:
     name: str
     root: Path
     splits: Sequence[str]
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """A data set's best possible value of a metric (synthetic data sets know theirs).
+
+    Attributes:
+        key: where ``summary.json`` holds it (copied from ``metadata.json``).
+        metric: the metric it bounds (``"auc"``, ``"p@1"``): drawn in ``curves.png`` when it is
+            the task's main metric.
+        what: what it is, printed after its value.
+    """
+
+    key: str
+    metric: str
+    what: str
 
 
 class Recipe:
     """One task family's wiring of the config into a run. Subclasses implement the hooks below.
 
     Attributes:
-        oracle: ``(summary key, label, explanation)`` of the data set's best possible value of
-            the main metric, printed under the final metrics and drawn in ``curves.png``.
+        oracle: the data set's best possible value of a metric, printed under the final metrics
+            and drawn in ``curves.png``.
         printed_metrics: the summary keys printed after a run, in order (``@`` metrics follow,
             sorted, then the loss).
     """
 
-    oracle: ClassVar[Optional[tuple[str, str, str]]] = None
+    oracle: ClassVar[Optional[Oracle]] = None
     printed_metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Config) -> None:
@@ -167,6 +182,7 @@ class Recipe:
 
     @property
     def dataset(self) -> Any:
+        """The data set's metadata (:meth:`load_dataset`, read on first use)."""
         if self._dataset is None:
             self._dataset = self.load_dataset()
         return self._dataset
@@ -211,6 +227,9 @@ class Recipe:
         cfg, d, t = self.cfg, self.cfg.data, self.cfg.train
         rank, world, device = init_process_group()
         check_world_size(cfg, world)
+        if t.grad_accumulation < 1:
+            raise ValueError(f"train.grad_accumulation: must be at least 1, got "
+                             f"{t.grad_accumulation}")
         if t.grad_accumulation > 1 and t.checkpoint_every % t.grad_accumulation:
             # A checkpoint between micro-batches would lose the gradients accumulated so far.
             raise ValueError(f"train.checkpoint_every: {t.checkpoint_every} is not a multiple "
@@ -242,7 +261,7 @@ class Recipe:
             lr_scheduler=dense_lr_schedule(
                 dense, self.total_steps(len(train_data)), o.warmup_steps, o.lr_decay,
                 o.lr_step_size, o.lr_gamma, o.min_lr_ratio),
-            reference=extra_summary.get(self.oracle[0]) if self.oracle else None,
+            reference=self.reference(extra_summary, task.main_metric),
         )
         test = reader("test", False) if "test" in info.splits else None
         return Run(trainer=trainer, recipe=self, test_data=test,
@@ -319,6 +338,7 @@ class Recipe:
         return model
 
     def trainer_options(self, progress: Optional[bool] = None) -> TrainerOptions:
+        """The ``train`` section's schedule for the trainer (``progress`` overrides its own)."""
         t = self.cfg.train
         return TrainerOptions(
             epochs=t.epochs, max_steps=t.max_steps, eval_every=t.eval_every,
@@ -328,6 +348,7 @@ class Recipe:
             grad_accumulation=t.grad_accumulation, bf16_dense=t.bf16_dense)
 
     def total_steps(self, batches_per_epoch: int) -> int:
+        """Steps of the whole run (``train.epochs``, capped by ``train.max_steps``)."""
         t = self.cfg.train
         steps = t.epochs * batches_per_epoch
         return min(t.max_steps or steps, steps)
@@ -339,10 +360,16 @@ class Recipe:
                        key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
         keys += ["loss"] if "loss" in summary else []
         lines = [f"  {k:<12} {summary[k]:.4f}" for k in keys]
-        if self.oracle and self.oracle[0] in summary:
-            key, label, what = self.oracle
-            lines.append(f"  {label:<12} {summary[key]:.4f}  ({what})")
+        if self.oracle and self.oracle.key in summary:
+            o = self.oracle
+            lines.append(f"  {'oracle_' + o.metric:<12} {summary[o.key]:.4f}  ({o.what})")
         return lines
+
+    def reference(self, summary: dict[str, Any], main_metric: str) -> Optional[float]:
+        """The oracle's value when it bounds ``main_metric`` (the line in ``curves.png``)."""
+        if self.oracle is None or self.oracle.metric != main_metric:
+            return None
+        return summary.get(self.oracle.key)
 
 
 def _plan_for_broadcast(recipe: Recipe, cluster: ClusterConfig, model: nn.Module):

@@ -26,6 +26,7 @@ class GraphRecipe(Recipe):
     """What both graph families share: the graph data set, GraphSAGE, the seed loader's knobs."""
 
     def load_dataset(self) -> GraphData:
+        """``data.path``'s graph, memory-mapped."""
         return load_graph(self.cfg.data.path, mmap=True, check_ranges=False)
 
     def dataset_info(self) -> DatasetInfo:
@@ -37,6 +38,7 @@ class GraphRecipe(Recipe):
         raise NotImplementedError
 
     def planning_model(self) -> nn.Module:
+        """``gnn``'s GraphSAGE on ``meta`` (node-id table fused), one layer per hop."""
         g, graph = self.cfg.gnn, self.dataset
         out = self.out_dim()
         if len(g.fanouts) != len(g.hidden):
@@ -54,7 +56,7 @@ class GraphRecipe(Recipe):
         if g.model is GNNModel.MLP:  # the baseline reads no neighbours: sample as little as can be
             fanouts = [1] * len(fanouts)
         return dict(fanouts=fanouts, weighted=g.weighted, shuffle=cfg.data.shuffle and train,
-                    seed=cfg.train.seed + (0 if train else 1), sampler_seed=cfg.train.seed,
+                    seed=cfg.train.seed + (0 if train else 1),
                     rank=rank, world_size=world_size, num_workers=cfg.data.num_workers,
                     drop_last=cfg.data.drop_last and train)
 
@@ -66,6 +68,7 @@ class GraphRecipe(Recipe):
         return "1 id per node"
 
     def summary_extra(self) -> dict[str, Any]:
+        """The synthetic graph's homophily and Bayes accuracies, if it has them."""
         gen = self.dataset.meta.get("generator") or {}
         return {k: gen[k] for k in ("features_only_bayes_accuracy", "one_hop_bayes_accuracy",
                                     "homophily") if k in gen}
@@ -77,6 +80,7 @@ class NodeClassificationRecipe(GraphRecipe):
     printed_metrics = ("accuracy", "macro_f1")
 
     def out_dim(self) -> int:
+        """The data set's number of classes (it must have node labels)."""
         graph = self.dataset
         if graph.labels is None or not graph.num_classes:
             raise ValueError(f"{graph.root / 'metadata.json'}: task gnn_node needs node labels")
@@ -92,6 +96,7 @@ class NodeClassificationRecipe(GraphRecipe):
         return node_loader(graph, graph.splits[split], batch_size, args.pop("fanouts"), **args)
 
     def task(self) -> NodeClassificationTask:
+        """Cross-entropy over the classes; accuracy and macro-F1."""
         return NodeClassificationTask(self.dataset.num_classes)
 
 
@@ -101,6 +106,7 @@ class LinkPredictionRecipe(GraphRecipe):
     printed_metrics = ("mrr",)
 
     def out_dim(self) -> int:
+        """``gnn.out_dim``: the node embedding size scored by dot products."""
         return self.cfg.gnn.out_dim
 
     def reader(self, split: str, train: bool, batch_size: int, rank: int,
@@ -117,4 +123,5 @@ class LinkPredictionRecipe(GraphRecipe):
                            num_negatives=g.negatives, negative=g.negative_sampling, **args)
 
     def task(self) -> LinkPredictionTask:
+        """Binary cross-entropy of positives against negatives; MRR and Hits@K."""
         return LinkPredictionTask(self.cfg.gnn.link_ks)

@@ -1,4 +1,4 @@
-"""Extreme classification: token bags → MLP → a class head of C classes (``embedtrain datagen xc``).
+"""Extreme classification: token bags → MLP → a class head of C classes (``datagen xc`` data).
 
 The sharded heads (``full``, ``partial_fc``, ``hard_negatives``) hold a slice of the classes on
 each rank, outside TorchRec: the planner sees them as a row-wise table ``class_head`` (its memory
@@ -17,12 +17,18 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from embedtrain.config import ClusterConfig, HeadConfig, HeadKind, Margin, ShardingType
-from embedtrain.config import TableConstraint
+from embedtrain.config import (
+    ClusterConfig,
+    HeadConfig,
+    HeadKind,
+    Margin,
+    ShardingType,
+    TableConstraint,
+)
 from embedtrain.data.stats import class_counts
 from embedtrain.models.xc import HEAD_TABLE, SHARDED_HEADS, XCModel, build_head
-from embedtrain.recipes.base import ModelParts, oracle_of
-from embedtrain.recipes.ctr import TabularRecipe
+from embedtrain.recipes.base import ModelParts, Oracle, oracle_of
+from embedtrain.recipes.tabular import TabularRecipe
 from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.optim import head_optimizer_class, sharded_head_optimizer
 from embedtrain.train.xc import XCTask
@@ -39,13 +45,15 @@ def head_arguments(h: HeadConfig) -> dict[str, Any]:
 class XCRecipe(TabularRecipe):
     """``task: xc``: the ``xc`` section's encoder and head, top-k metrics over all classes."""
 
-    oracle = ("oracle_p_at_1", "oracle_p@1", "P@1 of the Bayes-optimal classifier")
+    oracle = Oracle("oracle_p_at_1", "p@1", "P@1 of the Bayes-optimal classifier")
 
     @property
     def sharded(self) -> bool:
+        """Whether the head is model-parallel (each rank a slice of the classes)."""
         return self.cfg.xc.head.kind in SHARDED_HEADS
 
     def load_dataset(self):
+        """The data set's metadata, checked to be a classification one fit for the head."""
         meta = super().load_dataset()
         where = meta.root / "metadata.json"
         if meta.features.num_classes is None:
@@ -82,6 +90,8 @@ class XCRecipe(TabularRecipe):
         return model
 
     def model_parts(self, device: torch.device) -> ModelParts:
+        """Encoder on ``meta`` and the head: a sharded one as this rank's slice (its collectives
+        on a process group of their own) with its optimizer, a replicated one on ``device``."""
         h = self.cfg.xc.head
         counts = None
         if h.kind is HeadKind.ADAPTIVE:
@@ -96,9 +106,11 @@ class XCRecipe(TabularRecipe):
                                                                 prefix="head."))
 
     def task(self) -> XCTask:
+        """The head's loss; P@k, nDCG@k, recall@k for ``xc.top_k`` over all classes."""
         return XCTask(self.cfg.xc.top_k)
 
     def summary_extra(self) -> dict[str, Any]:
+        """The data set's Bayes-optimal P@1 on the test split, if it has one (synthetic data)."""
         return oracle_of(self.dataset.extra, "oracle_p_at_1")
 
     def planning_constraints(self) -> list[TableConstraint]:

@@ -75,11 +75,13 @@ class NodeMetrics:
         self.f1 = MulticlassF1Score(num_classes, average="macro")
 
     def update(self, output: StepOutput, batch: GraphBatch) -> None:
+        """Adds the batch's predicted classes (arg-max of the logits) against its labels."""
         pred = output.predictions.argmax(dim=1)
         self.accuracy.update(pred, batch.labels)
         self.f1.update(pred, batch.labels)
 
     def compute(self) -> dict[str, float]:
+        """``accuracy`` and ``macro_f1`` over all ranks' batches."""
         return {"accuracy": float(self.accuracy.compute()), "macro_f1": float(self.f1.compute())}
 
 
@@ -93,6 +95,7 @@ class NodeClassificationTask:
         self.num_classes = num_classes
 
     def forward(self, model: nn.Module, batch: GraphBatch) -> StepOutput:
+        """Mean cross-entropy of the seeds' logits; predictions: the logits."""
         logits = _forward(model, batch)
         # A rank may have no seed left in an epoch's last step: it still runs the step (the
         # node table's all-to-all), with a zero loss.
@@ -100,6 +103,7 @@ class NodeClassificationTask:
         return StepOutput(loss=loss, predictions=logits.detach(), num_examples=batch.num_examples)
 
     def new_metrics(self) -> NodeMetrics:
+        """A fresh accuracy / macro-F1 accumulator."""
         return NodeMetrics(self.num_classes)
 
 
@@ -111,6 +115,7 @@ class LinkMetrics:
         self.sums = {name: SumMetric() for name in ("rr", "count", *(f"hits@{k}" for k in ks))}
 
     def update(self, output: StepOutput, batch: GraphBatch) -> None:
+        """Adds each positive's rank among its negatives (reciprocal rank, hits at each k)."""
         pos, neg = output.predictions  # [P], [P, k]
         # Rank 1 + the negatives scoring at least as high (ties count against the positive).
         rank = 1 + (neg >= pos[:, None]).sum(dim=1).double()
@@ -120,6 +125,7 @@ class LinkMetrics:
             self.sums[f"hits@{k}"].update((rank <= k).double().sum())
 
     def compute(self) -> dict[str, float]:
+        """``mrr`` and ``hits@k`` over all ranks' positives (``{}`` if none)."""
         s = {k: float(m.compute()) for k, m in self.sums.items()}
         n = s.pop("count")
         if not n:
@@ -137,6 +143,8 @@ class LinkPredictionTask:
         self.ks = tuple(ks)
 
     def forward(self, model: nn.Module, batch: GraphBatch) -> StepOutput:
+        """Binary cross-entropy of the pairs' dot products; predictions: (positive scores,
+        negative scores per positive)."""
         h = _forward(model, batch)  # [num_seeds, D]
         pos = (h[batch.pairs[0]] * h[batch.pairs[1]]).sum(dim=1)
         neg = (h[batch.negatives[0]] * h[batch.negatives[1]]).sum(dim=1)
@@ -151,5 +159,6 @@ class LinkPredictionTask:
                           num_examples=batch.num_examples)
 
     def new_metrics(self) -> LinkMetrics:
+        """A fresh MRR / Hits@K accumulator."""
         return LinkMetrics(self.ks)
 

@@ -1,0 +1,56 @@
+"""What the tabular families (CTR, XC) share: a parquet data set and its streaming readers.
+
+The data set's ``metadata.json`` sizes the tables (one per sparse feature); pooling factors for
+the planner are measured from the training split; each split is read by the streaming
+:class:`~embedtrain.data.reader.ParquetBatchReader`, every row once per epoch on any number of
+ranks (the last step padded with marked rows where the ranks' shares differ).
+"""
+
+from __future__ import annotations
+
+from embedtrain.data.reader import LastBatch, ParquetBatchReader
+from embedtrain.data.stats import measure_pooling_factors
+from embedtrain.features import DatasetMeta, load_dataset_meta
+from embedtrain.models.dlrm import table_name
+from embedtrain.recipes.base import DatasetInfo, Recipe
+
+
+class TabularRecipe(Recipe):
+    """What the tabular families (CTR, XC) share: a parquet data set and its readers."""
+
+    def load_dataset(self) -> DatasetMeta:
+        """``data.path``'s ``metadata.json``."""
+        return load_dataset_meta(self.cfg.data.path)
+
+    def dataset_info(self) -> DatasetInfo:
+        meta = self.dataset
+        return DatasetInfo(meta.name, meta.root, list(meta.split_files))
+
+    def reader(self, split: str, train: bool, batch_size: int, rank: int,
+               world_size: int) -> ParquetBatchReader:
+        """This rank's share of ``split``'s rows in batches of ``batch_size`` (shuffled for
+        training, with ``train.seed``)."""
+        d = self.cfg.data
+        # Every row once per epoch, the same number of equal-sized batches on every rank: an
+        # epoch's last step is padded (marked rows, left out of losses and metrics) where the
+        # ranks' shares differ by a row. drop_last leaves the last partial step out (counted).
+        last = (LastBatch.DROP if d.drop_last else LastBatch.PAD) if train else LastBatch.PAD
+        return ParquetBatchReader(
+            self.dataset.files(split), self.dataset.features, batch_size=batch_size,
+            shuffle=d.shuffle and train, seed=self.cfg.train.seed, last_batch=last,
+            shuffle_buffer_rows=d.shuffle_buffer_rows, rank=rank, world_size=world_size,
+            num_workers=d.num_workers, prefetch_batches=d.prefetch_batches)
+
+    def _measured_pooling(self) -> bool:
+        return (self.cfg.sharding.pooling_factors_from_data
+                and bool(self.dataset.split_files.get("train")))
+
+    def pooling_factors(self) -> dict[str, float]:
+        """Mean ids per example of each table, measured from the train split (when
+        ``sharding.pooling_factors_from_data`` and the split exists)."""
+        if not self._measured_pooling():
+            return {}
+        return {table_name(f): v for f, v in measure_pooling_factors(self.dataset).items()}
+
+    def pooling_note(self) -> str:
+        return "measured from the train split" if self._measured_pooling() else "1.0 (no data)"
