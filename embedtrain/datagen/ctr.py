@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -308,10 +308,15 @@ def iter_chunks(spec: CTRDataSpec, model: PlantedModel) -> Iterator[_Rows]:
 
 
 class SplitWriter:
-    """Buffers rows of one split into full row groups and rolls over to a new part file."""
+    """Buffers rows of one split into full row groups and rolls over to a new part file.
 
-    def __init__(self, out_dir: Path, split: str, spec: CTRDataSpec):
+    ``spec`` gives the layout (``rows_per_row_group``, ``rows_per_file``); ``schema`` the
+    columns (default: the CTR data set's).
+    """
+
+    def __init__(self, out_dir: Path, split: str, spec: Any, schema: Optional[pa.Schema] = None):
         self.dir, self.split, self.spec = out_dir / split, split, spec
+        self.schema = _SCHEMA if schema is None else schema
         self.dir.mkdir(parents=True, exist_ok=True)
         self.pending: list[pa.Table] = []
         self.n_pending = self.rows = self.file_rows = 0
@@ -332,7 +337,7 @@ class SplitWriter:
         if self.writer is None:
             name = f"part-{len(self.files):05d}.parquet"
             self.files.append(f"{self.split}/{name}")
-            self.writer = pq.ParquetWriter(self.dir / name, _SCHEMA)
+            self.writer = pq.ParquetWriter(self.dir / name, self.schema)
         if k:
             self.writer.write_table(t.slice(0, k), row_group_size=k)
         self.pending, self.n_pending = [t.slice(k)], self.n_pending - k

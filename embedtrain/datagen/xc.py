@@ -69,12 +69,10 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from embedtrain.datagen.ctr import SPLITS, SplitWriter, prepare_out_dir
 from embedtrain.datagen.xc_model import (  # noqa: F401  (the public names, re-exported)
@@ -88,28 +86,6 @@ from embedtrain.datagen.xc_model import (  # noqa: F401  (the public names, re-e
     planted_description,
 )
 from embedtrain.utils import progress_bar
-
-class _XCSplitWriter(SplitWriter):
-    """The CTR generator's split writer, with this data set's schema."""
-
-    def __init__(self, out_dir: Path, split: str, spec: XCDataSpec, schema: pa.Schema):
-        super().__init__(out_dir, split, spec)  # type: ignore[arg-type]  # same layout fields
-        self.schema = schema
-
-    def _flush(self, k: int) -> None:
-        t = pa.concat_tables(self.pending)
-        if self.writer is None:
-            name = f"part-{len(self.files):05d}.parquet"
-            self.files.append(f"{self.split}/{name}")
-            self.writer = pq.ParquetWriter(self.dir / name, self.schema)
-        if k:
-            self.writer.write_table(t.slice(0, k), row_group_size=k)
-        self.pending, self.n_pending = [t.slice(k)], self.n_pending - k
-        self.rows, self.file_rows = self.rows + k, self.file_rows + k
-        if self.file_rows == self.spec.rows_per_file:
-            self.writer.close()
-            self.writer, self.file_rows = None, 0
-
 
 class _Rows(NamedTuple):
     index: int
@@ -237,7 +213,7 @@ def generate_xc(spec: XCDataSpec, out_dir: str | os.PathLike, progress: bool = T
     out = prepare_out_dir(out_dir)
     model = XCPlantedModel(spec)
     schema = model.schema()
-    writers = {s: _XCSplitWriter(out, s, spec, schema) for s in SPLITS}
+    writers = {s: SplitWriter(out, s, spec, schema) for s in SPLITS}
     counts = {s: np.zeros(spec.classes, np.int64) for s in SPLITS}
     oracle = _OracleTally(model, spec.oracle_rows)
     with progress_bar(spec.rows, "datagen xc", disable=not progress) as bar:
