@@ -508,6 +508,13 @@ def _print_summary(summary: dict, out: Path, metric_lines: list[str]) -> None:
     print(f"\nfinal metrics on {summary['split']} ({summary['dataset']}):")
     for line in metric_lines:
         print(line)
+    selected = summary.get("selected") or {}
+    if selected.get("metric"):
+        early = ", stopped early" if summary.get("stopped_early") else ""
+        print(f"  selected     step {selected['step']:,} of {summary['steps']:,} (best valid "
+              f"{selected['metric']} {selected['value']:.4f}{early})")
+    elif summary.get("stopped_early"):
+        print(f"  stopped      early, at step {summary['steps']:,}")
     rate = summary.get("train_examples_per_s")
     if rate:
         print(f"  training     {rate:,.0f} examples/s over {summary['steps']:,} steps")

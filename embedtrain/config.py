@@ -45,17 +45,22 @@ from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKin
     ShardingType,
     TableConstraint,
 )
-from embedtrain.train.options import DenseOptimizer, HeadOptimizer, LRDecay, SparseOptimizer
+from embedtrain.train.options import (
+    DenseOptimizer,
+    HeadOptimizer,
+    LRDecay,
+    Selection,
+    SparseOptimizer,
+)
 
 __all__ = [
     "Aggregation", "ClusterConfig", "CommPrecision", "ComputeKernel", "Config", "ConfigError",
     "DataConfig", "DenseAllReduce", "DenseOptimizer", "DeviceKind", "GNNConfig", "GNNModel",
     "HeadConfig", "HeadKind", "HeadOptimizer", "Interaction", "LRDecay", "Margin", "ModelConfig",
-    "NegativeSampling", "OptimConfig", "Pooling", "RESUME_SAFE_KEYS", "ShardingConfig",
-    "ShardingType", "SparseOptimizer", "TableConstraint", "TaskKind", "TrainConfig", "XCConfig",
-    "changed_keys", "check_world_size", "dump_config", "load_cluster", "load_config",
-    "load_run_config", "RETIRED_KEYS",
-    "parse_scalar", "to_dict",
+    "NegativeSampling", "OptimConfig", "Pooling", "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Selection",
+    "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TaskKind",
+    "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
+    "load_config", "load_run_config", "parse_scalar", "to_dict",
 ]
 
 
@@ -99,6 +104,8 @@ class ModelConfig:
     top_mlp: list[int] = config_field(factory=lambda: [128, 64, 1], check=POSITIVE)
     dcn_num_layers: int = config_field(3, check=POSITIVE)
     dcn_low_rank_dim: int = config_field(64, check=POSITIVE)
+    # dropout after each hidden layer of the bottom and top MLPs (0: none)
+    dropout: float = config_field(0.0, check=PROBABILITY)
 
 
 @dataclass
@@ -132,6 +139,8 @@ class XCConfig:
     # last: the feature dimension D
     mlp: list[int] = config_field(factory=lambda: [256, 128], check=POSITIVE)
     head: HeadConfig = field(default_factory=HeadConfig)
+    # dropout after each hidden layer of the encoder's MLP (0: none)
+    dropout: float = config_field(0.0, check=PROBABILITY)
     top_k: list[int] = config_field(factory=lambda: [1, 5], check=POSITIVE)  # P@k, nDCG@k, recall@k
 
 
@@ -192,6 +201,12 @@ class TrainConfig:
     # micro-batches per dense optimizer step
     grad_accumulation: int = config_field(1, check=POSITIVE)
     bf16_dense: bool = False  # run the dense part under bfloat16 autocast
+    # which checkpoint the final (test) metrics come from: last, or best on validation
+    select: Selection = Selection.LAST
+    # validation metric that picks the best checkpoint (default: the task's main metric)
+    select_metric: Optional[str] = None
+    # stop after this many evaluations without a better select_metric (0: never)
+    early_stopping_patience: int = config_field(0, check=NON_NEGATIVE)
 
 
 # The ``sharding`` section is the planner's own options (it echoes them in plan.json).

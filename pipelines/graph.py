@@ -17,12 +17,18 @@ it is read with :func:`pipelines.graph_spec.load_graph_spec` into a
 5. builds the CSR (:func:`embedtrain.graph.csr.csr_from_edges`): self-loops and
    repeated edges dropped, kept or summed as configured, and counted;
 6. optionally holds out edges for link prediction (the newest by ``timestamp`` if given, else
-   random) and draws random node splits over the labelled nodes (all nodes without labels);
+   random) and makes the node splits (``split.method``): random fractions over the labelled
+   nodes (all nodes without labels), a split column of the node table, or one id list per split
+   (parquet/CSV/.npy, ids through the same remap as the edges; an unknown id is an error).
+   With labels, user-chosen splits keep only labelled nodes; every node is in one split or
+   counted in ``nodes_in_no_split`` by reason. An empty train split with labels is an error;
+   empty valid/test splits are left out of ``metadata.json`` (a one-line warning on stderr);
 7. writes the graph format (:mod:`embedtrain.graph.store`, with ``nodes/ids.parquet`` mapping dense
    ids back to the original ones), ``ingest_report.json``, and ``metadata.json`` last.
 
 Every edge row read is accounted for: ``rows_read == rows_dropped_total + duplicates_merged +
-edges_stored`` (an undirected edge stored in both rows counts once).
+edges_stored`` (an undirected edge stored in both rows counts once); every node too:
+``sum(splits.nodes) + sum(splits.nodes_in_no_split) == num_nodes``.
 
 Example:
     >>> spec = load_graph_spec("configs/ingest/graph_edges.yaml")
@@ -37,6 +43,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +64,11 @@ from pipelines.graph_spec import (
     EXTENSIONS,
     EdgeTableSpec,
     GraphIngestSpec,
+    NODE_SPLITS,
     GraphSplitSpec,
     MissingNodes,
     NodeTableSpec,
+    SplitMethod,
 )
 from pipelines.spec import InputFormat, ValueType
 
@@ -259,12 +268,15 @@ class _NodeTable:
     null_ids: int
     filled: dict[str, int]
     unlabelled: int
+    split_values: Optional[pl.Series] = None  # split.method column: the column as text
 
 
 def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> _NodeTable:
     n = spec.nodes
     assert n is not None
-    columns = [n.id, *n.features, *([n.label] if n.label else [])]
+    split_column = spec.split.column if spec.split.method is SplitMethod.COLUMN else None
+    columns = [n.id, *n.features, *([n.label] if n.label else []),
+               *([split_column] if split_column else [])]
     schema = _check_columns(files, n, columns)
     text = n.format is InputFormat.CSV
     list_column = (len(n.features) == 1 and not text and schema[n.features[0]] is not None
@@ -279,6 +291,9 @@ def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> _NodeTable:
             for c in n.features:
                 t = types[c].value_type if list_column else types[c]
                 _check_parquet_type(path, c, t, "number")
+            if split_column and pa.types.is_nested(types[split_column]):
+                raise IngestError(f"{path}: column {split_column} (split.column): expected "
+                                  f"plain values naming the split, got {types[split_column]}")
     raw = _scan(files, n, columns)
     if text:
         checks = []
@@ -338,9 +353,10 @@ def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> _NodeTable:
         labels = (pl.DataFrame({"v": values}).join(lookup, on="v", how="left",
                                                    maintain_order="left")["k"]
                   .fill_null(-1).to_numpy().astype(np.int64))
+    split_values = table[split_column].cast(pl.String) if split_column else None
     return _NodeTable(ids=table["__id"], features=features, labels=labels, classes=classes,
                       rows_read=rows_read, null_ids=null_ids, filled=filled,
-                      unlabelled=unlabelled)
+                      unlabelled=unlabelled, split_values=split_values)
 
 
 def ingest_graph(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
@@ -371,6 +387,10 @@ def ingest_graph(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
     _check_out_dir(out)
     edge_files = _resolve(inputs, spec.edges.format)
     node_files = _resolve(nodes, spec.nodes.format) if spec.nodes is not None and nodes else []
+    if spec.split.method is SplitMethod.IDS:
+        for split, path in _id_files(spec.split).items():
+            if not path.is_file():
+                raise IngestError(f"{path}: id file not found (split.files.{split})")
     with phase_bar(None, "ingest graph", disable=not progress) as bar:
         try:
             return _ingest(spec, edge_files, node_files, out, bar, started)
@@ -380,7 +400,7 @@ def ingest_graph(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
 
 def _locate_failure(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path],
                     error: Exception) -> IngestError:
-    tables = [(f, spec.edges) for f in edge_files]
+    tables: list[tuple[Path, Any]] = [(f, spec.edges) for f in edge_files]
     tables += [(f, spec.nodes) for f in node_files] if spec.nodes is not None else []
     for path, table in tables:  # the error does not say which file: read them one by one
         try:
@@ -476,7 +496,8 @@ def _ingest(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path
         if table.labels is not None:
             labels = np.full(num_nodes, -1, dtype=np.int64)
             labels[:n_table] = table.labels
-    splits = _node_splits(num_nodes, labels, s)
+    node_splits = _choose_node_splits(spec, num_nodes, labels, table, ids, node_files)
+    splits = node_splits.splits
     held = {k: int(v.shape[1]) for k, v in (edge_splits or {}).items()}
     report = {
         "name": spec.name,
@@ -505,11 +526,16 @@ def _ingest(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path
         },
         "splits": {"nodes": {k: int(v.shape[0]) for k, v in splits.items()},
                    "node_split_over": "labelled nodes" if labels is not None else "all nodes",
+                   "node_split_method": s.method.value,
+                   "nodes_in_no_split": node_splits.in_no_split,
+                   **node_splits.extra,
                    "edges": held, "edge_split_method": (
                        None if edge_splits is None else "time" if times is not None else "random"),
                    "seed": s.seed},
         "phases": phases,
     }
+    if node_splits.warnings:
+        report["warnings"] = node_splits.warnings
     if table is not None:
         report["nodes"].update(rows_read=table.rows_read, rows_dropped={"null_id": table.null_ids},
                                feature_nulls_filled=table.filled,
@@ -528,9 +554,12 @@ def _ingest(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path
     extra: dict[str, Any] = {"ingest_report": summary, "spec": to_dict(spec)}
     if table is not None and labels is not None:
         extra["classes"] = table.classes
+    for warning in node_splits.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     write_graph(out, indptr, indices, weights=out_w, features=features, labels=labels,
                 num_classes=len(table.classes) if labels is not None else None,
-                splits=splits, edge_splits=edge_splits, directed=g.directed, name=spec.name,
+                splits={k: v for k, v in splits.items() if v.shape[0]},  # empty ones: absent
+                edge_splits=edge_splits, directed=g.directed, name=spec.name,
                 extra_meta=extra, ids=ids["id"].to_arrow())
     return report
 
@@ -579,6 +608,208 @@ def _node_splits(n: int, labels: Optional[np.ndarray], s: GraphSplitSpec
                                                                    pool.shape[0])
     return {"train": np.sort(perm[n_test + n_valid:]), "valid": np.sort(
         perm[n_test:n_test + n_valid]), "test": np.sort(perm[:n_test])}
+
+
+@dataclass
+class _NodeSplitResult:
+    splits: dict[str, np.ndarray]   # train/valid/test node ids, sorted (empty ones included)
+    in_no_split: dict[str, int]     # nodes in no split, by reason: splits + these = num_nodes
+    extra: dict[str, Any]           # more report keys (per-file counts, unlisted values)
+    warnings: list[str]
+
+
+def _choose_node_splits(spec: GraphIngestSpec, n: int, labels: Optional[np.ndarray],
+                        table: Optional[_NodeTable], ids: pl.DataFrame, node_files: list[Path]
+                        ) -> _NodeSplitResult:
+    """The node splits of ``split.method``; refuses an empty train split when there are labels.
+
+    User-chosen splits (column, ids) keep only labelled nodes when the graph has labels (an
+    unlabelled node can be neither trained on nor scored), counted as ``unlabelled``.
+    """
+    s = spec.split
+    extra: dict[str, Any] = {}
+    if s.method is SplitMethod.RANDOM:
+        splits = _node_splits(n, labels, s)
+        in_no_split = {"unlabelled": 0 if labels is None else int((labels < 0).sum())}
+    elif s.method is SplitMethod.COLUMN:
+        assert table is not None and table.split_values is not None
+        splits, in_no_split, extra = _column_splits(n, table, s)
+    else:
+        splits, in_no_split, extra = _id_list_splits(spec, n, ids)
+    if s.method is not SplitMethod.RANDOM and labels is not None:
+        unlabelled = 0
+        for k, members in splits.items():
+            keep = members[labels[members] >= 0]
+            unlabelled += members.shape[0] - keep.shape[0]
+            if "node_split_files" in extra and k in extra["node_split_files"]:
+                extra["node_split_files"][k]["unlabelled"] = int(members.shape[0] - keep.shape[0])
+            splits[k] = keep
+        in_no_split["unlabelled"] = unlabelled
+    assert sum(v.shape[0] for v in splits.values()) + sum(in_no_split.values()) == n
+    warnings: list[str] = []
+    if labels is not None:
+        if splits["train"].shape[0] == 0:
+            raise IngestError(_empty_train(spec, labels, table, node_files))
+        empty = [k for k in ("valid", "test") if splits[k].shape[0] == 0]
+        if empty:
+            warnings.append(
+                f"node split{'s' if len(empty) > 1 else ''} {' and '.join(empty)} "
+                f"{'are' if len(empty) > 1 else 'is'} empty ({_why_empty(s, empty)}); written "
+                "without them: training runs without validation, evaluation without those splits")
+    return _NodeSplitResult(splits, in_no_split, extra, warnings)
+
+
+def _why_empty(s: GraphSplitSpec, empty: list[str]) -> str:
+    if s.method is SplitMethod.RANDOM:
+        return " and ".join(f"split.{k}_fraction: {getattr(s, f'{k}_fraction')}" for k in empty)
+    if s.method is SplitMethod.COLUMN:
+        values = s.split_values()
+        return "; ".join(f"no labelled node has split.values.{k} {values[k]} in column {s.column}"
+                         if values[k] else f"split.values.{k}: not given" for k in empty)
+    return "; ".join(f"split.files.{k}: " + (f"no labelled node in {getattr(s.files, k)}"
+                                            if getattr(s.files, k) else "not given")
+                     for k in empty)
+
+
+def _empty_train(spec: GraphIngestSpec, labels: np.ndarray, table: Optional[_NodeTable],
+                 node_files: list[Path]) -> str:
+    s, label = spec.split, spec.nodes.label if spec.nodes else None
+    if not (labels >= 0).any():
+        return (f"{node_files[0] if node_files else 'nodes'}: column {label}: no node has a "
+                "label; node classification needs labelled training nodes")
+    if s.method is SplitMethod.RANDOM:
+        pool = int((labels >= 0).sum())
+        return (f"split.valid_fraction + split.test_fraction ({s.valid_fraction} + "
+                f"{s.test_fraction}) leave no training nodes of the {pool} labelled; lower them")
+    if s.method is SplitMethod.COLUMN:
+        return (f"{node_files[0]}: column {s.column}: no labelled node has a split.values.train "
+                f"value {s.split_values()['train']}; the training split is empty (set "
+                "split.values.train to the column's training values)")
+    if s.files.train is None:
+        return ("split.files.train: not given; node classification needs a training id file "
+                "(or the graph without nodes.label)")
+    return f"{s.files.train}: no labelled node among its ids (split.files.train); train is empty"
+
+
+def _column_splits(n: int, table: _NodeTable, s: GraphSplitSpec
+                   ) -> tuple[dict[str, np.ndarray], dict[str, int], dict[str, Any]]:
+    values = table.split_values
+    assert values is not None
+    wanted = pl.DataFrame({"v": [v for vs in s.split_values().values() for v in vs],
+                           "split": [k for k, vs in s.split_values().items() for _ in vs]},
+                          schema={"v": pl.String, "split": pl.String})
+    frame = (pl.DataFrame({"v": values}).with_row_index("node")
+             .join(wanted, on="v", how="left", maintain_order="left"))
+    node = frame["node"].cast(pl.Int64)
+    splits = {k: np.sort(node.filter(frame["split"] == k).to_numpy().astype(np.int64))
+              for k in NODE_SPLITS}
+    unlisted = frame.filter(pl.col("split").is_null() & pl.col("v").is_not_null())
+    top = (unlisted.group_by("v").agg(pl.len().alias("n")).sort(["n", "v"],
+                                                                descending=[True, False])
+           .head(20))
+    in_no_split = {"not_in_node_table": n - values.len(), "null_value": int(values.null_count()),
+                   "value_not_listed": unlisted.height}
+    return splits, in_no_split, {"unlisted_values": dict(zip(top["v"].to_list(),
+                                                             top["n"].to_list()))}
+
+
+def _id_files(s: GraphSplitSpec) -> dict[str, Path]:
+    return {k: Path(getattr(s.files, k)) for k in NODE_SPLITS if getattr(s.files, k)}
+
+
+def _id_list_splits(spec: GraphIngestSpec, n: int, ids: pl.DataFrame
+                    ) -> tuple[dict[str, np.ndarray], dict[str, int], dict[str, Any]]:
+    """``method: ids``: each file's ids through the id remap; an unknown id is an error."""
+    id_type = pl.Int64 if spec.id_type is ValueType.INTEGER else pl.String
+    lookup = ids.select("id", "dense")
+    splits = {k: np.zeros(0, dtype=np.int64) for k in NODE_SPLITS}
+    files: dict[str, dict[str, Any]] = {}
+    owner = np.full(n, -1, dtype=np.int8)
+    for split, path in _id_files(spec.split).items():
+        values, where = _read_id_file(path, spec)
+        frame = (pl.DataFrame({"id": values.cast(id_type)}).with_row_index("pos")
+                 .join(lookup, on="id", how="left", maintain_order="left"))
+        unknown = frame.filter(pl.col("dense").is_null())
+        if unknown.height:
+            raise IngestError(
+                f"{path}: {where(int(unknown['pos'][0]))}: id {unknown['id'][0]!r} is not a node "
+                f"of the graph ({unknown.height:,} of {frame.height:,} ids unknown; ids are "
+                f"compared as {spec.id_type.value}s) (split.files.{split})")
+        dense = frame["dense"].to_numpy().astype(np.int64)
+        members = np.unique(dense)
+        taken = owner[members] >= 0
+        if taken.any():
+            node = int(members[np.flatnonzero(taken)[0]])
+            other = NODE_SPLITS[owner[node]]
+            pos = int(np.flatnonzero(dense == node)[0])
+            raise IngestError(f"{path}: {where(pos)}: id {frame['id'][pos]!r} is also in the "
+                              f"{other} id file ({getattr(spec.split.files, other)}); a node "
+                              "belongs to one split")
+        owner[members] = NODE_SPLITS.index(split)
+        splits[split] = members
+        files[split] = {"file": str(path), "rows_read": frame.height,
+                        "duplicates": frame.height - members.shape[0]}
+    return splits, {"not_listed": int((owner < 0).sum())}, {"node_split_files": files}
+
+
+def _read_id_file(path: Path, spec: GraphIngestSpec) -> tuple[pl.Series, Any]:
+    """One id per row from a .npy array or a parquet/CSV column, and a position describer."""
+    integer = spec.id_type is ValueType.INTEGER
+    column = spec.split.id_column or (spec.nodes.id if spec.nodes is not None else "id")
+    if path.suffix == ".npy":
+        try:
+            a = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise IngestError(f"{path}: not a readable .npy file: {first_line(e)}") from None
+        if a.ndim != 1:
+            raise IngestError(f"{path}: expected a 1-D array of node ids, got shape "
+                              f"{list(a.shape)}")
+        if a.dtype.kind in "iu":
+            values = pl.Series(a.astype(np.int64))
+        elif a.dtype.kind == "U" and not integer:
+            values = pl.Series(a.tolist(), dtype=pl.String)
+        else:
+            want = "integer" if integer else "integer or string"
+            raise IngestError(f"{path}: expected {want} node ids, got dtype {a.dtype}")
+        return (values.cast(pl.String) if not integer else values), (
+            lambda i: f"position {i}")
+    if path.suffix == ".parquet":
+        try:
+            schema = {f.name: f.type for f in pq.read_schema(path)}
+        except (pa.ArrowException, OSError) as e:
+            raise IngestError(f"{path}: not a readable parquet file: {first_line(e)}") from None
+        if column not in schema:
+            raise IngestError(f"{path}: missing column {column} (split.id_column; has: "
+                              f"{', '.join(list(schema)[:20])})")
+        if integer:
+            _check_parquet_type(path, column, schema[column], "integer")
+        values = pl.read_parquet(path, columns=[column])[column]
+        where = lambda i: f"row {i}"  # noqa: E731
+    else:
+        separator = "\t" if path.suffix == ".tsv" else ","
+        if path.stat().st_size == 0:
+            raise IngestError(f"{path}: empty file (no CSV header)")
+        try:
+            frame = pl.read_csv(path, separator=separator, infer_schema=False)
+        except pl.exceptions.PolarsError as e:
+            raise IngestError(f"{path}: cannot read: {first_line(e)}") from None
+        if column not in frame.columns:
+            raise IngestError(f"{path}: missing column {column} (split.id_column; has: "
+                              f"{', '.join(frame.columns[:20])})")
+        values = frame[column]
+        where = lambda i: f"line {i + 2}"  # noqa: E731
+        if integer:
+            parsed = values.cast(pl.Int64, strict=False)
+            bad = np.flatnonzero((parsed.is_null() & values.is_not_null()).to_numpy())
+            if bad.shape[0]:
+                raise IngestError(f"{path}: {where(int(bad[0]))}: column {column}: cannot parse "
+                                  f"as an integer id (id_type: integer) (value "
+                                  f"{values[int(bad[0])]!r})")
+            values = parsed
+    nulls = np.flatnonzero(values.is_null().to_numpy())
+    if nulls.shape[0]:
+        raise IngestError(f"{path}: {where(int(nulls[0]))}: column {column}: missing id")
+    return (values.cast(pl.String) if not integer else values.cast(pl.Int64)), where
 
 
 def _check_out_dir(out: Path) -> None:

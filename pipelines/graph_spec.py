@@ -8,6 +8,7 @@ file and key) and checks what spans keys. The job itself is :mod:`pipelines.grap
 from __future__ import annotations
 
 import enum
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Optional
 
 import yaml
 
-from embedtrain.config_io import ConfigError, load_dataclass
+from embedtrain.config_io import ConfigError, SafeLoader, config_field, load_dataclass
 from embedtrain.graph.csr import Duplicates, SelfLoops
 from pipelines.spec import InputFormat, ValueType
 
@@ -65,15 +66,47 @@ class GraphShapeSpec:
     duplicates: Duplicates = Duplicates.DROP
 
 
+NODE_SPLITS = ("train", "valid", "test")
+
+
+class SplitMethod(enum.Enum):
+    """How nodes are put into the train/valid/test splits."""
+
+    RANDOM = "random"  # valid_fraction / test_fraction of the labelled nodes (all without labels)
+    COLUMN = "column"  # a column of the node table names each node's split (split.values)
+    IDS = "ids"        # one id list per split (split.files: parquet, CSV or .npy)
+
+
+@dataclass
+class SplitFiles:
+    """``method: ids``: one file of node ids per split (relative paths: to the spec's folder)."""
+
+    train: Optional[str] = config_field(None, path=True)
+    valid: Optional[str] = config_field(None, path=True)
+    test: Optional[str] = config_field(None, path=True)
+
+
 @dataclass
 class GraphSplitSpec:
     """Node splits (node classification) and held-out edges (link prediction)."""
 
-    valid_fraction: float = 0.1
+    method: SplitMethod = SplitMethod.RANDOM
+    valid_fraction: float = 0.1                     # method: random
     test_fraction: float = 0.1
+    column: Optional[str] = None                    # method: column: the node table's column,
+    values: Optional[dict[str, list[str]]] = None   # its values per split (compared as text;
+                                                    # default train/valid/test)
+    files: SplitFiles = field(default_factory=SplitFiles)  # method: ids
+    id_column: Optional[str] = None                 # parquet/CSV id lists (default: nodes.id)
     edge_valid_fraction: float = 0.0
     edge_test_fraction: float = 0.0
     seed: int = 0
+
+    def split_values(self) -> dict[str, list[str]]:
+        """``method: column``: the column's values of each split (absent splits: none)."""
+        if self.values is None:
+            return {k: [k] for k in NODE_SPLITS}
+        return {k: list(self.values.get(k, [])) for k in NODE_SPLITS}
 
 
 @dataclass
@@ -116,6 +149,7 @@ def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = No
         >>> load_graph_spec("configs/ingest/graph_edges.yaml").graph.duplicates
         <Duplicates.DROP: 'drop'>
     """
+    overrides = [*_value_overrides(path), *map(_text_values, overrides or [])]
     spec = load_dataclass(path, GraphIngestSpec, overrides)
 
     def fail(key: str, message: str) -> None:
@@ -139,6 +173,8 @@ def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = No
     if spec.nodes is not None:
         n = spec.nodes
         named = [n.id, *n.features, *([n.label] if n.label else [])]
+        if spec.split.method is SplitMethod.COLUMN and spec.split.column:
+            named.append(spec.split.column)
         if len(set(named)) != len(named):
             fail("nodes", f"a column is named twice: {named}")
     s = spec.split
@@ -149,4 +185,79 @@ def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = No
         fail("split.test_fraction", "valid_fraction + test_fraction must be < 1")
     if s.edge_valid_fraction + s.edge_test_fraction >= 1:
         fail("split.edge_test_fraction", "edge_valid_fraction + edge_test_fraction must be < 1")
+    files = {k: getattr(s.files, k) for k in NODE_SPLITS if getattr(s.files, k)}
+    if s.method is not SplitMethod.COLUMN:
+        for key in ("column", "values"):
+            if getattr(s, key) is not None:
+                fail(f"split.{key}", f"only for split.method: column (method is {s.method.value})")
+    if s.method is not SplitMethod.IDS:
+        for key in [f"files.{k}" for k in files] + (["id_column"] if s.id_column else []):
+            fail(f"split.{key}", f"only for split.method: ids (method is {s.method.value})")
+    if s.method is SplitMethod.COLUMN:
+        if spec.nodes is None:
+            fail("split.method", "column needs a nodes: section (the table holding the column)")
+        if not s.column:
+            fail("split.column", "method: column needs the node table's split column")
+        unknown = sorted(set(s.values or {}) - set(NODE_SPLITS))
+        if unknown:
+            fail(f"split.values.{unknown[0]}", "not a split; the splits are train, valid, test")
+        owner: dict[str, str] = {}
+        for split, values in s.split_values().items():
+            for v in values:
+                if v in owner and owner[v] != split:
+                    fail(f"split.values.{split}", f"value {v!r} is also listed under {owner[v]}")
+                owner[v] = split
+    if s.method is SplitMethod.IDS:
+        if not files:
+            fail("split.files", "method: ids needs at least one of train, valid, test (id files)")
+        for k, f in files.items():
+            if not f.endswith(ID_FILE_EXTENSIONS):
+                fail(f"split.files.{k}", f"{f}: expected a {', '.join(ID_FILE_EXTENSIONS)} file")
     return spec
+
+
+ID_FILE_EXTENSIONS = (".parquet", ".csv", ".tsv", ".txt", ".npy")
+
+
+def _text(value: object) -> object:
+    """A YAML scalar as the text a column value is compared with (``0`` -> ``"0"``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value  # strings stay; anything else is reported by the loader
+
+
+def _as_text_list(value: object) -> object:
+    if isinstance(value, list):
+        return [_text(v) for v in value]
+    return [_text(value)] if value is not None and not isinstance(value, dict) else value
+
+
+def _value_overrides(path: str | os.PathLike) -> list[str]:
+    """``split.values`` as lists of text, so ``train: 0`` and ``train: [0, 1]`` both read.
+
+    Passed to the loader as ``--set`` items (JSON is YAML); an unreadable file yields none, and
+    the loader reports it.
+    """
+    try:
+        raw = yaml.load(Path(path).read_text(), Loader=SafeLoader)
+        values = raw["split"]["values"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return []
+    if not isinstance(values, dict):
+        return []
+    return [f"split.values.{k}={json.dumps(_as_text_list(v))}" for k, v in values.items()
+            if isinstance(k, str) and "." not in k and "=" not in k]
+
+
+def _text_values(item: str) -> str:
+    """A ``--set split.values.X=...`` item with its values as text (others unchanged)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.startswith("split.values.") or key.count(".") != 2:
+        return item
+    try:
+        value = yaml.load(text, Loader=SafeLoader) if text.strip() else ""
+    except yaml.YAMLError:
+        return item
+    return f"{key}={json.dumps(_as_text_list(value))}"

@@ -11,7 +11,9 @@ engine; no pass ever holds the input in memory, only aggregates and one batch at
 3. *write*: the kept rows, encoded, streamed by ``sink_parquet`` into
    ``<split>/part-NNNNN.parquet`` files of at most ``rows_per_file`` rows.
 
-Outputs in ``out_dir``: the split folders, ``vocab/<feature>.parquet`` (value, id, count),
+Outputs in ``out_dir``: the split folders (a valid or test split that receives no rows gets no
+folder and no ``metadata.json`` entry, with a warning; a train split without rows stops the job),
+``vocab/<feature>.parquet`` (value, id, count),
 ``metadata.json`` (what the trainer reads: :func:`embedtrain.features.load_dataset_meta`) and
 ``ingest_report.json`` (rows read, written per split, dropped and repaired by reason, null and
 out-of-vocabulary rates). Rows read always equal rows written plus rows dropped; the job checks it
@@ -31,6 +33,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -39,7 +42,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from embedtrain.utils import first_line, progress_bar
-from pipelines.report import build_metadata, build_report, dense_statistics
+from pipelines.report import bucket_boundaries, build_metadata, build_report, dense_statistics
 from pipelines.sources import (
     ROW, IngestError, check_inputs, check_row_limit, criteo_field_counts, describe_row,
     resolve_inputs, scan_inputs)
@@ -47,7 +50,7 @@ from pipelines.spec import (
     CRITEO_COLUMNS, Encoding, IngestSpec, InputFormat, OnInvalid, SplitMethod)
 from pipelines.stats import PassStats, build_vocabulary, row_statistics, value_counts
 from pipelines.transforms import (
-    DROP, SPLIT, SPLITS, DropReason, Vocabulary, assign_split, dense_output, parse,
+    DROP, SPLIT, SPLITS, DropReason, Vocabulary, assign_split, dense_output, file_splits, parse,
     sparse_output, time_to_seconds, time_value)
 
 METADATA_FILE, REPORT_FILE, VOCAB_DIR = "metadata.json", "ingest_report.json", "vocab"
@@ -106,7 +109,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     """
     started = time.perf_counter()
     files = resolve_inputs(inputs, spec)
-    check_inputs(files, spec)
+    spec = check_inputs(files, spec)  # with each sparse dtype resolved from the input
     check_row_limit(files, spec)
     out = Path(out_dir)
     _check_out_dir(out)  # before the long passes, not after them
@@ -123,7 +126,8 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     if spec.split.method is SplitMethod.TIME:
         with log.phase("split cut-offs") as rec, _reading(files, spec):
             cutoffs, rec["rows"] = _split_cutoffs(spec, parsed)
-    frame = assign_split(parsed, spec, cutoffs)
+    by_file = file_splits(files, spec) if spec.split.method is SplitMethod.FILES else None
+    frame = assign_split(parsed, spec, cutoffs, by_file)
 
     with log.phase("row statistics") as rec, _reading(files, spec):
         counts, kept = row_statistics(frame, spec)
@@ -132,7 +136,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     _check_counts(stats, spec, files, inputs)
     if spec.on_invalid is OnInvalid.ERROR and stats.dropped():
         _raise_first_invalid(files, spec, reasons)
-    if any(s.encoding is Encoding.VOCAB for s in spec.sparse):
+    if any(s.encoding is Encoding.VOCAB and not s.bucketized for s in spec.sparse):
         with log.phase("value counts") as rec, _reading(files, spec):
             stats.values = value_counts(frame, spec)
             rec["rows"] = stats.rows_read
@@ -141,17 +145,21 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     vocabs: dict[str, Vocabulary] = {}
     (out / VOCAB_DIR).mkdir()
     for s in spec.sparse:
-        if s.encoding is Encoding.VOCAB:
+        if s.encoding is Encoding.VOCAB and not s.bucketized:
             vocabs[s.name], table = build_vocabulary(stats.values[s.name], s)
             table.write_parquet(out / VOCAB_DIR / f"{s.name}.parquet")
     dense_stats = dense_statistics(stats, spec)
+    boundaries = bucket_boundaries(stats, spec)
 
     with log.phase("write") as rec, _reading(files, spec):
-        written = _write_splits(frame, spec, vocabs, dense_stats, out)
+        written = _write_splits(frame, spec, vocabs, dense_stats, boundaries, out)
         rec["rows"] = sum(rows for part in written.values() for _, rows in part)
 
+    warnings = [f"{out}: {w}" for w in _empty_split_warnings(stats, spec)]
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     report = build_report(spec, files, stats, written, vocabs, dense_stats, cutoffs,
-                                     log.phases, time.perf_counter() - started)
+                          log.phases, time.perf_counter() - started, boundaries, warnings)
     # Nothing is lost silently: what the files' footers hold plus what was dropped is what was read.
     on_disk = {split: sum(pq.read_metadata(out / f).num_rows for f, _ in written[split])
                for split in SPLITS}
@@ -161,7 +169,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
         raise IngestError(f"{out}: rows read ({stats.rows_read:,}) != rows written "
                           f"({on_disk}) + dropped ({dropped:,}); did an input change during the "
                           "job?")
-    meta = build_metadata(spec, files, stats, written, vocabs, dense_stats)
+    meta = build_metadata(spec, files, stats, written, vocabs, dense_stats, boundaries)
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     tmp = out / f"{METADATA_FILE}.tmp"
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
@@ -201,10 +209,44 @@ def _check_counts(stats: PassStats, spec: IngestSpec, files: Sequence[Path],
     where = files[0] if len(files) == 1 else ", ".join(map(str, inputs))
     if stats.rows_read == 0:
         raise IngestError(f"{where}: no rows to ingest ({len(files)} file(s), all empty)")
-    if stats.kept_rows("train") == 0:
+    kept = sum(stats.kept_rows(s) for s in SPLITS)
+    if kept == 0:
         dropped = ", ".join(f"{k} {v:,}" for k, v in stats.dropped().items()) or "none"
         raise IngestError(f"{where}: no training rows to build vocabularies and statistics on "
                           f"({stats.rows_read:,} rows read; dropped: {dropped})")
+    if stats.kept_rows("train") == 0:
+        others = ", ".join(f"{s} {stats.kept_rows(s):,}" for s in SPLITS if s != "train")
+        raise IngestError(f"{where}: split train receives no rows ({others}); "
+                          f"{_SPLIT_FIX[spec.split.method]('train')}")
+
+
+_SPLIT_FIX = {
+    SplitMethod.HASH: lambda split: "lower split.valid_fraction/split.test_fraction",
+    SplitMethod.TIME: lambda split: ("lower split.valid_fraction/split.test_fraction (or move "
+                                     "split.boundaries)"),
+    SplitMethod.COLUMN: lambda split: (f"list the column's values of {split} in "
+                                       f"split.values.{split}"),
+    SplitMethod.FILES: lambda split: (f"give {split} files matching split.files.{split}"
+                                      if split != "train" else
+                                      "leave some files unmatched by split.files (they are train)"),
+}
+
+
+def _empty_split_warnings(stats: PassStats, spec: IngestSpec) -> list[str]:
+    """A line per empty valid/test split (left out of metadata.json): what training loses."""
+    loses = {"valid": "training will not evaluate periodically or select a best checkpoint",
+             "test": "training will report no final test metrics"}
+    out = []
+    for split in ("valid", "test"):
+        if stats.kept_rows(split) == 0:
+            if spec.split.method in (SplitMethod.HASH, SplitMethod.TIME):
+                fix = f"set split.{split}_fraction > 0 to have one"
+                if spec.split.method is SplitMethod.TIME and spec.split.boundaries is not None:
+                    fix = "move split.boundaries to have one"
+            else:
+                fix = _SPLIT_FIX[spec.split.method](split) + " to have one"
+            out.append(f"no {split} split: {loses[split]}; {fix}")
+    return out
 
 
 def _raise_first_invalid(files: Sequence[Path], spec: IngestSpec, reasons: list[DropReason]
@@ -230,12 +272,17 @@ def _raise_first_invalid(files: Sequence[Path], spec: IngestSpec, reasons: list[
 
 
 def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocabulary],
-                  dense_stats: dict[str, dict], out: Path) -> dict[str, list[tuple[str, int]]]:
-    """Streams the kept rows into ``<split>/part-NNNNN.parquet``; returns (file, rows) by split."""
+                  dense_stats: dict[str, dict], boundaries: dict[str, list[float]], out: Path
+                  ) -> dict[str, list[tuple[str, int]]]:
+    """Streams the kept rows into ``<split>/part-NNNNN.parquet``; returns (file, rows) by split.
+
+    A valid or test split without rows gets no file (and no entry in metadata.json); train
+    always has rows (:func:`_check_counts`)."""
     columns = [pl.col(spec.label).cast(pl.Float32)]
     columns += [dense_output(d, dense_stats[d.name]["mean"], dense_stats[d.name]["std"])
                 for d in spec.dense]
-    columns += [sparse_output(s, vocabs.get(s.name)) for s in spec.sparse]
+    columns += [sparse_output(s, vocabs.get(s.name), boundaries.get(s.name))
+                for s in spec.sparse]
     rows = frame.filter(pl.col(DROP).is_null()).select(*columns, SPLIT)
 
     def file_path(args) -> str:
@@ -256,13 +303,8 @@ def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocab
     for p in sinked:
         rel = Path(p.path).resolve().relative_to(out.resolve()).as_posix()
         written[rel.split("/")[0]].append((rel, int(p.num_rows)))
-    empty = pl.DataFrame(schema=rows.drop(SPLIT).collect_schema())
     for split in SPLITS:
         written[split].sort()
-        if not written[split]:  # an empty split still gets one (empty) file, as datagen does
-            (out / split).mkdir(exist_ok=True)
-            empty.write_parquet(out / split / "part-00000.parquet")
-            written[split].append((f"{split}/part-00000.parquet", 0))
     return written
 
 

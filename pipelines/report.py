@@ -2,12 +2,16 @@
 
 ``metadata.json`` is the trainer's contract (read by :func:`embedtrain.features.load_dataset_meta`):
 ``format_version``, ``name``, ``label``, ``dense``, ``dense_transform: "none"`` (dense columns are
-already transformed), ``sparse`` (name, num_embeddings, multi_hot, max_length), ``splits`` (files
-relative to the data set folder, rows), plus ``vocab_sizes``, ``hash_buckets``, ``dense_stats``,
-``vocab_files``, ``split``, ``source`` and the resolved ``spec`` for serving and for reruns.
+already transformed), ``sparse`` (output names: name, num_embeddings, multi_hot, max_length),
+``splits`` (files relative to the data set folder, rows; train always, valid and test only when
+they received rows), ``bucket_boundaries`` (only with bucketized features), plus
+``vocab_sizes``, ``hash_buckets``, ``dense_stats``, ``vocab_files``, ``split``, ``source`` and the
+resolved ``spec`` (sparse ``dtype`` filled in from the input) for serving and for reruns.
 
 ``ingest_report.json`` answers "what happened to my rows": ``rows_read``, ``rows_written`` per
-split, ``rows_dropped`` by reason (and ``rows_dropped_by_column``), ``repairs`` by kind and column,
+split, ``rows_dropped`` by reason (and ``rows_dropped_by_column``), ``repairs`` by kind and column
+(``unparsable_number``: text that did not parse as a number, in a ``cast: float`` dense feature or
+a bucketized one), ``warnings`` (an empty valid/test split),
 per-feature null and out-of-vocabulary rates, the split cut-offs and the phases' timings.
 
 Example:
@@ -48,8 +52,29 @@ def dense_statistics(stats: PassStats, spec: IngestSpec) -> dict[str, dict]:
     return out
 
 
-def num_embeddings(spec_feature: SparseSpec, vocab: Optional[Vocabulary]) -> int:
-    """Table size: vocabulary + the null/unknown id 0, hash buckets, or the declared size."""
+def bucket_boundaries(stats: PassStats, spec: IngestSpec) -> dict[str, list[float]]:
+    """Per bucketized feature: its ``bucketize`` boundaries, or the training split's
+    ``i/quantiles`` quantiles (i = 1..N-1; repeated values once, so a skewed column may get fewer
+    buckets)."""
+    out: dict[str, list[float]] = {}
+    for s in spec.sparse:
+        if s.bucketize is not None:
+            out[s.name] = [float(b) for b in s.bucketize]
+        elif s.quantiles is not None:
+            qs = [stats.stat("train", f"{s.name}:q{i}") for i in range(1, s.quantiles)]
+            if stats.kept_rows("train") - stats.stat("train", f"{s.name}:null") <= 0:
+                qs = []
+            out[s.name] = sorted({float(q) for q in qs if q is not None})
+    return out
+
+
+def num_embeddings(spec_feature: SparseSpec, vocab: Optional[Vocabulary],
+                   boundaries: Optional[list[float]] = None) -> int:
+    """Table size: vocabulary + the null/unknown id 0, hash buckets, buckets + id 0, or the
+    declared size."""
+    if spec_feature.bucketized:
+        assert boundaries is not None
+        return len(boundaries) + 2
     if spec_feature.encoding is Encoding.VOCAB:
         return len(vocab) + 1
     if spec_feature.encoding is Encoding.HASH:
@@ -66,14 +91,41 @@ def _max_length(s: SparseSpec, stats: PassStats) -> int:
     return max(observed, 1)
 
 
+# keys added to the spec after format 1 shipped: left out of metadata.json's ``spec`` while at
+# their defaults, so that the data set of an older spec is byte-identical to what it was
+_NEW_SPEC_KEYS = {"dense": {"cast": None},
+                  "sparse": {"column": None, "bucketize": None, "quantiles": None},
+                  "split": {"values": None, "files": None}}
+
+
+def spec_dict(spec: IngestSpec) -> dict:
+    """The resolved spec as plain data, without new keys at their defaults."""
+    raw = to_dict(spec)
+    for section, keys in _NEW_SPEC_KEYS.items():
+        entries = raw[section] if isinstance(raw[section], list) else [raw[section]]
+        for entry in entries:
+            for key, default in keys.items():
+                if entry.get(key, default) == default:
+                    entry.pop(key, None)
+    return raw
+
+
+def written_splits(written: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """The splits metadata.json lists: train always, valid and test only when they have rows."""
+    return [s for s in SPLITS if s == "train" or sum(r for _, r in written.get(s, [])) > 0]
+
+
 def build_metadata(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
                    written: dict[str, list[tuple[str, int]]], vocabs: dict[str, Vocabulary],
-                   dense: dict[str, dict]) -> dict:
+                   dense: dict[str, dict],
+                   boundaries: Optional[dict[str, list[float]]] = None) -> dict:
     """The ``metadata.json`` dict (see the module docstring)."""
-    sparse = [{"name": s.name, "num_embeddings": num_embeddings(s, vocabs.get(s.name)),
+    boundaries = boundaries or {}
+    sparse = [{"name": s.name,
+               "num_embeddings": num_embeddings(s, vocabs.get(s.name), boundaries.get(s.name)),
                "multi_hot": s.multi_hot, "max_length": _max_length(s, stats)}
               for s in spec.sparse]
-    return {
+    meta = {
         "format_version": FORMAT_VERSION,
         "name": spec.name,
         "label": spec.label,
@@ -81,7 +133,8 @@ def build_metadata(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
         "dense_transform": "none",
         "sparse": sparse,
         "splits": {split: {"files": [f for f, _ in written[split]],
-                           "rows": sum(r for _, r in written[split])} for split in SPLITS},
+                           "rows": sum(r for _, r in written[split])}
+                   for split in written_splits(written)},
         "null_id": 0,  # vocab and hash features: null and unknown values
         "vocab_sizes": {s.name: len(vocabs[s.name]) for s in spec.sparse if s.name in vocabs},
         "vocab_files": {name: f"vocab/{name}.parquet" for name in vocabs},
@@ -90,20 +143,27 @@ def build_metadata(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
         "dense_stats": dense,
         "source": {"format": spec.input.format.value, "files": [str(f) for f in files],
                    "rows_read": stats.rows_read},
-        "spec": to_dict(spec),
+        "spec": spec_dict(spec),
     }
+    if boundaries:  # bucketized features: ids 1 + #{b <= x}, 0 for null
+        meta["bucket_boundaries"] = boundaries
+    return meta
 
 
 def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
                  written: dict[str, list[tuple[str, int]]], vocabs: dict[str, Vocabulary],
                  dense: dict[str, dict], cutoffs: Optional[tuple[float, float]],
-                 phases: list[dict], wall_seconds: float) -> dict:
+                 phases: list[dict], wall_seconds: float,
+                 boundaries: Optional[dict[str, list[float]]] = None,
+                 warnings: Optional[list[str]] = None) -> dict:
     """The ``ingest_report.json`` dict (see the module docstring)."""
+    boundaries = boundaries or {}
     dropped = stats.dropped()
     kept = {split: stats.kept_rows(split) for split in SPLITS}
     kept_total = sum(kept.values())
     repairs: dict[str, dict[str, int]] = {
-        "dense_null_filled": {}, "dense_non_finite_filled": {}, "dense_clipped": {},
+        "dense_null_filled": {}, "unparsable_number": {}, "dense_non_finite_filled": {},
+        "dense_clipped": {},
         "categorical_null_to_id_0": {}, "list_truncated": {}, "empty_list_to_id_0": {}}
 
     def add(kind: str, column: str, n: float) -> None:
@@ -113,7 +173,9 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
     features: dict[str, dict] = {}
     for d in spec.dense:
         nulls = stats.total(f"{d.name}:null")
-        add("dense_null_filled", d.name, nulls)
+        bad = stats.total(f"{d.name}:unparsable") if d.cast is not None else 0
+        add("dense_null_filled", d.name, nulls - bad)  # a value that did not parse is no null
+        add("unparsable_number", d.name, bad)
         add("dense_non_finite_filled", d.name, stats.total(f"{d.name}:non_finite"))
         add("dense_clipped", d.name, stats.total(f"{d.name}:clipped"))
         features[d.name] = {
@@ -126,12 +188,20 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
     for s in spec.sparse:
         nulls = stats.total(f"{s.name}:null")
         info: dict = {"kind": "sparse", "encoding": s.encoding.value,
-                      "num_embeddings": num_embeddings(s, vocabs.get(s.name)),
+                      "num_embeddings": num_embeddings(s, vocabs.get(s.name),
+                                                       boundaries.get(s.name)),
                       "null_rate": _rate(nulls, kept_total),
                       "null_rate_by_split": {sp: _rate(stats.stat(sp, f"{s.name}:null"), kept[sp])
                                              for sp in SPLITS}}
+        if s.column is not None:
+            info["column"] = s.column
+        if s.bucketized:
+            info["encoding"] = "bucketize" if s.bucketize is not None else "quantiles"
+            info["boundaries"] = boundaries[s.name]
+        bad = stats.total(f"{s.name}:unparsable") if s.bucketized and spec.is_text else 0
+        add("unparsable_number", s.name, bad)
         if s.encoding is not Encoding.PRE_ENCODED and not s.multi_hot:
-            add("categorical_null_to_id_0", s.name, nulls)
+            add("categorical_null_to_id_0", s.name, nulls - bad)
         if s.multi_hot:
             empty = stats.total(f"{s.name}:empty")
             info["empty_list_rate"] = _rate(empty, kept_total)
@@ -148,11 +218,15 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
     split_info: dict = {"method": spec.split.method.value, "column": spec.split.column}
     if spec.split.method is SplitMethod.TIME and cutoffs is not None:
         split_info["valid_start"], split_info["test_start"] = (finite(c, 3) for c in cutoffs)
+    elif spec.split.method is SplitMethod.COLUMN:
+        split_info["values"] = spec.split.values
+    elif spec.split.method is SplitMethod.FILES:
+        split_info["files"] = spec.split.files
     else:
         split_info.update(valid_fraction=spec.split.valid_fraction,
                           test_fraction=spec.split.test_fraction, seed=spec.split.seed)
     written_rows = {split: sum(r for _, r in written[split]) for split in SPLITS}
-    return {
+    report = {
         "name": spec.name,
         "inputs": [str(f) for f in files],
         "rows_read": stats.rows_read,
@@ -168,6 +242,9 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
         "phases": phases,
         "wall_seconds": round(wall_seconds, 3),
     }
+    if warnings:
+        report["warnings"] = warnings
+    return report
 
 
 def _rate(n: float, total: float) -> Optional[float]:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from pathlib import Path
@@ -30,9 +31,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedtrain.utils import first_line, natural_key
-from pipelines.spec import CRITEO_COLUMNS, InputFormat, IngestSpec, SplitMethod, ValueType
+from pipelines.spec import (
+    CRITEO_COLUMNS, Encoding, InputFormat, IngestSpec, SplitMethod, ValueType)
 
 ROW = "__row"
+FILE = "__file"  # split method files: the row's input file (as resolved from --input)
 FIELDS = "__fields"  # Criteo TSV: tab-separated fields of the line (a wrong count is dropped)
 MAX_ROWS = 2**32 - 1  # Polars' row index is 32-bit (IdxSize) in the default runtime
 _MIN_TSV_ROW_BYTES = 40  # a Criteo line is at least 39 tabs and a newline
@@ -89,31 +92,51 @@ def resolve_inputs(patterns: Sequence[str | os.PathLike], spec: IngestSpec) -> l
 
 def input_columns(spec: IngestSpec) -> list[str]:
     """The raw columns the job reads: label, dense, sparse, then a split column if it is extra."""
-    columns = list(spec.columns)
+    columns = list(spec.source_columns)
     if spec.split.column is not None and spec.split.column not in columns:
         columns.append(spec.split.column)
     return columns
 
 
-def check_inputs(files: Sequence[Path], spec: IngestSpec) -> None:
-    """Checks every file's layout (columns present, types) from its footer or first line.
+def check_inputs(files: Sequence[Path], spec: IngestSpec) -> IngestSpec:
+    """Checks every file's layout (columns present, types) from its footer or first line, and
+    resolves each sparse feature's ``dtype`` left out of the spec from the input's types.
+
+    Returns:
+        The spec with every sparse ``dtype`` set (parquet: the Arrow type of the first file;
+        CSV: Polars' type inferred from the first rows of the first file with rows, Int64 meaning
+        integer; Criteo TSV: string).
 
     Raises:
         IngestError: ``<file>: ...`` for the first bad file.
     """
+    resolved: dict[str, tuple[ValueType, Path]] = {}
     first_header: Optional[list[str]] = None
     for path in files:
         if spec.input.format is InputFormat.PARQUET:
-            _check_parquet(path, spec)
+            _check_parquet(path, spec, resolved)
         elif spec.input.format is InputFormat.CSV:
             header = _check_csv_header(path, spec)
             if header is not None and first_header is not None and header != first_header:
                 # one multi-file scan reads every file with the first one's columns
                 raise IngestError(f"{path}: header differs from {files[0]}'s; files of one job "
                                   "must share their columns and their order")
+            if header is not None and not resolved:
+                resolved = _infer_csv_types(path, spec)
             first_header = first_header or header
         else:
             _check_criteo_line(path, spec)
+    sparse = []
+    for s in spec.sparse:
+        if s.dtype is None and not s.bucketized:
+            dtype = resolved[s.name][0] if s.name in resolved else ValueType.STRING
+            s = dataclasses.replace(s, dtype=dtype)
+        if s.encoding is Encoding.PRE_ENCODED and s.dtype is not ValueType.INTEGER:
+            where = resolved[s.name][1] if s.name in resolved else files[0]
+            raise IngestError(f"{where}: column {s.source}: holds text, but pre_encoded ids "
+                              "must be integers (encoding: vocab or hash encodes text)")
+        sparse.append(s)
+    return dataclasses.replace(spec, sparse=sparse)
 
 
 def check_row_limit(files: Sequence[Path], spec: IngestSpec) -> None:
@@ -151,16 +174,19 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec,
     """
     columns = input_columns(spec)
     paths = [str(f) for f in files]
+    by_file = spec.split.method is SplitMethod.FILES
+    extra = [FILE] if by_file else []
+    files_kw = {"include_file_paths": FILE} if by_file else {}
     if spec.input.format is InputFormat.PARQUET:
         frame = pl.scan_parquet(
-            paths, row_index_name=ROW, extra_columns="ignore",
+            paths, row_index_name=ROW, extra_columns="ignore", **files_kw,
             # files may differ in widths (int32 here, int64 there): the parse stage casts anyway
             cast_options=pl.ScanCastOptions(integer_cast="upcast", float_cast="upcast"))
-        return frame.select(ROW, *(_parquet_column(c, spec) for c in columns))
+        return frame.select(ROW, *(_parquet_column(c, spec) for c in columns), *extra)
     if spec.input.format is InputFormat.CRITEO_TSV:
         if wrong_fields is None:
             wrong_fields = criteo_field_counts(files)
-        return _scan_criteo(paths, columns, spec.input.null_values, wrong_fields)
+        return _scan_criteo(paths, columns, spec.input.null_values, wrong_fields, files_kw)
     frame = pl.scan_csv(
         paths,
         has_header=True,
@@ -170,8 +196,9 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec,
         null_values=spec.input.null_values or None,
         row_index_name=ROW,
         raise_if_empty=False,
+        **files_kw,
     )
-    return frame.select(ROW, *columns)
+    return frame.select(ROW, *columns, *extra)
 
 
 def criteo_field_counts(files: Sequence[Path]) -> pl.DataFrame:
@@ -189,7 +216,7 @@ def criteo_field_counts(files: Sequence[Path]) -> pl.DataFrame:
 
 
 def _scan_criteo(paths: list[str], columns: list[str], null_values: list[str],
-                 wrong_fields: pl.DataFrame) -> pl.LazyFrame:
+                 wrong_fields: pl.DataFrame, files_kw: Optional[dict] = None) -> pl.LazyFrame:
     """Criteo TSV through Polars' CSV reader (fast), with each line's field count in ``FIELDS``.
 
     Ragged lines are read leniently (a short one padded with nulls, a long one cut) so that one
@@ -201,12 +228,12 @@ def _scan_criteo(paths: list[str], columns: list[str], null_values: list[str],
         schema={c: pl.String for c in CRITEO_COLUMNS},
         infer_schema=False,  # all String: parse failures are counted, not guessed around
         quote_char=None, null_values=null_values or None, row_index_name=ROW,
-        raise_if_empty=False, truncate_ragged_lines=True)
+        raise_if_empty=False, truncate_ragged_lines=True, **(files_kw or {}))
     fields = pl.lit(len(CRITEO_COLUMNS), dtype=pl.UInt32)
     if wrong_fields.height:
         fields = pl.col(ROW).replace_strict(wrong_fields[ROW], wrong_fields[FIELDS],
                                             default=fields, return_dtype=pl.UInt32)
-    return frame.select(ROW, fields.alias(FIELDS), *columns)
+    return frame.select(ROW, fields.alias(FIELDS), *columns, *([FILE] if files_kw else []))
 
 
 def describe_row(spec: IngestSpec, row: int) -> str:
@@ -218,18 +245,30 @@ def describe_row(spec: IngestSpec, row: int) -> str:
 
 def _parquet_column(name: str, spec: IngestSpec) -> pl.Expr:
     col = pl.col(name)
-    sparse = {s.name: s for s in spec.sparse}
+    # a column read by a categorical feature takes its type; numbers are cast from it later
+    sparse = {s.source: s for s in reversed(spec.sparse) if not s.bucketized}
     if name in sparse:
         inner = pl.Int64 if sparse[name].dtype is ValueType.INTEGER else pl.String
         return col.cast(pl.List(inner) if sparse[name].multi_hot else inner)
-    if name == spec.split.column and name not in spec.columns:
+    if name == spec.split.column and name not in spec.source_columns:
         return col  # converted by the split stage, which knows the method
+    if any(d.name == name and d.cast is not None for d in spec.dense):
+        return col  # numbers or strings: the parse stage parses strings
     return col.cast(pl.Float64)
 
 
 # --- per-file checks -----------------------------------------------------------------------------
 
-def _check_parquet(path: Path, spec: IngestSpec) -> None:
+def _value_type(t: pa.DataType) -> Optional[ValueType]:
+    if pa.types.is_integer(t):
+        return ValueType.INTEGER
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ValueType.STRING
+    return None
+
+
+def _check_parquet(path: Path, spec: IngestSpec,
+                   resolved: dict[str, tuple[ValueType, Path]]) -> None:
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as e:
@@ -240,24 +279,48 @@ def _check_parquet(path: Path, spec: IngestSpec) -> None:
     if missing:
         raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
                           f"(has: {', '.join(list(types)[:20])})")
+    def numeric(t: pa.DataType) -> bool:
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+    cast = {d.name for d in spec.dense if d.cast is not None}
     for name in [spec.label, *(d.name for d in spec.dense)]:
         t = types[name]
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-            raise IngestError(f"{path}: column {name}: expected numbers, got {t}")
+        if name in cast and _value_type(t) is ValueType.STRING:
+            continue
+        if not numeric(t):
+            hint = ("; numbers stored as strings: set cast: float on the dense feature"
+                    if _value_type(t) is ValueType.STRING and name != spec.label else "")
+            raise IngestError(f"{path}: column {name}: expected numbers, got {t}{hint}")
     for s in spec.sparse:
-        t = types[s.name]
+        t = types[s.source]
+        if s.bucketized:
+            if not numeric(t):
+                raise IngestError(f"{path}: column {s.source}: feature {s.name} bucketizes "
+                                  f"numbers, got {t}")
+            continue
         is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
         if is_list != s.multi_hot:
             want = "a list column (multi_hot: true)" if s.multi_hot else "single values"
-            raise IngestError(f"{path}: column {s.name}: expected {want}, got {t}")
+            raise IngestError(f"{path}: column {s.source}: expected {want}, got {t}")
         inner = t.value_type if is_list else t
-        ok = (pa.types.is_integer(inner) if s.dtype is ValueType.INTEGER
-              else pa.types.is_string(inner) or pa.types.is_large_string(inner))
-        if not ok:
-            raise IngestError(f"{path}: column {s.name}: expected {s.dtype.value} values "
-                              f"(dtype: {s.dtype.value}), got {t}")
+        held = _value_type(inner)
+        if held is None:
+            hint = ("; to use numbers as a categorical feature, bucketize them "
+                    "(bucketize: [...] or quantiles: N)" if numeric(inner) else "")
+            raise IngestError(f"{path}: column {s.source}: categorical values must be integers "
+                              f"or strings, got {t}{hint}")
+        if s.dtype is not None and held is not s.dtype:
+            raise IngestError(f"{path}: column {s.source} holds {t}, spec says dtype: "
+                              f"{s.dtype.value}; remove dtype to use the file's type, or set "
+                              f"dtype: {held.value}")
+        if s.dtype is None:
+            first = resolved.setdefault(s.name, (held, path))
+            if first[0] is not held:
+                raise IngestError(f"{path}: column {s.source} holds {t}, but {first[1]} holds "
+                                  f"{first[0].value} values; files of one job must agree "
+                                  "(or set dtype on the feature)")
     column = spec.split.column
-    if column is not None and column not in spec.columns:
+    if column is not None and column not in spec.source_columns:
         t = types[column]
         ok = pa.types.is_integer(t) or pa.types.is_floating(t)
         if spec.split.method is SplitMethod.TIME:
@@ -282,6 +345,36 @@ def _check_csv_header(path: Path, spec: IngestSpec) -> Optional[list[str]]:
         raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
                           f"(header has: {', '.join(names[:20])})")
     return names
+
+
+INFER_ROWS = 10_000  # CSV rows whose values decide a categorical column's type
+
+
+def _infer_csv_types(path: Path, spec: IngestSpec) -> dict[str, tuple[ValueType, Path]]:
+    """Sparse features without ``dtype``: integer if the first rows' non-null values (list
+    elements) all parse as integers, else string. A later value that does not parse is dropped
+    and counted (``unparsable_value``), as for an explicit ``dtype: integer``."""
+    todo = [s for s in spec.sparse if s.dtype is None and not s.bucketized]
+    if not todo:
+        return {}
+    try:
+        head = pl.read_csv(path, separator=spec.input.separator or ",", infer_schema=False,
+                           n_rows=INFER_ROWS, quote_char='"',
+                           null_values=spec.input.null_values or None,
+                           columns=sorted({s.source for s in todo}))
+    except pl.exceptions.PolarsError as e:
+        raise IngestError(f"{path}: cannot read the first rows: {first_line(e)}") from None
+    out: dict[str, tuple[ValueType, Path]] = {}
+    for s in todo:
+        v = head[s.source]
+        if s.multi_hot:
+            v = v.str.split(s.separator).explode()
+            v = v.filter(v != "")
+        v = v.drop_nulls().str.strip_chars()
+        ints = v.cast(pl.Int64, strict=False)
+        integer = len(v) > 0 and ints.null_count() == 0
+        out[s.name] = (ValueType.INTEGER if integer else ValueType.STRING, path)
+    return out
 
 
 def _check_criteo_line(path: Path, spec: IngestSpec, lines: int = 5) -> None:

@@ -56,8 +56,16 @@ class EmptyList(enum.Enum):
 
 
 class SplitMethod(enum.Enum):
-    HASH = "hash"  # by a stable hash of a key column (or of file and row number)
-    TIME = "time"  # by a time column (or by row order), oldest rows train, newest test
+    HASH = "hash"      # by a stable hash of a key column (or of file and row number)
+    TIME = "time"      # by a time column (or by row order), oldest rows train, newest test
+    COLUMN = "column"  # by a column's value: split.values lists each split's values
+    FILES = "files"    # by input file: split.files gives a glob per split, the rest train
+
+
+class Cast(enum.Enum):
+    """How a dense column stored as text (parquet strings, CSV) is read as numbers."""
+
+    FLOAT = "float"  # parse as a float; an unparsable value becomes fill_null (counted)
 
 
 class OnInvalid(enum.Enum):
@@ -80,6 +88,7 @@ class DenseSpec:
 
     name: str
     fill_null: float = 0.0           # a null, NaN or infinite value becomes this (counted)
+    cast: Optional[Cast] = None      # float: numbers stored as strings; unparsable -> fill_null
     clip_min: Optional[float] = None
     clip_max: Optional[float] = None
     log1p: bool = False              # log(1 + max(x, 0)), as for Criteo's counts
@@ -88,10 +97,19 @@ class DenseSpec:
 
 @dataclass
 class SparseSpec:
-    """A categorical column, single-valued or a list (``multi_hot``)."""
+    """A categorical feature, single-valued or a list (``multi_hot``).
+
+    ``name`` is the output feature; ``column`` the input column it reads (default: ``name``), so
+    one column may feed several features (``{name: age_bucket, column: age, bucketize: [...]}``).
+    ``dtype`` (None: the input's type -- parquet's Arrow type, CSV's inferred type; Criteo TSV is
+    text) overrides how values are typed. ``bucketize`` (ascending boundaries b1..bk) or
+    ``quantiles: N`` (boundaries at the training split's i/N quantiles) turn a numeric column
+    into ids ``1 + #{b_i <= x}`` in ``1..k+1``, 0 for null/NaN: ``num_embeddings = k + 2``.
+    """
 
     name: str
-    dtype: ValueType = ValueType.STRING
+    column: Optional[str] = None          # input column (default: name)
+    dtype: Optional[ValueType] = None     # None: from the input's schema
     encoding: Encoding = Encoding.VOCAB
     multi_hot: bool = False
     separator: Optional[str] = None       # text inputs: separator of a list's elements
@@ -101,6 +119,17 @@ class SparseSpec:
     max_vocab_size: Optional[int] = None  # vocab: keep only the most frequent values
     hash_buckets: Optional[int] = None    # hash: num_embeddings, bucket 0 included
     num_embeddings: Optional[int] = None  # pre_encoded: ids must lie in [0, num_embeddings)
+    bucketize: Optional[list[float]] = None  # numeric column: ids by these boundaries
+    quantiles: Optional[int] = None          # numeric column: N buckets by training quantiles
+
+    @property
+    def source(self) -> str:
+        """The input column this feature reads."""
+        return self.column if self.column is not None else self.name
+
+    @property
+    def bucketized(self) -> bool:
+        return self.bucketize is not None or self.quantiles is not None
 
 
 @dataclass
@@ -111,6 +140,11 @@ class SplitSpec:
     for row order; Unix seconds for date/datetime columns) when given, else cut-offs at the
     quantiles that leave ``valid_fraction`` and ``test_fraction`` of the rows to the two later
     splits (rows sharing a time value stay together, so the fractions are approximate).
+
+    Column splits: ``values: {train: [...], valid: [...], test: [...]}`` (strings, compared with
+    the column's text; ``valid``/``test`` optional); rows whose value is in no list are dropped
+    (``split_value_not_listed``). File splits: ``files: {test: GLOB, valid: GLOB}``, matched
+    against each input file's path or name; files matching none go to train.
     """
 
     method: SplitMethod = SplitMethod.HASH
@@ -119,6 +153,8 @@ class SplitSpec:
     test_fraction: float = 0.1
     boundaries: Optional[list[float]] = None
     seed: int = 0
+    values: Optional[dict[str, list[str]]] = None  # method: column
+    files: Optional[dict[str, str]] = None         # method: files
 
 
 @dataclass
@@ -145,6 +181,15 @@ class IngestSpec:
     def columns(self) -> list[str]:
         """Output column order: label, dense, sparse."""
         return [self.label, *(d.name for d in self.dense), *(s.name for s in self.sparse)]
+
+    @property
+    def source_columns(self) -> list[str]:
+        """Input columns the features read (each once): label, dense, sparse sources."""
+        out: list[str] = []
+        for c in [self.label, *(d.name for d in self.dense), *(s.source for s in self.sparse)]:
+            if c not in out:
+                out.append(c)
+        return out
 
     @property
     def is_text(self) -> bool:
@@ -195,8 +240,25 @@ def validate_spec(spec: IngestSpec, source: str = "<spec>") -> None:
         if name in seen:
             fail(key, f"column {name!r} is named twice (also {seen[name]})")
         seen[name] = key
-        if spec.input.format is InputFormat.CRITEO_TSV and name not in CRITEO_COLUMNS:
+        if (spec.input.format is InputFormat.CRITEO_TSV and name not in CRITEO_COLUMNS
+                and not key.startswith("sparse")):
             fail(key, f"{name!r} is not a Criteo column (label, I1..I13, C1..C26)")
+    readers = {spec.label: spec.label, **{d.name: d.name for d in spec.dense},
+               **{s.name: s.source for s in spec.sparse}}
+    for i, s in enumerate(spec.sparse):
+        key = f"sparse[{i}].column" if s.column is not None else f"sparse[{i}].name"
+        if spec.input.format is InputFormat.CRITEO_TSV and s.source not in CRITEO_COLUMNS:
+            fail(key, f"{s.source!r} is not a Criteo column (label, I1..I13, C1..C26)")
+    # a feature named like an input column must read that column (else two meanings of one name)
+    sources = [("label", spec.label), *((f"dense[{i}].name", d.name) for i, d in
+                                        enumerate(spec.dense)),
+               *((f"sparse[{i}].column", s.source) for i, s in enumerate(spec.sparse))]
+    if spec.split.column is not None:
+        sources.append(("split.column", spec.split.column))
+    for key, column in sources:
+        if column in readers and readers[column] != column:
+            fail(key, f"column {column!r} is also the name of the feature at {seen[column]}, "
+                 f"which reads column {readers[column]!r}; rename that feature")
     if not spec.dense and not spec.sparse:
         fail("sparse", "declare at least one dense or sparse feature")
     if spec.input.separator is not None:
@@ -205,6 +267,8 @@ def validate_spec(spec: IngestSpec, source: str = "<spec>") -> None:
         if len(spec.input.separator) != 1:
             fail("input.separator", f"must be one character, got {spec.input.separator!r}")
     for i, d in enumerate(spec.dense):
+        if d.cast is not None and spec.input.format is InputFormat.CRITEO_TSV:
+            fail(f"dense[{i}].cast", "criteo_tsv dense columns are always parsed as numbers")
         if d.clip_min is not None and d.clip_max is not None and d.clip_min > d.clip_max:
             fail(f"dense[{i}].clip_min", f"{d.clip_min} is above clip_max {d.clip_max}")
     for i, s in enumerate(spec.sparse):
@@ -221,9 +285,13 @@ def _validate_sparse(spec: IngestSpec, s: SparseSpec, key: str, fail) -> None:
         fail(f"{key}.hash_buckets", f"hash encoding needs hash_buckets >= 2, got {s.hash_buckets}")
     if s.encoding is not Encoding.HASH and s.hash_buckets is not None:
         fail(f"{key}.hash_buckets", f"only for encoding: hash (this feature is {s.encoding.value})")
+    if s.column is not None and not s.column:
+        fail(f"{key}.column", "must not be empty")
+    if s.bucketized:
+        _validate_buckets(s, key, fail)
     if s.encoding is Encoding.PRE_ENCODED:
-        if s.dtype is not ValueType.INTEGER:
-            fail(f"{key}.dtype", "pre_encoded ids must be dtype: integer")
+        if s.dtype is ValueType.STRING:
+            fail(f"{key}.dtype", "pre_encoded ids must be dtype: integer (or left out)")
         if s.num_embeddings is None or s.num_embeddings < 1:
             fail(f"{key}.num_embeddings", f"pre_encoded needs num_embeddings >= 1, got "
                  f"{s.num_embeddings}")
@@ -246,9 +314,51 @@ def _validate_sparse(spec: IngestSpec, s: SparseSpec, key: str, fail) -> None:
         fail(f"{key}.separator", "only for multi_hot columns of text inputs")
 
 
+def _validate_buckets(s: SparseSpec, key: str, fail) -> None:
+    if s.bucketize is not None and s.quantiles is not None:
+        fail(f"{key}.quantiles", "set bucketize (fixed boundaries) or quantiles, not both")
+    if s.bucketize is not None and (not s.bucketize or any(
+            a >= b for a, b in zip(s.bucketize, s.bucketize[1:]))):
+        fail(f"{key}.bucketize", f"expected ascending boundaries [b1, b2, ...], got {s.bucketize}")
+    if s.quantiles is not None and s.quantiles < 2:
+        fail(f"{key}.quantiles", f"must be >= 2 (buckets), got {s.quantiles}")
+    if s.multi_hot:
+        fail(f"{key}.multi_hot", "bucketized features are single-valued")
+    if s.dtype is not None:
+        fail(f"{key}.dtype", "bucketized features read numbers; remove dtype")
+    if s.encoding is not Encoding.VOCAB or s.min_frequency != 1 or s.max_vocab_size is not None:
+        fail(f"{key}.encoding", "bucketized features take their ids from the boundaries; "
+             "remove encoding/min_frequency/max_vocab_size")
+
+
 def _validate_split(spec: IngestSpec, fail) -> None:
     split = spec.split
-    lists = {s.name for s in spec.sparse if s.multi_hot}
+    if split.values is not None and split.method is not SplitMethod.COLUMN:
+        fail("split.values", "only for method: column")
+    if split.files is not None and split.method is not SplitMethod.FILES:
+        fail("split.files", "only for method: files")
+    if split.method is SplitMethod.COLUMN:
+        if split.column is None or not split.values:
+            fail("split.values" if split.column else "split.column",
+                 "method: column needs column: NAME and values: {train: [...], valid: [...]}")
+        _check_split_keys(split.values, "split.values", fail)
+        if "train" not in split.values:
+            fail("split.values", "list the values of the train split (values.train)")
+        owner: dict[str, str] = {}
+        for name, values in split.values.items():
+            for v in values:
+                if v in owner and owner[v] != name:
+                    fail(f"split.values.{name}", f"value {v!r} is also listed for {owner[v]}")
+                owner[v] = name
+    if split.method is SplitMethod.FILES:
+        if not split.files:
+            fail("split.files", "method: files needs files: {test: GLOB, valid: GLOB}")
+        _check_split_keys(split.files, "split.files", fail)
+        if "train" in split.files:
+            fail("split.files.train", "train is every file no other split's glob matches")
+        if split.column is not None:
+            fail("split.column", "not used by method: files")
+    lists = {s.source for s in spec.sparse if s.multi_hot}
     if split.column is not None and split.column in lists:
         fail("split.column", f"{split.column!r} is a list column; a split needs one value per row")
     if split.column is not None and split.column == spec.label:
@@ -268,3 +378,9 @@ def _validate_split(spec: IngestSpec, fail) -> None:
         b = split.boundaries
         if len(b) != 2 or b[0] > b[1]:
             fail("split.boundaries", f"expected [valid_start, test_start] ascending, got {b}")
+
+
+def _check_split_keys(mapping: dict, key: str, fail) -> None:
+    for name in mapping:
+        if name not in ("train", "valid", "test"):
+            fail(f"{key}.{name}", "expected train, valid or test")

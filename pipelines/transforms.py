@@ -13,13 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import polars as pl
 
 from pipelines.hashing import splitmix64, string_hash, unit_interval
-from pipelines.sources import FIELDS, ROW
+from pipelines.sources import FIELDS, FILE, ROW, IngestError
 from pipelines.spec import (
     CRITEO_COLUMNS, DenseSpec, EmptyList, Encoding, IngestSpec, InputFormat, SparseSpec,
     SplitMethod, ValueType)
@@ -35,8 +37,10 @@ class DropReason:
 
     Reasons: ``wrong_field_count`` (a Criteo TSV line without its 40 tab-separated fields),
     ``null_label``, ``label_out_of_range`` (not in [0, 1]), ``null_split_key`` (no time or key to
-    split by), ``unparsable_value`` (text that is not a number/integer), ``null_id`` and
-    ``id_out_of_range`` (pre-encoded ids).
+    split by), ``split_value_not_listed`` (a column split's value in none of its lists),
+    ``unparsable_value`` (text that is not a number/integer; dense features with ``cast`` and
+    bucketized features are repaired instead), ``null_id`` and ``id_out_of_range`` (pre-encoded
+    ids). ``column`` is the input column.
     """
 
     reason: str
@@ -79,19 +83,34 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
         ``(frame, reasons)``: ``reasons[code]`` explains each ``__drop`` code.
     """
     text = spec.is_text
+    schema = frame.collect_schema()
+    # parsed columns are keyed by output name; each is computed from its input column
     parsed: dict[str, pl.Expr] = {spec.label: _number(spec.label, text)}
-    parsed.update({d.name: _number(d.name, text) for d in spec.dense})
-    parsed.update({s.name: _categorical(s, text) for s in spec.sparse})
+    source: dict[str, str] = {spec.label: spec.label}
+    for d in spec.dense:
+        as_text = text or (d.cast is not None and schema[d.name] == pl.String)
+        parsed[d.name], source[d.name] = _number(d.name, as_text), d.name
+    for s in spec.sparse:
+        parsed[s.name] = (_number(s.source, text) if s.bucketized else _categorical(s, text))
+        source[s.name] = s.source
     if spec.split.column is not None and spec.split.column not in parsed:
         parsed[spec.split.column] = _split_key(spec, text)
+        source[spec.split.column] = spec.split.column
     tmp = {name: f"__p:{name}" for name in parsed}
-    frame = frame.with_columns(expr.alias(tmp[name]) for name, expr in parsed.items())
+    exprs = [expr.alias(tmp[name]) for name, expr in parsed.items()]
+    # dense features with cast: values that do not parse become nulls (filled, counted)
+    # and so do bucketized features' (bucket 0, counted)
+    lenient = [d.name for d in spec.dense if d.cast is not None]
+    lenient += [f.name for f in spec.sparse if f.bucketized and text]
+    exprs += [(pl.col(source[n]).is_not_null() & parsed[n].is_null()).alias(unparsed(n))
+              for n in lenient]
+    frame = frame.with_columns(exprs)
 
     def p(name: str) -> pl.Expr:
         return pl.col(tmp[name])
 
     def unparsable(name: str) -> pl.Expr:
-        return pl.col(name).is_not_null() & p(name).is_null()
+        return pl.col(source[name]).is_not_null() & p(name).is_null()
 
     conditions: list[tuple[pl.Expr, DropReason]] = []
     if spec.input.format is InputFormat.CRITEO_TSV:  # before anything read from its fields
@@ -106,24 +125,30 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
     if spec.split.column is not None:
         conditions.append((pl.col(spec.split.column).is_null(),
                            DropReason("null_split_key", spec.split.column)))
-        if text and spec.split.method is SplitMethod.TIME and spec.split.column not in spec.columns:
+        if (text and spec.split.method is SplitMethod.TIME
+                and spec.split.column not in spec.source_columns):
             conditions.append((unparsable(spec.split.column),
                                DropReason("unparsable_value", spec.split.column)))
+        if spec.split.method is SplitMethod.COLUMN:
+            listed = [v for values in (spec.split.values or {}).values() for v in values]
+            key = _split_text(spec, text)
+            conditions.append((~key.is_in(pl.lit(listed, dtype=pl.List(pl.String)).explode()),
+                               DropReason("split_value_not_listed", spec.split.column)))
     if text:
         conditions += [(unparsable(d.name), DropReason("unparsable_value", d.name))
-                       for d in spec.dense]
+                       for d in spec.dense if d.cast is None]
     for s in spec.sparse:
         if text and s.dtype is ValueType.INTEGER:
             bad = (p(s.name).list.eval(pl.element().is_null()).list.any() if s.multi_hot
                    else unparsable(s.name))
-            conditions.append((bad, DropReason("unparsable_value", s.name)))
+            conditions.append((bad, DropReason("unparsable_value", s.source)))
         if s.encoding is Encoding.PRE_ENCODED:
             if not s.multi_hot:
-                conditions.append((p(s.name).is_null(), DropReason("null_id", s.name)))
+                conditions.append((p(s.name).is_null(), DropReason("null_id", s.source)))
             low, high = (p(s.name).list.min(), p(s.name).list.max()) if s.multi_hot else (
                 p(s.name), p(s.name))
             conditions.append(((low < 0) | (high >= s.num_embeddings),
-                               DropReason("id_out_of_range", s.name)))
+                               DropReason("id_out_of_range", s.source)))
     code = pl.lit(None, dtype=pl.UInt16)
     if conditions:
         chain = pl.when(conditions[0][0]).then(pl.lit(0, dtype=pl.UInt16))
@@ -131,8 +156,20 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
             chain = chain.when(cond).then(pl.lit(i, dtype=pl.UInt16))
         code = chain.otherwise(pl.lit(None, dtype=pl.UInt16))
     frame = frame.with_columns(code.alias(DROP))
-    frame = frame.drop(list(tmp)).rename({v: k for k, v in tmp.items()})
+    frame = frame.drop(list(tmp), strict=False).rename({v: k for k, v in tmp.items()})
     return frame, [reason for _, reason in conditions]
+
+
+def unparsed(name: str) -> str:
+    """The boolean column marking the values of a ``cast`` dense feature (or a bucketized feature
+    of a text input) that did not parse: they are repaired (fill_null, bucket 0) and counted."""
+    return f"__unparsed:{name}"
+
+
+def _split_text(spec: IngestSpec, text: bool) -> pl.Expr:
+    """A column split's key as text, as its listed values are written."""
+    col = pl.col(spec.split.column).cast(pl.String)
+    return col.str.strip_chars() if text else col
 
 
 def time_value(spec: IngestSpec) -> pl.Expr:
@@ -142,22 +179,40 @@ def time_value(spec: IngestSpec) -> pl.Expr:
     return pl.col(ROW).cast(pl.Float64)
 
 
-def assign_split(frame: pl.LazyFrame, spec: IngestSpec, cutoffs: Optional[tuple[float, float]]
-                 ) -> pl.LazyFrame:
+def assign_split(frame: pl.LazyFrame, spec: IngestSpec, cutoffs: Optional[tuple[float, float]],
+                 files: Optional[dict[str, str]] = None) -> pl.LazyFrame:
     """Adds ``__split``.
 
     Hash splits: ``u = unit_interval(hash)`` of the key column's text (so one user's rows share a
     split), or of the row's position in the input without one; ``u < test_fraction`` is test, the
     next ``valid_fraction`` valid, the rest train. Time splits: ``time < cutoffs[0]`` is train,
-    ``< cutoffs[1]`` valid, the rest test.
+    ``< cutoffs[1]`` valid, the rest test. Column splits: the split whose ``values`` list the
+    column's text. File splits: ``files[path]`` (:func:`file_splits`), train if absent.
 
     Args:
         frame: from :func:`parse`.
         spec: the job's spec.
         cutoffs: ``(valid_start, test_start)`` for a time split, else ignored.
+        files: input path -> split for a file split, else ignored.
     """
     split = spec.split
-    if split.method is SplitMethod.TIME:
+    if split.method is SplitMethod.COLUMN:
+        # the split column is the raw column here unless a feature of that name parsed it
+        key = pl.col(split.column).cast(pl.String)
+        if spec.is_text:
+            key = key.str.strip_chars()
+        name = pl.lit(None, dtype=pl.String)
+        for part in reversed(SPLITS):
+            values = (split.values or {}).get(part)
+            if values:
+                name = pl.when(key.is_in(pl.lit(values, dtype=pl.List(pl.String)).explode())
+                               ).then(pl.lit(part)).otherwise(name)
+        name = name.fill_null(pl.lit("train"))  # rows in no list are dropped (__drop) anyway
+    elif split.method is SplitMethod.FILES:
+        assert files is not None
+        name = pl.col(FILE).replace_strict(list(files), list(files.values()),
+                                           default=pl.lit("train"), return_dtype=pl.String)
+    elif split.method is SplitMethod.TIME:
         assert cutoffs is not None
         t = time_value(spec)
         name = pl.when(t < cutoffs[0]).then(pl.lit("train")).when(t < cutoffs[1]).then(
@@ -202,8 +257,21 @@ def sparse_values(s: SparseSpec) -> pl.Expr:
     return x
 
 
-def sparse_output(s: SparseSpec, vocab: Optional[Vocabulary]) -> pl.Expr:
+def bucket_ids(s: SparseSpec, boundaries: list[float]) -> pl.Expr:
+    """``1 + #{b <= x}`` in ``1..len(boundaries)+1``; 0 for null and NaN."""
+    x = pl.col(s.name)
+    ids = pl.lit(1, pl.Int64)
+    for b in boundaries:
+        ids = ids + (x >= b).cast(pl.Int64)
+    return pl.when(x.is_null() | x.is_nan()).then(pl.lit(0, pl.Int64)).otherwise(ids)
+
+
+def sparse_output(s: SparseSpec, vocab: Optional[Vocabulary],
+                  boundaries: Optional[list[float]] = None) -> pl.Expr:
     """Int64 ids (or a list of them) in ``[0, num_embeddings)``; 0 is the null/unknown bucket."""
+    if s.bucketized:
+        assert boundaries is not None
+        return bucket_ids(s, boundaries).alias(s.name)
     x = sparse_values(s)
 
     def encode(v: pl.Expr) -> pl.Expr:
@@ -234,7 +302,7 @@ def _number(name: str, text: bool) -> pl.Expr:
 
 
 def _categorical(s: SparseSpec, text: bool) -> pl.Expr:
-    col = pl.col(s.name)
+    col = pl.col(s.source)
     integer = s.dtype is ValueType.INTEGER
     if not text:
         return col.list.drop_nulls() if s.multi_hot else col
@@ -248,11 +316,28 @@ def _categorical(s: SparseSpec, text: bool) -> pl.Expr:
 
 def _split_key(spec: IngestSpec, text: bool) -> pl.Expr:
     col = pl.col(spec.split.column)
-    if spec.split.method is SplitMethod.HASH:
+    if spec.split.method in (SplitMethod.HASH, SplitMethod.COLUMN):
         return col.cast(pl.String)
     if text:
         return col.str.strip_chars().cast(pl.Float64, strict=False)
     return col  # numeric or temporal, converted below once its type is known
+
+
+def file_splits(files: list, spec: IngestSpec) -> dict[str, str]:
+    """Split method files: input path (as scanned) -> the split whose glob matches the file's path
+    or name; files that no glob matches are train.
+
+    Raises:
+        IngestError: a file matched by two splits' globs.
+    """
+    out: dict[str, str] = {}
+    for path in files:
+        hits = [split for split, pattern in (spec.split.files or {}).items()
+                if fnmatch.fnmatch(str(path), pattern) or fnmatch.fnmatch(Path(path).name, pattern)]
+        if len(hits) > 1:
+            raise IngestError(f"{path}: matches split.files of both {hits[0]} and {hits[1]}")
+        out[str(path)] = hits[0] if hits else "train"
+    return out
 
 
 def time_to_seconds(frame: pl.LazyFrame, spec: IngestSpec) -> pl.LazyFrame:

@@ -317,3 +317,254 @@ def test_cli(tmp_path, capsys):
     assert main(["datagen", "graph", "--nodes", "500", "--avg-degree", "0", "--out",
                  str(tmp_path / "gen")]) == 2
     assert "--avg-degree must be positive" in capsys.readouterr().err
+
+
+# --- node splits ---------------------------------------------------------------------------------
+
+SPLIT_SPEC = """
+kind: graph
+name: tiny
+id_type: {id_type}
+edges: {{format: csv, src: src, dst: dst, weight: w}}
+nodes: {{format: {fmt}, id: id, features: [f1, f2], label: label}}
+split: {split}
+"""
+# u1 train, u2 valid, u3 test, u4 train but unlabelled, u5 a value listed nowhere; u9 (from
+# the edges) has no row
+PARTS = ["train", "valid", "test", "train", "extra"]
+
+
+def run_split(tmp_path: Path, split: str, fmt: str = "csv", parts=PARTS, nodes=NODES,
+              id_type: str = "string") -> tuple[dict, Path]:
+    (tmp_path / "spec.yaml").write_text(SPLIT_SPEC.format(fmt=fmt, split=split, id_type=id_type))
+    e, _ = inputs(tmp_path, "csv")
+    columns = {"id": [r[0] for r in nodes], "f1": [r[1] for r in nodes],
+               "f2": [r[2] for r in nodes], "label": [r[3] for r in nodes], "part": parts}
+    n = write_table(tmp_path / f"nodes.{fmt}", columns, fmt)
+    out = tmp_path / "out"
+    return ingest_graph(load_graph_spec(tmp_path / "spec.yaml"), [e], out, nodes=[n]), out
+
+
+def split_lists(out: Path) -> dict[str, list[str]]:
+    """The stored node splits as original ids."""
+    g = load_graph(out)
+    ids = pl.read_parquet(g.id_map)["id"].to_list()
+    return {k: [ids[i] for i in v] for k, v in g.splits.items()}
+
+
+def accounted(report: dict) -> bool:
+    s = report["splits"]
+    return (sum(s["nodes"].values()) + sum(s["nodes_in_no_split"].values())
+            == report["nodes"]["num_nodes"])
+
+
+def test_random_split_is_the_default_and_unchanged(tmp_path):
+    """The shipped behaviour: the same nodes as before splits could be chosen (issue 13)."""
+    report, out = run(tmp_path)
+    g = load_graph(out)
+    assert {k: v.tolist() for k, v in g.splits.items()} == {"train": [1, 4], "valid": [2],
+                                                             "test": [0]}
+    s = report["splits"]
+    assert s["node_split_method"] == "random" and s["nodes_in_no_split"] == {"unlabelled": 2}
+    assert accounted(report)
+    (tmp_path / "b").mkdir()
+    _, out2 = run_split(tmp_path / "b", "{method: random, valid_fraction: 0.25, "
+                        "test_fraction: 0.25}")
+    assert split_lists(out2) == split_lists(out)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_split_column(tmp_path, fmt):
+    report, out = run_split(tmp_path, "{method: column, column: part}", fmt)
+    assert split_lists(out) == {"train": ["u1"], "valid": ["u2"], "test": ["u3"]}
+    s = report["splits"]
+    assert s["nodes"] == {"train": 1, "valid": 1, "test": 1}
+    assert s["nodes_in_no_split"] == {"not_in_node_table": 1, "null_value": 0,
+                                      "value_not_listed": 1, "unlabelled": 1}
+    assert s["unlisted_values"] == {"extra": 1} and accounted(report)
+    assert json.loads((out / "ingest_report.json").read_text())["splits"] == s
+
+
+def test_split_column_values_lists_and_numbers(tmp_path):
+    """``values`` maps a split to one value or a list; numbers match the column's text."""
+    parts = [0, 1, 2, 1, 5]  # an integer column in parquet
+    nodes = [NODES[0], NODES[1], NODES[2], ("u4", 0.4, 4.0, "b"), NODES[4]]
+    report, out = run_split(tmp_path, "{method: column, column: part, values: {train: [0, 5], "
+                            "valid: 1}}", "parquet", parts=parts, nodes=nodes)
+    assert split_lists(out) == {"train": ["u1", "u5"], "valid": ["u2", "u4"]}  # test: absent
+    assert report["splits"]["nodes"]["test"] == 0
+    assert report["splits"]["unlisted_values"] == {"2": 1} and accounted(report)
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet", "npy"])
+def test_split_id_files(tmp_path, kind):
+    lists = {"train": ["u1", "u3", "u1", "u4"], "valid": ["u2"], "test": ["u9", "u5"]}
+    for split, ids in lists.items():
+        path = tmp_path / f"{split}.{kind}"
+        if kind == "npy":
+            np.save(path, np.array(ids))
+        else:
+            write_table(path, {"node": ids}, kind)
+    split = ("{method: ids, id_column: node, files: {train: train.KIND, valid: valid.KIND, "
+             "test: test.KIND}}").replace("KIND", kind)  # relative to the spec's folder
+    report, out = run_split(tmp_path, split)
+    # u4 and u9 have no label: dropped from their splits, counted
+    assert split_lists(out) == {"train": ["u1", "u3"], "valid": ["u2"], "test": ["u5"]}
+    s = report["splits"]
+    assert s["nodes_in_no_split"] == {"not_listed": 0, "unlabelled": 2} and accounted(report)
+    files = s["node_split_files"]
+    assert files["train"] == {"file": str(tmp_path / f"train.{kind}"), "rows_read": 4,
+                              "duplicates": 1, "unlabelled": 1}
+    assert all(f["rows_read"] == s["nodes"][k] + f["duplicates"] + f["unlabelled"]
+               for k, f in files.items())
+
+
+def test_split_id_files_integer_ids(tmp_path):
+    """Integer ids: a .npy of the original ids and a CSV, through the same remap as the edges."""
+    (tmp_path / "e.csv").write_text("s,d\n70,30\n30,50\n50,10\n10,70\n")
+    np.save(tmp_path / "train.npy", np.array([10, 70, 50], dtype=np.int32))
+    (tmp_path / "test.csv").write_text("id\n30\n")
+    (tmp_path / "s.yaml").write_text(
+        "kind: graph\nid_type: integer\nedges: {src: s, dst: d}\n"
+        f"split: {{method: ids, files: {{train: {tmp_path / 'train.npy'}, test: test.csv}}}}\n")
+    report = ingest_graph(load_graph_spec(tmp_path / "s.yaml"), [tmp_path / "e.csv"],
+                          tmp_path / "out")
+    g = load_graph(tmp_path / "out")
+    assert pl.read_parquet(g.id_map)["id"].to_list() == [70, 30, 50, 10]
+    assert {k: v.tolist() for k, v in g.splits.items()} == {"train": [0, 2, 3], "test": [1]}
+    assert report["splits"]["nodes"] == {"train": 3, "valid": 0, "test": 1}
+    assert report["splits"]["node_split_over"] == "all nodes"
+    assert "warnings" not in report  # no labels: no node classification to warn about
+
+
+@pytest.mark.parametrize("kind", ["csv", "npy"])
+def test_unknown_id_in_an_id_file(tmp_path, kind):
+    path = tmp_path / f"train.{kind}"
+    if kind == "npy":
+        np.save(path, np.array(["u1", "u7", "u8"]))
+    else:
+        write_table(path, {"id": ["u1", "u7", "u8"]}, "csv")
+    with pytest.raises(IngestError) as err:
+        run_split(tmp_path, f"{{method: ids, files: {{train: train.{kind}}}}}")
+    where = "position 1" if kind == "npy" else "line 3"
+    assert str(err.value) == (f"{path}: {where}: id 'u7' is not a node of the graph (2 of 3 ids "
+                              "unknown; ids are compared as strings) (split.files.train)")
+    assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_id_in_two_split_files(tmp_path):
+    write_table(tmp_path / "a.csv", {"id": ["u1", "u2"]}, "csv")
+    write_table(tmp_path / "b.csv", {"id": ["u3", "u2"]}, "csv")
+    with pytest.raises(IngestError, match=r"b\.csv: line 3: id 'u2' is also in the train id "
+                                          r"file \(.*a\.csv\); a node belongs to one split"):
+        run_split(tmp_path, "{method: ids, files: {train: a.csv, test: b.csv}}")
+
+
+def test_empty_valid_split_is_omitted_and_warned(tmp_path, capsys):
+    report, out = run_split(tmp_path, "{method: random, valid_fraction: 0, test_fraction: 0.25}")
+    g = load_graph(out)
+    assert set(g.splits) == {"train", "test"}
+    assert set(json.loads((out / "metadata.json").read_text())["splits"]) == {"train", "test"}
+    assert report["splits"]["nodes"]["valid"] == 0 and accounted(report)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: node split valid is empty "
+                                                   "(split.valid_fraction: 0.0); ")
+    assert report["warnings"] == [err[len("warning: "):].rstrip("\n")]
+
+
+def test_empty_valid_and_test_from_a_column(tmp_path, capsys):
+    report, out = run_split(tmp_path, "{method: column, column: part, values: {train: train}}")
+    assert set(load_graph(out).splits) == {"train"}
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "warning: node splits valid and test are empty (split.values.valid: not given; "
+        "split.values.test: not given); written without them")
+    report, out = run_split(tmp_path, "{method: column, column: part, values: {train: train, "
+                            "valid: [valid, val], test: [exam]}}")
+    assert set(load_graph(out).splits) == {"train", "valid"}
+    assert "(no labelled node has split.values.test ['exam'] in column part)" in (
+        capsys.readouterr().err)
+
+
+def test_empty_train_split_is_refused(tmp_path, capsys):
+    with pytest.raises(IngestError) as err:  # 4 labelled nodes: 2 valid, 2 test
+        run_split(tmp_path, "{valid_fraction: 0.45, test_fraction: 0.45}")
+    assert str(err.value) == ("split.valid_fraction + split.test_fraction (0.45 + 0.45) leave no "
+                              "training nodes of the 4 labelled; lower them")
+    with pytest.raises(IngestError, match=r"nodes\.csv: column part: no labelled node has a "
+                                          r"split\.values\.train value \['training'\]"):
+        run_split(tmp_path, "{method: column, column: part, values: {train: training, "
+                            "valid: valid}}")
+    write_table(tmp_path / "v.csv", {"id": ["u2"]}, "csv")
+    with pytest.raises(IngestError, match="split.files.train: not given; node classification"):
+        run_split(tmp_path, "{method: ids, files: {valid: v.csv}}")
+    assert not (tmp_path / "out" / "metadata.json").exists()
+    assert capsys.readouterr().err == ""
+
+
+def test_split_spec_errors_name_the_key(tmp_path):
+    path = tmp_path / "s.yaml"
+    cases = [
+        ("split: {method: column}", "nodes: {id: id}", "split.column: method: column needs"),
+        ("split: {method: column, column: c}", "", "split.method: column needs a nodes: section"),
+        ("split: {method: column, column: c, values: {training: [a]}}", "nodes: {id: id}",
+         "split.values.training: not a split"),
+        ("split: {method: column, column: c, values: {train: [a], test: a}}", "nodes: {id: id}",
+         "split.values.test: value 'a' is also listed under train"),
+        ("split: {method: column, column: id}", "nodes: {id: id}",
+         "nodes: a column is named twice"),
+        ("split: {column: c}", "", r"split.column: only for split.method: column \(method is "
+                                   r"random\)"),
+        ("split: {files: {train: a.csv}}", "", "split.files.train: only for split.method: ids"),
+        ("split: {method: ids}", "", "split.files: method: ids needs at least one"),
+        ("split: {method: ids, files: {train: a.json}}", "", r"split.files.train: .*a\.json: "
+                                                            "expected a .parquet, .csv"),
+        ("split: {method: column, column: c, values: {train: {a: 1}}}", "nodes: {id: id}",
+         "split.values.train: expected a list, got dict"),
+        ("split: {method: mask}", "", "split.method: 'mask' is not one of random, column, ids"),
+    ]
+    for split, nodes, words in cases:
+        path.write_text(f"kind: graph\n{nodes}\n{split}\n")
+        with pytest.raises(ConfigError, match=words):
+            load_graph_spec(path)
+
+
+def test_split_overrides_on_the_command_line(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("kind: graph\nnodes: {id: id}\nsplit: {method: column, column: c}\n")
+    spec = load_graph_spec(path, ["split.values.train=[1, 2]", "split.values.valid=3"])
+    assert spec.split.values == {"train": ["1", "2"], "valid": ["3"]}
+
+
+def test_missing_id_file_is_reported_before_reading(tmp_path):
+    write_table(tmp_path / "t.csv", {"id": ["u1"]}, "csv")
+    with pytest.raises(IngestError, match=r"nope\.npy: id file not found \(split\.files\.test\)"):
+        run_split(tmp_path, "{method: ids, files: {train: t.csv, test: nope.npy}}")
+
+
+def test_cli_warns_and_refuses_in_one_line(tmp_path, capsys):
+    (tmp_path / "spec.yaml").write_text(SPLIT_SPEC.format(
+        fmt="csv", id_type="string", split="{valid_fraction: 0.0, test_fraction: 0.25}"))
+    e, n = inputs(tmp_path, "csv")
+    args = ["ingest", str(tmp_path / "spec.yaml"), "--input", str(e), "--nodes", str(n),
+            "--quiet", "--out"]
+    assert main([*args, str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "node split valid is empty" in err
+    assert main([*args, str(tmp_path / "out2"), "--set", "split.test_fraction=0.9",
+                 "--set", "split.valid_fraction=0.05"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("embedtrain ingest: error: split.valid_fraction")
+
+
+def test_shipped_split_column_spec_runs(tmp_path):
+    spec = load_graph_spec(ROOT / "configs" / "ingest" / "graph_split_column.yaml")
+    (tmp_path / "edges.csv").write_text("src,dst\np1,p2\np2,p3\np3,p4\np4,p1\n")
+    (tmp_path / "nodes.csv").write_text(
+        "id,f1,f2,f3,f4,label,split\np1,1,0,0,0,A,train\np2,0,1,0,0,B,val\n"
+        "p3,0,0,1,0,A,train\np4,0,0,0,1,B,test\n")
+    report = ingest_graph(spec, [tmp_path / "edges.csv"], tmp_path / "out",
+                          nodes=[tmp_path / "nodes.csv"])
+    assert report["splits"]["nodes"] == {"train": 2, "valid": 1, "test": 1}
+    assert split_lists(tmp_path / "out") == {"train": ["p1", "p3"], "valid": ["p2"],
+                                             "test": ["p4"]}

@@ -436,10 +436,12 @@ def test_wrong_type_in_parquet(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"y": [1, 0], "x": ["1.5", "2"], "c": ["a", "b"]}), path)
     spec = "input: {format: parquet}\nlabel: y\ndense: [{name: x}]\nsparse: [{name: c}]\n"
-    with pytest.raises(IngestError, match=rf"^{path}: column x: expected numbers, got string$"):
+    with pytest.raises(IngestError, match=rf"^{path}: column x: expected numbers, got string; "
+                       "numbers stored as strings: set cast: float on the dense feature$"):
         run(tmp_path, spec, [path])
     spec = "input: {format: parquet}\nlabel: y\nsparse: [{name: c, dtype: integer}]\n"
-    with pytest.raises(IngestError, match=rf"^{path}: column c: expected integer values"):
+    with pytest.raises(IngestError, match=rf"^{path}: column c holds string, spec says dtype: "
+                       "integer; remove dtype to use the file's type, or set dtype: string$"):
         run(tmp_path, spec, [path])
 
 

@@ -67,3 +67,24 @@ def test_curves_draw_the_data_sets_oracle(datasets, tmp_path, monkeypatch, confi
     assert summary[key] > 0.5
     assert drawn == [(run.trainer.task.main_metric, summary[key])]
     assert (tmp_path / "run" / "curves.png").is_file()
+
+
+def test_torchs_fx_tracing_warning_is_spent_quietly(caplog):
+    """TorchRec's forward calls torch.fx's is_fx_tracing(), which logs a deprecation warning
+    once per process; building a run spends it without printing, and only that one."""
+    import logging
+
+    from torch.fx import _symbolic_trace as fx_trace
+
+    from embedtrain.recipes.base import quiet_fx_tracing_warning
+
+    fx_trace.is_fx_tracing_warning.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=fx_trace.log.name):
+        fx_trace.is_fx_tracing()
+    assert any("is_fx_tracing" in r.getMessage() for r in caplog.records)  # what users saw
+    caplog.clear()
+    fx_trace.is_fx_tracing_warning.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=fx_trace.log.name):
+        quiet_fx_tracing_warning()
+        fx_trace.is_fx_tracing()
+    assert not caplog.records and not fx_trace.log.disabled

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN
+from torchrec.modules.mlp import Perceptron
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -60,6 +61,7 @@ def dlrm(
     bottom_mlp: Sequence[int],
     top_mlp: Sequence[int],
     device: Optional[torch.device] = None,
+    dropout: float = 0.0,
 ) -> nn.Module:
     """DLRM with dot-product interaction.
 
@@ -69,17 +71,21 @@ def dlrm(
         bottom_mlp: layer sizes of the dense arch.
         top_mlp: layer sizes of the over arch; the last must be 1 (the logit).
         device: device of the embedding tables (``meta`` for planning).
+        dropout: probability of dropping each hidden unit of the bottom and top MLPs in
+            training (after each layer's activation; not after the bottom MLP's output or the
+            logit); 0: none.
 
     Returns:
         A module ``(dense [B, n_dense], KeyedJaggedTensor) -> logits [B, 1]``.
     """
     _check_sizes(embedding_dim, bottom_mlp, top_mlp)
-    return DLRM(
+    model = DLRM(
         embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device),
         dense_in_features=len(spec.dense),
         dense_arch_layer_sizes=list(bottom_mlp),
         over_arch_layer_sizes=list(top_mlp),
     )
+    return add_dropout(model, dropout)
 
 
 def dcn(
@@ -90,6 +96,7 @@ def dcn(
     num_layers: int = 3,
     low_rank_dim: int = 64,
     device: Optional[torch.device] = None,
+    dropout: float = 0.0,
 ) -> nn.Module:
     """DLRM with DCNv2 low-rank cross layers as the interaction (see :func:`dlrm` for the args).
 
@@ -98,7 +105,7 @@ def dcn(
         low_rank_dim: rank of each cross layer's weight.
     """
     _check_sizes(embedding_dim, bottom_mlp, top_mlp)
-    return DLRM_DCN(
+    model = DLRM_DCN(
         embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device),
         dense_in_features=len(spec.dense),
         dense_arch_layer_sizes=list(bottom_mlp),
@@ -106,6 +113,37 @@ def dcn(
         dcn_num_layers=num_layers,
         dcn_low_rank_dim=low_rank_dim,
     )
+    return add_dropout(model, dropout)
+
+
+class _ActivationDropout(nn.Module):
+    """A perceptron's activation followed by dropout (no parameters: state dicts unchanged)."""
+
+    def __init__(self, activation, p: float) -> None:
+        super().__init__()
+        self.activation, self.dropout = activation, nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.activation(x))
+
+
+def add_dropout(model: nn.Module, p: float) -> nn.Module:
+    """Dropout ``p`` after the activation of every hidden layer of a TorchRec DLRM's MLPs.
+
+    Hidden layers: every perceptron of the over arch's MLP (its final linear layer, the logit,
+    has none) and every one of the dense arch but its last (its output joins the embeddings).
+    Parameter names do not change, so checkpoints load with or without dropout. ``p == 0``
+    leaves the model as it is.
+    """
+    if not 0 <= p < 1:
+        raise ValueError(f"model.dropout: must be in [0, 1), got {p}")
+    if p == 0:
+        return model
+    bottom = list(model.dense_arch.model._mlp)[:-1]
+    top = [m for m in model.over_arch.model.modules() if isinstance(m, Perceptron)]
+    for perceptron in bottom + top:
+        perceptron._activation_fn = _ActivationDropout(perceptron._activation_fn, p)
+    return model
 
 
 def _check_sizes(embedding_dim: int, bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> None:

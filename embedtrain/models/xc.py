@@ -42,7 +42,8 @@ class XCEncoder(nn.Module):
     """Pooled id bags (+ dense features) -> MLP -> ``[B, D]`` features."""
 
     def __init__(self, spec: FeatureSpec, embedding_dim: int, pooling: Pooling,
-                 mlp: Sequence[int], device: Optional[torch.device] = None) -> None:
+                 mlp: Sequence[int], device: Optional[torch.device] = None,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         if not mlp:
             raise ValueError("xc.mlp: needs at least one layer (its last size is the feature "
@@ -61,6 +62,8 @@ class XCEncoder(nn.Module):
             layers.append(nn.Linear(width, size, device=device))
             if i < len(mlp) - 1:
                 layers.append(nn.ReLU())
+                if dropout:  # none at 0: the layers' indices (state dict keys) stay as they were
+                    layers.append(nn.Dropout(dropout))
             width = size
         self.mlp = nn.Sequential(*layers)
         self.dim = width
@@ -80,13 +83,14 @@ class XCModel(nn.Module):
         mlp: the encoder's layer sizes; the last is the feature dimension D.
         head: the class head (:func:`build_head`); ``None`` builds the planning placeholder.
         device: device of the encoder (``meta`` to be materialised by the sharding wrapper).
+        dropout: dropout after each hidden layer of the encoder's MLP in training (0: none).
     """
 
     def __init__(self, spec: FeatureSpec, embedding_dim: int, pooling: Pooling,
                  mlp: Sequence[int], head: Optional[nn.Module],
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, dropout: float = 0.0) -> None:
         super().__init__()
-        self.encoder = XCEncoder(spec, embedding_dim, pooling, mlp, device)
+        self.encoder = XCEncoder(spec, embedding_dim, pooling, mlp, device, dropout)
         if head is None:  # planning: the head as a row-wise table the planner can size
             head = EmbeddingCollection(tables=[EmbeddingConfig(
                 name=HEAD_TABLE, embedding_dim=self.encoder.dim, num_embeddings=spec.num_classes,

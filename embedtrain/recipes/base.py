@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Sequence
@@ -56,7 +57,8 @@ from embedtrain.train.optim import (
     register_dense_allreduce,
 )
 from embedtrain.train.run_dir import RunDir
-from embedtrain.train.task import Task
+from embedtrain.train.options import Selection
+from embedtrain.train.task import Task, higher_is_better
 from embedtrain.train.trainer import EpochData, Trainer, TrainerOptions
 
 
@@ -225,6 +227,7 @@ class Recipe:
             The run; call ``run.trainer.fit(test_data=run.test_data)``.
         """
         cfg, d, t = self.cfg, self.cfg.data, self.cfg.train
+        quiet_fx_tracing_warning()
         rank, world, device = init_process_group()
         check_world_size(cfg, world)
         if t.grad_accumulation < 1:
@@ -251,12 +254,23 @@ class Recipe:
             return self.reader(split, train, local_batch if train else local_eval_batch,
                                rank, world)
 
+        if "train" not in info.splits:
+            raise ValueError(f"{info.root / 'metadata.json'}: no train split (or an empty one): "
+                             "there is nothing to train on; give the ingestion spec's split "
+                             "rows for train")
         train_data = reader("train", True)
         check_batch_fits(d.batch_size, train_data, f"the train split of {info.root}")
+        valid_data = reader("valid", False) if "valid" in info.splits else None
+        if valid_data is None and rank == 0:
+            print(f"warning: {info.root / 'metadata.json'} has no valid split: no periodic "
+                  "evaluation and no best-checkpoint selection (train.select: best falls back "
+                  "to the last step); ingest with a validation split (e.g. "
+                  "split.valid_fraction: 0.1) to have them", file=sys.stderr)
         task = self.task()
+        self.check_selection(task)
         extra_summary = self.summary_extra()
         trainer = Trainer(
-            task, dmp, optimizer, train_data, reader("valid", False), RunDir(out_dir),
+            task, dmp, optimizer, train_data, valid_data, RunDir(out_dir),
             self.trainer_options(progress), dataset_name=info.name, extra_summary=extra_summary,
             lr_scheduler=dense_lr_schedule(
                 dense, self.total_steps(len(train_data)), o.warmup_steps, o.lr_decay,
@@ -345,7 +359,20 @@ class Recipe:
             eval_max_batches=t.eval_max_batches, checkpoint_every=t.checkpoint_every,
             keep_checkpoints=t.keep_checkpoints,
             progress=t.progress if progress is None else progress,
-            grad_accumulation=t.grad_accumulation, bf16_dense=t.bf16_dense)
+            grad_accumulation=t.grad_accumulation, bf16_dense=t.bf16_dense, select=t.select,
+            select_metric=t.select_metric,
+            early_stopping_patience=t.early_stopping_patience)
+
+    def check_selection(self, task: Task) -> None:
+        """``train.select_metric`` is a metric of the task with a known better direction."""
+        t = self.cfg.train
+        if t.select is not Selection.BEST and not t.early_stopping_patience:
+            return
+        metric = t.select_metric or task.main_metric
+        try:
+            higher_is_better(metric)
+        except ValueError as e:
+            raise ValueError(f"train.select_metric: {e}") from None
 
     def total_steps(self, batches_per_epoch: int) -> int:
         """Steps of the whole run (``train.epochs``, capped by ``train.max_steps``)."""
@@ -370,6 +397,28 @@ class Recipe:
         if self.oracle is None or self.oracle.metric != main_metric:
             return None
         return summary.get(self.oracle.key)
+
+
+def quiet_fx_tracing_warning() -> None:
+    """Spends torch's once-per-process ``is_fx_tracing`` warning without printing it.
+
+    TorchRec's modules call ``torch.fx._symbolic_trace.is_fx_tracing()`` in every forward; torch
+    2.13 logs a deprecation warning (once, through an ``lru_cache``) addressed to TorchRec, not
+    to users. Only that one message is swallowed: the logger is disabled just for the call.
+    """
+    try:
+        from torch.fx import _symbolic_trace as fx_trace
+    except ImportError:  # pragma: no cover - a torch without the module: nothing to silence
+        return
+    warn = getattr(fx_trace, "is_fx_tracing_warning", None)
+    if warn is None:
+        return
+    log = fx_trace.log
+    disabled, log.disabled = log.disabled, True
+    try:
+        warn()
+    finally:
+        log.disabled = disabled
 
 
 def _plan_for_broadcast(recipe: Recipe, cluster: ClusterConfig, model: nn.Module):

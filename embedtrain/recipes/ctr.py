@@ -30,9 +30,10 @@ class CTRRecipe(TabularRecipe):
         meta_device = torch.device("meta")
         if m.interaction is Interaction.DCN:
             model = dcn(features, m.embedding_dim, m.bottom_mlp, m.top_mlp, m.dcn_num_layers,
-                        m.dcn_low_rank_dim, device=meta_device)
+                        m.dcn_low_rank_dim, device=meta_device, dropout=m.dropout)
         else:
-            model = dlrm(features, m.embedding_dim, m.bottom_mlp, m.top_mlp, device=meta_device)
+            model = dlrm(features, m.embedding_dim, m.bottom_mlp, m.top_mlp, device=meta_device,
+                         dropout=m.dropout)
         return self.fuse_sparse(model)
 
     def task(self) -> CTRTask:

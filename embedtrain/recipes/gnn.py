@@ -30,8 +30,9 @@ class GraphRecipe(Recipe):
         return load_graph(self.cfg.data.path, mmap=True, check_ranges=False)
 
     def dataset_info(self) -> DatasetInfo:
+        """The graph's node splits that hold nodes (an empty one is as good as none)."""
         g = self.dataset
-        return DatasetInfo(g.name, g.root, list(g.splits))
+        return DatasetInfo(g.name, g.root, [s for s, ids in g.splits.items() if len(ids)])
 
     def out_dim(self) -> int:
         """Width of the model's output per node."""
@@ -104,6 +105,12 @@ class LinkPredictionRecipe(GraphRecipe):
     """``task: gnn_link``: edges against sampled negatives, dot-product scores, MRR and Hits@K."""
 
     printed_metrics = ("mrr",)
+
+    def dataset_info(self) -> DatasetInfo:
+        """Training on every CSR edge; valid and test where the graph holds out edges."""
+        g = self.dataset
+        held = [s for s in ("valid", "test") if s in g.edge_splits and g.edge_splits[s].shape[1]]
+        return DatasetInfo(g.name, g.root, ["train", *held])
 
     def out_dim(self) -> int:
         """``gnn.out_dim``: the node embedding size scored by dot products."""

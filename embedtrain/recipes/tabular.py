@@ -23,8 +23,11 @@ class TabularRecipe(Recipe):
         return load_dataset_meta(self.cfg.data.path)
 
     def dataset_info(self) -> DatasetInfo:
+        """The data set's splits that hold rows (an empty one is as good as none)."""
         meta = self.dataset
-        return DatasetInfo(meta.name, meta.root, list(meta.split_files))
+        splits = [s for s, files in meta.split_files.items()
+                  if files and meta.split_rows.get(s, -1) != 0]
+        return DatasetInfo(meta.name, meta.root, splits)
 
     def reader(self, split: str, train: bool, batch_size: int, rank: int,
                world_size: int) -> ParquetBatchReader:

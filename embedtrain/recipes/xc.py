@@ -67,7 +67,7 @@ class XCRecipe(TabularRecipe):
     def _model(self, head: Optional[nn.Module]) -> XCModel:
         x = self.cfg.xc
         model = XCModel(self.dataset.features, x.embedding_dim, x.pooling, x.mlp, head,
-                        device=torch.device("meta"))
+                        device=torch.device("meta"), dropout=x.dropout)
         self.fuse_sparse(model.encoder)
         return model
 

@@ -83,7 +83,7 @@ def _one_line(e: BaseException) -> str:
 
 
 class CheckpointManager:
-    """Saves and finds checkpoints under ``root``, keeping the newest ``keep``.
+    """Saves and finds checkpoints under ``root``, keeping the newest ``keep`` (and ``pinned``).
 
     Args:
         root: the ``checkpoints/`` directory (created on first save).
@@ -93,6 +93,11 @@ class CheckpointManager:
     def __init__(self, root: str | os.PathLike, keep: int = 2) -> None:
         self.root = Path(root)
         self.keep = max(1, keep)
+        self.pinned: Optional[int] = None  # a step kept beside the newest (the best checkpoint)
+
+    def path(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is (or would be)."""
+        return self.root / f"step_{step:08d}"
 
     def save(self, step: int, state: dict[str, Any], trainer_state: dict[str, Any],
              rank_state: Optional[dict[str, torch.Tensor]] = None) -> Path:
@@ -100,7 +105,7 @@ class CheckpointManager:
 
         ``rank_state`` (tensors that differ per rank, e.g. RNG states) goes to one file per rank.
         """
-        final = self.root / f"step_{step:08d}"
+        final = self.path(step)
         tmp = self.root / f".tmp-step_{step:08d}"
         leader = _rank() == 0
         error: Optional[BaseException] = None
@@ -210,8 +215,10 @@ class CheckpointManager:
         return {}
 
     def _prune(self) -> None:
+        pinned = self.path(self.pinned) if self.pinned is not None else None
         for old in self.all()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != pinned:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _flat_keys(state: dict[str, Any]) -> list[str]:

@@ -38,3 +38,10 @@ class HeadOptimizer(enum.Enum):
 
     ADAGRAD = "adagrad"
     SGD = "sgd"
+
+
+class Selection(enum.Enum):
+    """Which checkpoint a run's final (test) metrics come from."""
+
+    LAST = "last"  # the end of training
+    BEST = "best"  # the evaluation with the best validation value of the selected metric

@@ -54,3 +54,26 @@ class Task(Protocol):
     def new_metrics(self) -> Metrics:
         """A fresh accumulator for one evaluation pass."""
         ...
+
+
+# Metrics where lower is better; the others named here are better higher. A metric in neither
+# (e.g. ``calibration``, best at 1) cannot select a checkpoint.
+LOWER_IS_BETTER = frozenset({"loss", "ne", "logloss"})
+HIGHER_IS_BETTER = frozenset({"auc", "accuracy", "macro_f1", "mrr"})
+_HIGHER_PREFIXES = ("p@", "ndcg@", "recall@", "hits@")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of ``metric`` is better (to select checkpoints by it).
+
+    Raises:
+        ValueError: a metric with no better direction (``calibration``) or an unknown one.
+    """
+    if metric in LOWER_IS_BETTER:
+        return False
+    if metric in HIGHER_IS_BETTER or metric.startswith(_HIGHER_PREFIXES):
+        return True
+    known = sorted(LOWER_IS_BETTER | HIGHER_IS_BETTER) + [p + "k" for p in _HIGHER_PREFIXES]
+    raise ValueError(f"{metric!r} cannot select a checkpoint (no better direction known); "
+                     f"use one of {', '.join(known)}")
+

@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol
 
@@ -31,7 +31,8 @@ from tqdm import tqdm
 from embedtrain.train.checkpoint import (
     CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok, init_optimizer_state)
 from embedtrain.train.run_dir import RunDir
-from embedtrain.train.task import Task
+from embedtrain.train.options import Selection
+from embedtrain.train.task import Task, higher_is_better
 
 
 class EpochData(Protocol):
@@ -74,6 +75,9 @@ class TrainerOptions:
     progress: bool = True
     grad_accumulation: int = 1  # micro-batches per dense optimizer step
     bf16_dense: bool = False  # forward under bfloat16 autocast (TorchRec's kernels stay fp32)
+    select: Selection = Selection.LAST  # the checkpoint the final (test) metrics come from
+    select_metric: Optional[str] = None  # validation metric of BEST (None: the task's main one)
+    early_stopping_patience: int = 0  # stop after this many evaluations without a better one
 
 
 @dataclass
@@ -88,6 +92,11 @@ class TrainState:
     train_time_s: float = 0.0  # time spent in training steps only
     loss_sum: float = 0.0  # training loss summed since the last evaluation
     loss_steps: int = 0
+    best_step: Optional[int] = None  # the evaluation with the best selected metric so far
+    best_value: Optional[float] = None
+    best_valid: dict[str, float] = field(default_factory=dict)  # its validation metrics
+    evals_since_best: int = 0
+    stopped_early: bool = False
 
 
 class Trainer:
@@ -98,7 +107,8 @@ class Trainer:
         model: the model, usually wrapped in ``DistributedModelParallel``.
         optimizer: a keyed optimizer over all parameters (fused sparse + dense).
         train_data: training batches (per rank).
-        valid_data: validation batches for periodic and final evaluation.
+        valid_data: validation batches for periodic and final evaluation; None: a data set
+            without a validation split (no evaluation until the test, no best checkpoint).
         run_dir: where records and checkpoints go.
         options: schedule of the run.
         dataset_name: recorded in ``summary.json``.
@@ -120,7 +130,7 @@ class Trainer:
         model: nn.Module,
         optimizer: KeyedOptimizer,
         train_data: EpochData,
-        valid_data: EpochData,
+        valid_data: Optional[EpochData],
         run_dir: RunDir,
         options: TrainerOptions,
         dataset_name: str = "",
@@ -141,8 +151,18 @@ class Trainer:
         self.state = TrainState()
         self.resume_note: dict[str, Any] = {}  # e.g. config keys changed on resume, for the record
         self._saved_step: Optional[int] = None
+        self._saved_final = False
         param = next(model.parameters(), None)
         self._device_type = param.device.type if param is not None else "cpu"
+        self.select_metric = options.select_metric or task.main_metric
+        self._higher = higher_is_better(self.select_metric) if self._tracks_best else True
+
+    @property
+    def _tracks_best(self) -> bool:
+        """Whether evaluations are compared (best-checkpoint selection or early stopping)."""
+        o = self.options
+        return (o.select is Selection.BEST or o.early_stopping_patience > 0) \
+            and self.valid_data is not None
 
     @property
     def total_steps(self) -> int:
@@ -176,23 +196,73 @@ class Trainer:
                                     refresh=False)
                     bar.update(1)
                     done = st.step >= self.total_steps
-                    if opts.eval_every and st.step % opts.eval_every == 0 and not done:
-                        self._evaluate_and_log()
-                    if opts.checkpoint_every and st.step % opts.checkpoint_every == 0 and not done:
+                    periodic = self.valid_data is not None and opts.eval_every
+                    if periodic and st.step % opts.eval_every == 0 and not done:
+                        done = self._track(self._evaluate_and_log(), save=True)
+                    due = opts.checkpoint_every and st.step % opts.checkpoint_every == 0
+                    if due and not done and self._saved_step != st.step:
                         self.save()
                     if done:
                         break
                 else:
                     st.epoch, st.batch_in_epoch = st.epoch + 1, 0
+            if st.stopped_early:
+                break
         bar.close()
         if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
             self._optimizer_step()
-        final_valid = self._evaluate_and_log(max_batches=None)
-        if self._saved_step != st.step:
+        final_valid = {}
+        if self.valid_data is not None:
+            final_valid = self._evaluate_and_log(max_batches=None)
+            self._track(final_valid, save=False)
+        if self._saved_step != st.step or not self._saved_final:
             self.save(final=True)
-        test = self.evaluate(test_data) if test_data is not None else final_valid
-        split = "test" if test_data is not None else "valid"
-        return self._write_summary(test, final_valid, split, time.perf_counter() - started)
+        valid, selected = final_valid, None
+        if opts.select is Selection.BEST and st.best_step is not None:
+            selected = {"step": st.best_step, "metric": self.select_metric,
+                        "value": st.best_value}
+            valid = st.best_valid
+            if st.best_step != st.step:  # evaluate the best checkpoint's weights
+                final_state = st
+                self.restore(self.checkpoints.path(st.best_step))
+                self.state = final_state
+        if test_data is not None:
+            test, split = self.evaluate(test_data), "test"
+        else:
+            test, split = valid, "valid"
+        return self._write_summary(test, valid, split, time.perf_counter() - started,
+                                   selected)
+
+    def _track(self, result: dict[str, float], save: bool) -> bool:
+        """Compares an evaluation with the best so far; True when training should stop early.
+
+        A better one becomes the best checkpoint (``save``: written now, at this step, and kept
+        beside the newest ``keep_checkpoints``; else by the caller's final save).
+        """
+        st, opts = self.state, self.options
+        if not self._tracks_best or self.select_metric not in result:
+            return False
+        value = result[self.select_metric]
+        better = st.best_value is None or (value > st.best_value if self._higher
+                                           else value < st.best_value)
+        if better:
+            st.best_step, st.best_value, st.best_valid = st.step, value, dict(result)
+            st.evals_since_best = 0
+            if opts.select is Selection.BEST:
+                self.checkpoints.pinned = st.step
+                if save and self._saved_step != st.step:
+                    self.save()
+            return False
+        st.evals_since_best += 1
+        patience = opts.early_stopping_patience
+        if patience and st.evals_since_best >= patience:
+            st.stopped_early = True
+            if self.rank == 0:
+                tqdm.write(f"step {st.step}: {self.select_metric} not better than step "
+                           f"{st.best_step}'s {st.best_value:.4f} for {patience} evaluations: "
+                           f"stopping early")
+            return True
+        return False
 
     def _train_step(self, batch: Any) -> None:
         start = time.perf_counter()
@@ -282,6 +352,7 @@ class Trainer:
         """Checkpoints the run; ``final``: the end of the schedule (``--resume`` has nothing to do)."""
         info = {**asdict(self.state), "world_size": self.world_size, "finished": final,
                 "total_steps": self.total_steps}
+        self._saved_final = final
         if self.lr_scheduler is not None:
             info["lr_scheduler"] = self.lr_scheduler.state_dict()
         self.checkpoints.save(self.state.step, self._checkpoint_state(), info,
@@ -347,6 +418,8 @@ class Trainer:
                 group["lr"] = lr  # the schedule's, not the construction-time warmup value
         known = {f.name for f in dataclasses.fields(TrainState)}
         self.state = TrainState(**{k: v for k, v in info.items() if k in known})
+        if self.options.select is Selection.BEST:
+            self.checkpoints.pinned = self.state.best_step  # keep the best beside the newest
         if saved_world != self.world_size:
             # Resharded: the model and optimizer state were redistributed by DCP; the loader
             # position is kept in global batches, over this world's split of the data.
@@ -376,11 +449,14 @@ class Trainer:
             tqdm.write(f"resumed from {path} at step {self.state.step}")
         return path
 
-    def _write_summary(self, test: dict, valid: dict, split: str, wall_s: float) -> dict[str, Any]:
+    def _write_summary(self, test: dict, valid: dict, split: str, wall_s: float,
+                       selected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         st = self.state
         summary = {
             **test,
             "split": split,
+            "selected": selected or {"step": st.step, "metric": None, "value": None},
+            "stopped_early": st.stopped_early,
             "dataset": self.dataset_name,
             "task": self.task.name,
             "steps": st.step,

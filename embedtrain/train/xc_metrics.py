@@ -50,7 +50,9 @@ def _hits(topk_indices: Tensor, targets: Tensor, k: int) -> tuple[Tensor, Tensor
     tgt = torch.sort(tgt, dim=1).values  # padding -1 first; O(B (k + L) log L), not B x C
     distinct = (tgt >= 0) & torch.cat([torch.ones_like(tgt[:, :1], dtype=torch.bool),
                                        tgt[:, 1:] != tgt[:, :-1]], dim=1)
-    pos = torch.searchsorted(tgt, pred).clamp(max=tgt.shape[1] - 1)
+    # pred is a column slice of the top-k ids (non-contiguous): one copy here, not a warning
+    # and a hidden copy inside searchsorted.
+    pos = torch.searchsorted(tgt, pred.contiguous()).clamp(max=tgt.shape[1] - 1)
     rel = (tgt.gather(1, pos) == pred) & (pred >= 0)
     return rel, distinct.sum(dim=1)
 
