@@ -59,17 +59,16 @@ from embedtrain.config_io import to_dict
 from embedtrain.graph.csr import Duplicates, csr_from_edges, edge_pairs, hold_out_edges
 from embedtrain.graph.store import write_graph
 from embedtrain.utils import first_line, natural_key, phase_bar
-from pipelines.sources import IngestError
 from pipelines.graph_spec import (
     EXTENSIONS,
     EdgeTableSpec,
     GraphIngestSpec,
-    NODE_SPLITS,
-    GraphSplitSpec,
     MissingNodes,
     NodeTableSpec,
     SplitMethod,
 )
+from pipelines.graph_splits import NodeTable, check_parquet_type, choose_node_splits, id_files
+from pipelines.sources import IngestError
 from pipelines.spec import InputFormat, ValueType
 
 REPORT_FILE = "ingest_report.json"
@@ -175,15 +174,6 @@ def _id_expr(name: str, spec: GraphIngestSpec, arrow_type: Any) -> pl.Expr:
     return col.cast(pl.String)
 
 
-def _check_parquet_type(path: Path, column: str, arrow_type: Any, want: str) -> None:
-    ok = {"integer": pa.types.is_integer, "number": lambda t: pa.types.is_integer(t) or
-          pa.types.is_floating(t),
-          "time": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or
-          pa.types.is_temporal(t)}[want](arrow_type)
-    if not ok:
-        raise IngestError(f"{path}: column {column}: expected {want} values, got {arrow_type}")
-
-
 # --- the job -----------------------------------------------------------------------------------
 
 @dataclass
@@ -203,12 +193,12 @@ def _edge_frame(spec: GraphIngestSpec, files: list[Path]) -> _Edges:
         for path in files:
             types = {f.name: f.type for f in pq.read_schema(path)}
             if spec.id_type is ValueType.INTEGER:
-                _check_parquet_type(path, e.src, types[e.src], "integer")
-                _check_parquet_type(path, e.dst, types[e.dst], "integer")
+                check_parquet_type(path, e.src, types[e.src], "integer")
+                check_parquet_type(path, e.dst, types[e.dst], "integer")
             if e.weight:
-                _check_parquet_type(path, e.weight, types[e.weight], "number")
+                check_parquet_type(path, e.weight, types[e.weight], "number")
             if e.timestamp:
-                _check_parquet_type(path, e.timestamp, types[e.timestamp], "time")
+                check_parquet_type(path, e.timestamp, types[e.timestamp], "time")
     raw = _scan(files, e, columns)
     # parse failures: a value present in the input that does not convert
     checks: list[tuple[str, pl.Expr, str]] = []
@@ -258,20 +248,7 @@ def _time_expr(name: str, text: bool, arrow_type: Any) -> pl.Expr:
     return pl.coalesce(col.cast(pl.Float64, strict=False), as_date)
 
 
-@dataclass
-class _NodeTable:
-    ids: pl.Series
-    features: Optional[np.ndarray]
-    labels: Optional[np.ndarray]        # class ids, -1 unlabelled
-    classes: list
-    rows_read: int
-    null_ids: int
-    filled: dict[str, int]
-    unlabelled: int
-    split_values: Optional[pl.Series] = None  # split.method column: the column as text
-
-
-def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> _NodeTable:
+def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> NodeTable:
     n = spec.nodes
     assert n is not None
     split_column = spec.split.column if spec.split.method is SplitMethod.COLUMN else None
@@ -287,10 +264,10 @@ def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> _NodeTable:
         for path in files:
             types = {f.name: f.type for f in pq.read_schema(path)}
             if spec.id_type is ValueType.INTEGER:
-                _check_parquet_type(path, n.id, types[n.id], "integer")
+                check_parquet_type(path, n.id, types[n.id], "integer")
             for c in n.features:
                 t = types[c].value_type if list_column else types[c]
-                _check_parquet_type(path, c, t, "number")
+                check_parquet_type(path, c, t, "number")
             if split_column and pa.types.is_nested(types[split_column]):
                 raise IngestError(f"{path}: column {split_column} (split.column): expected "
                                   f"plain values naming the split, got {types[split_column]}")
@@ -354,7 +331,7 @@ def _read_node_table(spec: GraphIngestSpec, files: list[Path]) -> _NodeTable:
                                                    maintain_order="left")["k"]
                   .fill_null(-1).to_numpy().astype(np.int64))
     split_values = table[split_column].cast(pl.String) if split_column else None
-    return _NodeTable(ids=table["__id"], features=features, labels=labels, classes=classes,
+    return NodeTable(ids=table["__id"], features=features, labels=labels, classes=classes,
                       rows_read=rows_read, null_ids=null_ids, filled=filled,
                       unlabelled=unlabelled, split_values=split_values)
 
@@ -388,7 +365,7 @@ def ingest_graph(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
     edge_files = _resolve(inputs, spec.edges.format)
     node_files = _resolve(nodes, spec.nodes.format) if spec.nodes is not None and nodes else []
     if spec.split.method is SplitMethod.IDS:
-        for split, path in _id_files(spec.split).items():
+        for split, path in id_files(spec.split).items():
             if not path.is_file():
                 raise IngestError(f"{path}: id file not found (split.files.{split})")
     with phase_bar(None, "ingest graph", disable=not progress) as bar:
@@ -496,7 +473,7 @@ def _ingest(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path
         if table.labels is not None:
             labels = np.full(num_nodes, -1, dtype=np.int64)
             labels[:n_table] = table.labels
-    node_splits = _choose_node_splits(spec, num_nodes, labels, table, ids, node_files)
+    node_splits = choose_node_splits(spec, num_nodes, labels, table, ids, node_files)
     splits = node_splits.splits
     held = {k: int(v.shape[1]) for k, v in (edge_splits or {}).items()}
     report = {
@@ -564,7 +541,7 @@ def _ingest(spec: GraphIngestSpec, edge_files: list[Path], node_files: list[Path
     return report
 
 
-def _id_map(kept: pl.LazyFrame, table: Optional[_NodeTable], spec: GraphIngestSpec
+def _id_map(kept: pl.LazyFrame, table: Optional[NodeTable], spec: GraphIngestSpec
             ) -> pl.DataFrame:
     """``id -> dense``: node-table ids in table order, then other endpoints by first appearance."""
     endpoints = pl.concat([
@@ -597,219 +574,6 @@ def _pair_times(src: np.ndarray, dst: np.ndarray, times: np.ndarray, indptr: np.
     pairs = pl.DataFrame({"k": ps * big + pd})
     return pairs.join(first, on="k", how="left", maintain_order="left")["t"].fill_null(
         -np.inf).to_numpy()
-
-
-def _node_splits(n: int, labels: Optional[np.ndarray], s: GraphSplitSpec
-                 ) -> dict[str, np.ndarray]:
-    pool = np.arange(n, dtype=np.int64) if labels is None else np.flatnonzero(labels >= 0)
-    perm = pool[np.random.default_rng(np.random.SeedSequence([s.seed, 11])).permutation(
-        pool.shape[0])]
-    n_test, n_valid = round(s.test_fraction * pool.shape[0]), round(s.valid_fraction *
-                                                                   pool.shape[0])
-    return {"train": np.sort(perm[n_test + n_valid:]), "valid": np.sort(
-        perm[n_test:n_test + n_valid]), "test": np.sort(perm[:n_test])}
-
-
-@dataclass
-class _NodeSplitResult:
-    splits: dict[str, np.ndarray]   # train/valid/test node ids, sorted (empty ones included)
-    in_no_split: dict[str, int]     # nodes in no split, by reason: splits + these = num_nodes
-    extra: dict[str, Any]           # more report keys (per-file counts, unlisted values)
-    warnings: list[str]
-
-
-def _choose_node_splits(spec: GraphIngestSpec, n: int, labels: Optional[np.ndarray],
-                        table: Optional[_NodeTable], ids: pl.DataFrame, node_files: list[Path]
-                        ) -> _NodeSplitResult:
-    """The node splits of ``split.method``; refuses an empty train split when there are labels.
-
-    User-chosen splits (column, ids) keep only labelled nodes when the graph has labels (an
-    unlabelled node can be neither trained on nor scored), counted as ``unlabelled``.
-    """
-    s = spec.split
-    extra: dict[str, Any] = {}
-    if s.method is SplitMethod.RANDOM:
-        splits = _node_splits(n, labels, s)
-        in_no_split = {"unlabelled": 0 if labels is None else int((labels < 0).sum())}
-    elif s.method is SplitMethod.COLUMN:
-        assert table is not None and table.split_values is not None
-        splits, in_no_split, extra = _column_splits(n, table, s)
-    else:
-        splits, in_no_split, extra = _id_list_splits(spec, n, ids)
-    if s.method is not SplitMethod.RANDOM and labels is not None:
-        unlabelled = 0
-        for k, members in splits.items():
-            keep = members[labels[members] >= 0]
-            unlabelled += members.shape[0] - keep.shape[0]
-            if "node_split_files" in extra and k in extra["node_split_files"]:
-                extra["node_split_files"][k]["unlabelled"] = int(members.shape[0] - keep.shape[0])
-            splits[k] = keep
-        in_no_split["unlabelled"] = unlabelled
-    assert sum(v.shape[0] for v in splits.values()) + sum(in_no_split.values()) == n
-    warnings: list[str] = []
-    if labels is not None:
-        if splits["train"].shape[0] == 0:
-            raise IngestError(_empty_train(spec, labels, table, node_files))
-        empty = [k for k in ("valid", "test") if splits[k].shape[0] == 0]
-        if empty:
-            warnings.append(
-                f"node split{'s' if len(empty) > 1 else ''} {' and '.join(empty)} "
-                f"{'are' if len(empty) > 1 else 'is'} empty ({_why_empty(s, empty)}); written "
-                "without them: training runs without validation, evaluation without those splits")
-    return _NodeSplitResult(splits, in_no_split, extra, warnings)
-
-
-def _why_empty(s: GraphSplitSpec, empty: list[str]) -> str:
-    if s.method is SplitMethod.RANDOM:
-        return " and ".join(f"split.{k}_fraction: {getattr(s, f'{k}_fraction')}" for k in empty)
-    if s.method is SplitMethod.COLUMN:
-        values = s.split_values()
-        return "; ".join(f"no labelled node has split.values.{k} {values[k]} in column {s.column}"
-                         if values[k] else f"split.values.{k}: not given" for k in empty)
-    return "; ".join(f"split.files.{k}: " + (f"no labelled node in {getattr(s.files, k)}"
-                                            if getattr(s.files, k) else "not given")
-                     for k in empty)
-
-
-def _empty_train(spec: GraphIngestSpec, labels: np.ndarray, table: Optional[_NodeTable],
-                 node_files: list[Path]) -> str:
-    s, label = spec.split, spec.nodes.label if spec.nodes else None
-    if not (labels >= 0).any():
-        return (f"{node_files[0] if node_files else 'nodes'}: column {label}: no node has a "
-                "label; node classification needs labelled training nodes")
-    if s.method is SplitMethod.RANDOM:
-        pool = int((labels >= 0).sum())
-        return (f"split.valid_fraction + split.test_fraction ({s.valid_fraction} + "
-                f"{s.test_fraction}) leave no training nodes of the {pool} labelled; lower them")
-    if s.method is SplitMethod.COLUMN:
-        return (f"{node_files[0]}: column {s.column}: no labelled node has a split.values.train "
-                f"value {s.split_values()['train']}; the training split is empty (set "
-                "split.values.train to the column's training values)")
-    if s.files.train is None:
-        return ("split.files.train: not given; node classification needs a training id file "
-                "(or the graph without nodes.label)")
-    return f"{s.files.train}: no labelled node among its ids (split.files.train); train is empty"
-
-
-def _column_splits(n: int, table: _NodeTable, s: GraphSplitSpec
-                   ) -> tuple[dict[str, np.ndarray], dict[str, int], dict[str, Any]]:
-    values = table.split_values
-    assert values is not None
-    wanted = pl.DataFrame({"v": [v for vs in s.split_values().values() for v in vs],
-                           "split": [k for k, vs in s.split_values().items() for _ in vs]},
-                          schema={"v": pl.String, "split": pl.String})
-    frame = (pl.DataFrame({"v": values}).with_row_index("node")
-             .join(wanted, on="v", how="left", maintain_order="left"))
-    node = frame["node"].cast(pl.Int64)
-    splits = {k: np.sort(node.filter(frame["split"] == k).to_numpy().astype(np.int64))
-              for k in NODE_SPLITS}
-    unlisted = frame.filter(pl.col("split").is_null() & pl.col("v").is_not_null())
-    top = (unlisted.group_by("v").agg(pl.len().alias("n")).sort(["n", "v"],
-                                                                descending=[True, False])
-           .head(20))
-    in_no_split = {"not_in_node_table": n - values.len(), "null_value": int(values.null_count()),
-                   "value_not_listed": unlisted.height}
-    return splits, in_no_split, {"unlisted_values": dict(zip(top["v"].to_list(),
-                                                             top["n"].to_list()))}
-
-
-def _id_files(s: GraphSplitSpec) -> dict[str, Path]:
-    return {k: Path(getattr(s.files, k)) for k in NODE_SPLITS if getattr(s.files, k)}
-
-
-def _id_list_splits(spec: GraphIngestSpec, n: int, ids: pl.DataFrame
-                    ) -> tuple[dict[str, np.ndarray], dict[str, int], dict[str, Any]]:
-    """``method: ids``: each file's ids through the id remap; an unknown id is an error."""
-    id_type = pl.Int64 if spec.id_type is ValueType.INTEGER else pl.String
-    lookup = ids.select("id", "dense")
-    splits = {k: np.zeros(0, dtype=np.int64) for k in NODE_SPLITS}
-    files: dict[str, dict[str, Any]] = {}
-    owner = np.full(n, -1, dtype=np.int8)
-    for split, path in _id_files(spec.split).items():
-        values, where = _read_id_file(path, spec)
-        frame = (pl.DataFrame({"id": values.cast(id_type)}).with_row_index("pos")
-                 .join(lookup, on="id", how="left", maintain_order="left"))
-        unknown = frame.filter(pl.col("dense").is_null())
-        if unknown.height:
-            raise IngestError(
-                f"{path}: {where(int(unknown['pos'][0]))}: id {unknown['id'][0]!r} is not a node "
-                f"of the graph ({unknown.height:,} of {frame.height:,} ids unknown; ids are "
-                f"compared as {spec.id_type.value}s) (split.files.{split})")
-        dense = frame["dense"].to_numpy().astype(np.int64)
-        members = np.unique(dense)
-        taken = owner[members] >= 0
-        if taken.any():
-            node = int(members[np.flatnonzero(taken)[0]])
-            other = NODE_SPLITS[owner[node]]
-            pos = int(np.flatnonzero(dense == node)[0])
-            raise IngestError(f"{path}: {where(pos)}: id {frame['id'][pos]!r} is also in the "
-                              f"{other} id file ({getattr(spec.split.files, other)}); a node "
-                              "belongs to one split")
-        owner[members] = NODE_SPLITS.index(split)
-        splits[split] = members
-        files[split] = {"file": str(path), "rows_read": frame.height,
-                        "duplicates": frame.height - members.shape[0]}
-    return splits, {"not_listed": int((owner < 0).sum())}, {"node_split_files": files}
-
-
-def _read_id_file(path: Path, spec: GraphIngestSpec) -> tuple[pl.Series, Any]:
-    """One id per row from a .npy array or a parquet/CSV column, and a position describer."""
-    integer = spec.id_type is ValueType.INTEGER
-    column = spec.split.id_column or (spec.nodes.id if spec.nodes is not None else "id")
-    if path.suffix == ".npy":
-        try:
-            a = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise IngestError(f"{path}: not a readable .npy file: {first_line(e)}") from None
-        if a.ndim != 1:
-            raise IngestError(f"{path}: expected a 1-D array of node ids, got shape "
-                              f"{list(a.shape)}")
-        if a.dtype.kind in "iu":
-            values = pl.Series(a.astype(np.int64))
-        elif a.dtype.kind == "U" and not integer:
-            values = pl.Series(a.tolist(), dtype=pl.String)
-        else:
-            want = "integer" if integer else "integer or string"
-            raise IngestError(f"{path}: expected {want} node ids, got dtype {a.dtype}")
-        return (values.cast(pl.String) if not integer else values), (
-            lambda i: f"position {i}")
-    if path.suffix == ".parquet":
-        try:
-            schema = {f.name: f.type for f in pq.read_schema(path)}
-        except (pa.ArrowException, OSError) as e:
-            raise IngestError(f"{path}: not a readable parquet file: {first_line(e)}") from None
-        if column not in schema:
-            raise IngestError(f"{path}: missing column {column} (split.id_column; has: "
-                              f"{', '.join(list(schema)[:20])})")
-        if integer:
-            _check_parquet_type(path, column, schema[column], "integer")
-        values = pl.read_parquet(path, columns=[column])[column]
-        where = lambda i: f"row {i}"  # noqa: E731
-    else:
-        separator = "\t" if path.suffix == ".tsv" else ","
-        if path.stat().st_size == 0:
-            raise IngestError(f"{path}: empty file (no CSV header)")
-        try:
-            frame = pl.read_csv(path, separator=separator, infer_schema=False)
-        except pl.exceptions.PolarsError as e:
-            raise IngestError(f"{path}: cannot read: {first_line(e)}") from None
-        if column not in frame.columns:
-            raise IngestError(f"{path}: missing column {column} (split.id_column; has: "
-                              f"{', '.join(frame.columns[:20])})")
-        values = frame[column]
-        where = lambda i: f"line {i + 2}"  # noqa: E731
-        if integer:
-            parsed = values.cast(pl.Int64, strict=False)
-            bad = np.flatnonzero((parsed.is_null() & values.is_not_null()).to_numpy())
-            if bad.shape[0]:
-                raise IngestError(f"{path}: {where(int(bad[0]))}: column {column}: cannot parse "
-                                  f"as an integer id (id_type: integer) (value "
-                                  f"{values[int(bad[0])]!r})")
-            values = parsed
-    nulls = np.flatnonzero(values.is_null().to_numpy())
-    if nulls.shape[0]:
-        raise IngestError(f"{path}: {where(int(nulls[0]))}: column {column}: missing id")
-    return (values.cast(pl.String) if not integer else values.cast(pl.Int64)), where
 
 
 def _check_out_dir(out: Path) -> None:
