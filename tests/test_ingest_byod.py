@@ -61,14 +61,23 @@ def test_parquet_integer_ids_need_no_dtype(tmp_path):
     assert meta(tmp_path / "out")["spec"]["sparse"][0]["dtype"] == "integer"  # resolved
 
 
-def test_parquet_dtype_contradicting_the_file_says_the_fix(tmp_path):
+@pytest.mark.parametrize("columns,spec,message", [
+    ({"y": [1, 0], "user_id": [1, 2]},
+     "input: {format: parquet}\nlabel: y\nsparse: [{name: user_id, dtype: string}]\n",
+     "column user_id holds int64, spec says dtype: string; remove dtype to use the file's "
+     "type, or set dtype: integer"),
+    ({"y": [1, 0], "x": pa.array(["1", "2"], pa.large_string()), "c": ["a", "b"]},
+     "input: {format: parquet}\nlabel: y\ndense: [{name: x}]\nsparse: [{name: c}]\n",
+     "column x: expected numbers, got large_string; numbers stored as strings: set cast: "
+     "float on the dense feature"),
+])
+def test_parquet_type_errors_say_the_fix(tmp_path, columns, spec, message):
+    """A dtype that contradicts the file, numbers stored as strings: one line with the fix."""
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"y": [1, 0], "user_id": [1, 2]}), path)
-    spec = "input: {format: parquet}\nlabel: y\nsparse: [{name: user_id, dtype: string}]\n"
+    pq.write_table(pa.table(columns), path)
     with pytest.raises(IngestError) as err:
         run(tmp_path, spec, [path])
-    assert str(err.value) == (f"{path}: column user_id holds int64, spec says dtype: string; "
-                              "remove dtype to use the file's type, or set dtype: integer")
+    assert str(err.value) == f"{path}: {message}"
 
 
 def test_parquet_pre_encoded_ids_inferred(tmp_path):
@@ -110,17 +119,6 @@ def test_parquet_numeric_strings_with_cast_float(tmp_path):
     assert report["repairs"]["unparsable_number"] == {"x": 2}
     assert report["repairs"]["dense_null_filled"] == {"x": 1}
     assert rows(tmp_path / "out", "train")["x"].to_list() == [1.5, -1.0, -1.0, 2.0, -1.0]
-
-
-def test_parquet_numeric_strings_without_cast_say_the_fix(tmp_path):
-    path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"y": [1, 0], "x": pa.array(["1", "2"], pa.large_string()),
-                             "c": ["a", "b"]}), path)
-    spec = "input: {format: parquet}\nlabel: y\ndense: [{name: x}]\nsparse: [{name: c}]\n"
-    with pytest.raises(IngestError) as err:
-        run(tmp_path, spec, [path])
-    assert str(err.value) == (f"{path}: column x: expected numbers, got large_string; numbers "
-                              "stored as strings: set cast: float on the dense feature")
 
 
 def test_csv_cast_float_repairs_instead_of_dropping(tmp_path):
