@@ -58,10 +58,13 @@ FANOUT = (lambda v: v > 0 or v == -1, "must be positive, or -1 for all neighbour
 
 def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
                  check: Optional[tuple[Callable[[Any], bool], str]] = None,
-                 path: bool = False) -> Any:
+                 path: bool = False, text: bool = False) -> Any:
     """A config field; ``check`` applies to the value (each element of a list), ``path`` marks
-    a file path resolved against the config file's directory."""
-    metadata = {"check": check, "path": path}
+    a file path resolved against the config file's directory. ``text``: the field's strings
+    also accept YAML numbers and booleans, as their text (``0`` -> ``"0"``, ``true`` ->
+    ``"true"``), and a single value where a list of them is expected (values compared with a
+    data column's text, e.g. a split column's)."""
+    metadata = {"check": check, "path": path, "text": text}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -194,7 +197,8 @@ def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "",
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(fields)})"
             raise ConfigError(f"{source}: {key_path}: unknown key{hint}")
-        kwargs[key] = _convert(hints[key], value, source, key_path)
+        kwargs[key] = _convert(hints[key], value, source, key_path,
+                               text=fields[key].metadata.get("text", False))
         check = fields[key].metadata.get("check")
         if check is not None:
             _check(kwargs[key], check, source, key_path)
@@ -233,14 +237,14 @@ def dump_config(cfg: Any, path: str | os.PathLike) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def _convert(tp: Any, value: Any, source: str, key_path: str) -> Any:
+def _convert(tp: Any, value: Any, source: str, key_path: str, text: bool = False) -> Any:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, source, key_path)
+        return _convert(inner, value, source, key_path, text)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, source, prefix=f"{key_path}.")
     if origin is dict:
@@ -248,13 +252,16 @@ def _convert(tp: Any, value: Any, source: str, key_path: str) -> Any:
         if not isinstance(value, dict):
             raise _type_error(source, key_path, "a mapping", value)
         return {_convert(key_type, k, source, key_path): _convert(inner, v, source,
-                                                                  f"{key_path}.{k}")
+                                                                  f"{key_path}.{k}", text)
                 for k, v in value.items()}
     if origin is list:
         (inner,) = typing.get_args(tp)
+        if text and value is not None and not isinstance(value, (list, dict)):
+            value = [value]  # one value where a list of them is expected
         if not isinstance(value, list):
             raise _type_error(source, key_path, "a list", value)
-        return [_convert(inner, v, source, f"{key_path}[{i}]") for i, v in enumerate(value)]
+        return [_convert(inner, v, source, f"{key_path}[{i}]", text)
+                for i, v in enumerate(value)]
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         allowed = [m.value for m in tp]
         if value not in allowed:
@@ -275,6 +282,10 @@ def _convert(tp: Any, value: Any, source: str, key_path: str) -> Any:
             raise _type_error(source, key_path, "a number", value)
         return float(value)
     if tp is str:
+        if text and isinstance(value, bool):
+            return "true" if value else "false"
+        if text and isinstance(value, (int, float)):
+            return str(value)
         if not isinstance(value, str):
             raise _type_error(source, key_path, "a string", value)
         return value

@@ -8,7 +8,6 @@ file and key) and checks what spans keys. The job itself is :mod:`pipelines.grap
 from __future__ import annotations
 
 import enum
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Optional
 
 import yaml
 
-from embedtrain.config_io import ConfigError, SafeLoader, config_field, load_dataclass
+from embedtrain.config_io import ConfigError, config_field, load_dataclass
 from embedtrain.graph.csr import Duplicates, SelfLoops
 from pipelines.spec import InputFormat, ValueType
 
@@ -94,8 +93,8 @@ class GraphSplitSpec:
     valid_fraction: float = 0.1                     # method: random
     test_fraction: float = 0.1
     column: Optional[str] = None                    # method: column: the node table's column,
-    values: Optional[dict[str, list[str]]] = None   # its values per split (compared as text;
-                                                    # default train/valid/test)
+    # its values per split (compared as text, numbers too; default train/valid/test)
+    values: Optional[dict[str, list[str]]] = config_field(None, text=True)
     files: SplitFiles = field(default_factory=SplitFiles)  # method: ids
     id_column: Optional[str] = None                 # parquet/CSV id lists (default: nodes.id)
     edge_valid_fraction: float = 0.0
@@ -149,7 +148,6 @@ def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = No
         >>> load_graph_spec("configs/ingest/graph_edges.yaml").graph.duplicates
         <Duplicates.DROP: 'drop'>
     """
-    overrides = [*_value_overrides(path), *map(_text_values, overrides or [])]
     spec = load_dataclass(path, GraphIngestSpec, overrides)
 
     def fail(key: str, message: str) -> None:
@@ -217,47 +215,3 @@ def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = No
 
 
 ID_FILE_EXTENSIONS = (".parquet", ".csv", ".tsv", ".txt", ".npy")
-
-
-def _text(value: object) -> object:
-    """A YAML scalar as the text a column value is compared with (``0`` -> ``"0"``)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    return value  # strings stay; anything else is reported by the loader
-
-
-def _as_text_list(value: object) -> object:
-    if isinstance(value, list):
-        return [_text(v) for v in value]
-    return [_text(value)] if value is not None and not isinstance(value, dict) else value
-
-
-def _value_overrides(path: str | os.PathLike) -> list[str]:
-    """``split.values`` as lists of text, so ``train: 0`` and ``train: [0, 1]`` both read.
-
-    Passed to the loader as ``--set`` items (JSON is YAML); an unreadable file yields none, and
-    the loader reports it.
-    """
-    try:
-        raw = yaml.load(Path(path).read_text(), Loader=SafeLoader)
-        values = raw["split"]["values"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return []
-    if not isinstance(values, dict):
-        return []
-    return [f"split.values.{k}={json.dumps(_as_text_list(v))}" for k, v in values.items()
-            if isinstance(k, str) and "." not in k and "=" not in k]
-
-
-def _text_values(item: str) -> str:
-    """A ``--set split.values.X=...`` item with its values as text (others unchanged)."""
-    key, sep, text = item.partition("=")
-    if not sep or not key.startswith("split.values.") or key.count(".") != 2:
-        return item
-    try:
-        value = yaml.load(text, Loader=SafeLoader) if text.strip() else ""
-    except yaml.YAMLError:
-        return item
-    return f"{key}={json.dumps(_as_text_list(value))}"

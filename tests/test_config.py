@@ -229,3 +229,22 @@ def test_saved_run_config_of_an_earlier_version_still_loads(tmp_path):
     assert to_dict(load_run_config(saved)) == to_dict(cfg)
     with pytest.raises(ConfigError, match=r"train\.pipeline: unknown key"):
         load_config(saved)
+
+
+def test_text_fields_take_numbers_and_single_values_as_text():
+    """config_field(text=True): values compared with a column's text read YAML numbers and
+    booleans as their text, and one value where a list is expected (a graph split column)."""
+    import dataclasses
+    from typing import Optional
+
+    from embedtrain.config_io import config_field, from_dict
+
+    @dataclasses.dataclass
+    class Split:
+        values: Optional[dict[str, list[str]]] = config_field(None, text=True)
+        plain: list[str] = config_field(factory=list)
+
+    got = from_dict(Split, {"values": {"train": 0, "valid": [1, 2.5], "test": True}})
+    assert got.values == {"train": ["0"], "valid": ["1", "2.5"], "test": ["true"]}
+    with pytest.raises(ConfigError, match=r"plain\[0\]: expected a string, got int 0"):
+        from_dict(Split, {"plain": [0]})

@@ -71,13 +71,12 @@ class GraphSAGE(nn.Module):
                 name=NODE_TABLE, embedding_dim=embedding_dim, num_embeddings=num_nodes,
                 feature_names=[NODE_FEATURE], pooling=PoolingType.SUM)], device=device)
         width = num_features + (embedding_dim if self.ebc is not None else 0)
-        use_graph = kind is GNNModel.SAGE
         convs = []
         for size in hidden:
-            convs.append(SAGEConv(width, size, aggr=aggr.value) if use_graph
+            convs.append(SAGEConv(width, size, aggr=aggr.value) if kind is GNNModel.SAGE
                          else nn.Linear(width, size))
             width = size
-        self.kind, self.use_graph = kind, use_graph
+        self.kind = kind
         self.convs = nn.ModuleList(convs)
         self.out = nn.Linear(width, out_dim)
         self.dropout = dropout
@@ -104,7 +103,7 @@ class GraphSAGE(nn.Module):
         if features is not None and features.shape[1]:
             parts.append(features)
         x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        if not self.use_graph:
+        if self.kind is GNNModel.MLP:
             x = x[: blocks.num_seeds]
             for i, layer in enumerate(self.convs):
                 x = layer(x)
