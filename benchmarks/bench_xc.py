@@ -6,21 +6,26 @@ as training steps it: forward, backward, then the optimizer step and ``zero_grad
 
 - ``full`` (exact softmax), ``partial_fc`` (``--rate``), ``hard_negatives`` (10 nearest classes
   per example from an exact top-k over the index, index rebuilt every 100 steps, uniform sample
-  ``--hn-sample-rate``): :func:`embedtrain.train.optim.sharded_head_optimizer` with the
-  ``HeadConfig`` defaults (torch Adagrad, ``foreach=False``; sparse gradients for the sampled
-  heads);
+  ``--hn-sample-rate``), ``hard_negatives_clustered`` (the same from the clustered index, its
+  default lists and probes): :func:`embedtrain.train.optim.sharded_head_optimizer` with the
+  ``HeadConfig`` defaults (Adagrad, ``foreach=False``; the sampled heads' sparse gradients
+  through the fused row update);
 - ``adaptive`` (cutoffs from ``default_cutoffs``), ``mach`` (``--mach-buckets`` buckets, default
   ``build_head``'s ~sqrt(C); ``--mach-repetitions``): torch Adam (``dense_optimizer_factory`` of
   the ``OptimConfig`` defaults), as the dense optimizer steps them.
 
-Features are ``randn [B, D]`` with ``requires_grad`` (an encoder's output: the backward computes
-their gradient too). Targets: Zipf(1.1) over the classes, class id = frequency rank (fresh labels
-every step); the adaptive head's ``class_order`` is ``frequency_order`` of the counts of 10^6
-labels drawn the same way. One warm-up step per head (it builds the hard-negative index and
-Adam's state), then ``--rounds`` rounds, each running ``--steps`` steps of every head (the order
-reversed every other round); figures are medians over all timed steps. A hard-negative step that
-rebuilds the index (1 step in ``refresh_every``) is timed once more on its own and reported
-separately; the median excludes it.
+The sharded heads start from the same planted weights, as a trained head has them: class vectors
+grouped around ``C / 500`` random topic directions (:func:`planted_vectors`; random isotropic
+vectors have no neighbourhoods, and no approximate index finds their top-k). Features (with
+``requires_grad``: an encoder's output, the backward computes their gradient too) are each
+label's class direction plus as much Gaussian noise. Targets: Zipf(1.1) over the classes, class
+id = frequency rank (fresh labels every step); the adaptive head's ``class_order`` is
+``frequency_order`` of the counts of 10^6 labels drawn the same way. One warm-up step per head
+(it builds the hard-negative indexes and Adam's state), then ``--rounds`` rounds, each running
+``--steps`` steps of every head (the order reversed every other round); figures are medians over
+all timed steps. A hard-negative step that rebuilds its index (1 step in ``refresh_every``) is
+timed once more on its own and reported separately; the median excludes it. The clustered
+index's recall@10 is measured at each build (``timing_index_recall``).
 
 Part 2, accuracy at equal examples: a synthetic set (``embedtrain datagen xc``, ``--acc-classes``
 classes, ``--acc-rows`` rows, ``--acc-vocab`` tokens) in ``--acc-data`` (reused when its
@@ -38,14 +43,17 @@ Usage:
         [--acc-classes 20000] [--acc-rows 400000] [--acc-data /tmp/embedtrain_xc_acc]
 
 Prints a table; JSON: ``step_ms`` (median per head), ``phase_ms`` (forward/backward/optimizer),
-``round_step_ms``, ``ratios`` (``full_vs_<head>``), ``round_ratios``, ``p_at_1`` (per head and
-``oracle``), ``accuracy`` (every run's figures), the settings and ``command``.
+``round_step_ms``, ``ratios`` (``full_vs_<head>``), ``round_ratios``, ``refresh_step_ms``,
+``timing_index_recall``, ``p_at_1`` (per head and ``oracle``), ``accuracy`` (every run's
+figures, PSP@k and the clustered run's ``index_recall``), ``index_recall_at_10`` (the accuracy
+run's, over the rebuilds of the trained head), the settings and ``command``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import enum
 import json
 import os
 import statistics
@@ -53,31 +61,49 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
-from embedtrain.config import HeadConfig, HeadKind, OptimConfig, load_config
+from embedtrain.config import HeadConfig, HeadKind, NegativeIndex, OptimConfig, load_config
 from embedtrain.models.xc import SHARDED_HEADS, build_head
 from embedtrain.recipes.xc import head_arguments
 from embedtrain.train.optim import dense_optimizer_factory, sharded_head_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/xc_synthetic.yaml"
-HEADS = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES, HeadKind.ADAPTIVE,
-         HeadKind.MACH)
+# name -> (head kind, xc.head settings beyond the kind)
+HEADS: dict[str, tuple[HeadKind, dict[str, Any]]] = {
+    "full": (HeadKind.FULL, {}),
+    "partial_fc": (HeadKind.PARTIAL_FC, {}),
+    "hard_negatives": (HeadKind.HARD_NEGATIVES, {}),
+    "hard_negatives_clustered": (HeadKind.HARD_NEGATIVES, {"index": NegativeIndex.CLUSTERED}),
+    "adaptive": (HeadKind.ADAPTIVE, {}),
+    "mach": (HeadKind.MACH, {}),
+}
 ZIPF_A = 1.1
 PHASES = ("forward", "backward", "optimizer")
 
 
-def head_config(kind: HeadKind, args: argparse.Namespace) -> HeadConfig:
-    """The ``xc.head`` section of ``kind`` as both parts use it (defaults otherwise)."""
+def head_config(name: str, args: argparse.Namespace) -> HeadConfig:
+    """The ``xc.head`` section of head ``name`` as both parts use it (defaults otherwise)."""
+    kind, settings = HEADS[name]
     cfg = HeadConfig(kind=kind, sample_rate=args.rate, mach_buckets=args.mach_buckets,
-                     mach_repetitions=args.mach_repetitions)
+                     mach_repetitions=args.mach_repetitions, **settings)
     if kind is HeadKind.HARD_NEGATIVES:
         cfg.sample_rate = args.hn_sample_rate
     return cfg
+
+
+def planted_vectors(classes: int, dim: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Class weights as a trained head has them: grouped around ``classes / 500`` topic
+    directions (norm ~1), and each class's typical feature (its weight direction, scaled)."""
+    topics = max(1, classes // 500)
+    centres = torch.randn(topics, dim, generator=g)
+    weight = (centres[torch.randint(0, topics, (classes,), generator=g)]
+              + 0.5 * torch.randn(classes, dim, generator=g)) * dim ** -0.5
+    return weight, weight * dim ** 0.5
 
 
 def zipf_labels(n: int, classes: int, g: torch.Generator) -> Tensor:
@@ -89,11 +115,14 @@ def zipf_labels(n: int, classes: int, g: torch.Generator) -> Tensor:
 class TimedHead:
     """A head with its optimizer, stepped as training steps it, each phase timed."""
 
-    def __init__(self, kind: HeadKind, cfg: HeadConfig, classes: int, dim: int,
-                 counts: Tensor) -> None:
-        self.kind = kind
+    def __init__(self, name: str, cfg: HeadConfig, classes: int, dim: int,
+                 counts: Tensor, weight: Optional[Tensor] = None) -> None:
+        self.name, kind = name, cfg.kind
         self.head = build_head(kind, classes, dim, **head_arguments(cfg), class_counts=counts,
                                seed=0)
+        if weight is not None and kind in SHARDED_HEADS:
+            with torch.no_grad():
+                self.head.weight.copy_(weight)
         if kind in SHARDED_HEADS:
             self.optimizer = sharded_head_optimizer(self.head, cfg.optimizer, cfg.lr)
         else:
@@ -118,9 +147,11 @@ def describe(head: nn.Module) -> dict[str, Any]:
     """The settings a head was built with that the table does not show."""
     out: dict[str, Any] = {"class": type(head).__name__,
                            "parameters": sum(p.numel() for p in head.parameters())}
-    for name in ("sample_rate", "negatives", "refresh_every", "num_buckets", "num_repetitions"):
+    for name in ("sample_rate", "negatives", "refresh_every", "num_buckets", "num_repetitions",
+                 "loss", "index_kind", "index_clusters", "index_probe"):
         if hasattr(head, name):
-            out[name] = getattr(head, name)
+            value = getattr(head, name)
+            out[name] = value.value if isinstance(value, enum.Enum) else value
     if hasattr(head, "cutoffs"):
         out["cutoffs"] = head.cutoffs
     return out
@@ -132,19 +163,23 @@ def time_heads(args: argparse.Namespace) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     c, d, b = args.classes, args.dim, args.batch
     counts = torch.bincount(zipf_labels(1_000_000, c, g), minlength=c)
+    weight, typical = planted_vectors(c, d, g)
     heads = {}
-    for kind in HEADS:
-        print(f"building {kind.value} ({c:,} x {d})", flush=True)
-        heads[kind.value] = TimedHead(kind, head_config(kind, args), c, d, counts)
-    # Every head gets the same sequence of label batches (its own i-th step, the i-th batch).
-    steps = args.rounds * args.steps + 2
+    for name in HEADS:
+        print(f"building {name} ({c:,} x {d})", flush=True)
+        heads[name] = TimedHead(name, head_config(name, args), c, d, counts, weight)
+    del weight
+    # Every head gets the same sequence of batches (its own i-th step, the i-th batch).
+    steps = args.rounds * args.steps + 3
     labels = zipf_labels(steps * b, c, g).view(steps, b)
+    noise = torch.randn(steps, b, d, generator=g)
     taken = {name: 0 for name in heads}
 
     def run(timed: TimedHead) -> dict[str, float]:
-        i = taken[timed.kind.value]
-        taken[timed.kind.value] += 1
-        features = torch.randn(b, d, generator=g).requires_grad_()
+        i = taken[timed.name]
+        taken[timed.name] += 1
+        # An encoder's output: near the label's class direction, with noise of the same size.
+        features = (typical[labels[i]] + noise[i]).requires_grad_()
         return timed.step(features, labels[i])
 
     load_before = os.getloadavg()[0]
@@ -161,13 +196,16 @@ def time_heads(args: argparse.Namespace) -> dict[str, Any]:
             rounds[name].append(statistics.median(t["total"] for t in times))
             print(f"round {r + 1} {name}: " + ", ".join(f"{t['total']:.0f}" for t in times)
                   + " ms", flush=True)
-    hn = heads[HeadKind.HARD_NEGATIVES.value].head
-    hn.steps.fill_((int(hn.steps) // hn.refresh_every + 1) * hn.refresh_every)  # next rebuild
-    refresh_ms = run(heads[HeadKind.HARD_NEGATIVES.value])["total"]
+    refresh_ms = {}
+    for name in ("hard_negatives", "hard_negatives_clustered"):
+        hn = heads[name].head
+        hn.steps.fill_((int(hn.steps) // hn.refresh_every + 1) * hn.refresh_every)  # a rebuild
+        refresh_ms[name] = run(heads[name])["total"]
+    recall = heads["hard_negatives_clustered"].head.index_recall
     step_ms = {n: statistics.median(t["total"] for t in s) for n, s in samples.items()}
     phase_ms = {n: {p: statistics.median(t[p] for t in s) for p in PHASES}
                 for n, s in samples.items()}
-    full = HeadKind.FULL.value
+    full = "full"
     ratios = {f"full_vs_{n}": step_ms[full] / ms for n, ms in step_ms.items() if n != full}
     round_ratios = {f"full_vs_{n}": [f / x for f, x in zip(rounds[full], rounds[n])]
                     for n in heads if n != full}
@@ -177,7 +215,13 @@ def time_heads(args: argparse.Namespace) -> dict[str, Any]:
         "round_step_ms": rounds,
         "ratios": ratios,
         "round_ratios": round_ratios,
-        "hard_negatives_refresh_step_ms": refresh_ms,
+        "hard_negatives_refresh_step_ms": refresh_ms["hard_negatives"],
+        "refresh_step_ms": refresh_ms,
+        # the median step with its index's rebuild spread over the refresh_every steps
+        "amortized_step_ms": {n: step_ms[n] + (ms - step_ms[n]) / heads[n].head.refresh_every
+                              for n, ms in refresh_ms.items()},
+        # per rebuild: recall@10 of the clustered index on 256 of the step's examples
+        "timing_index_recall": recall,
         "heads": {n: describe(t.head) for n, t in heads.items()},
         "timing_load_avg_1m": [load_before, os.getloadavg()[0]],
     }
@@ -204,13 +248,13 @@ def ensure_data(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     return path, json.loads(meta_file.read_text())
 
 
-def train_head(kind: HeadKind, args: argparse.Namespace, data: Path) -> dict[str, Any]:
-    """One epoch of ``configs/xc_synthetic.yaml`` with ``kind``'s head; its test figures."""
-    out = Path(args.acc_out) / kind.value
-    cfg = head_config(kind, args)
+def train_head(name: str, args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    """One epoch of ``configs/xc_synthetic.yaml`` with head ``name``; its test figures."""
+    out = Path(args.acc_out) / name
+    cfg = head_config(name, args)
     sets = [f"data.path={data}", "data.batch_size=512", "train.epochs=1", "train.eval_every=0",
-            "train.checkpoint_every=0", "train.progress=false", f"xc.head.kind={kind.value}",
-            f"xc.head.sample_rate={cfg.sample_rate}"]
+            "train.checkpoint_every=0", "train.progress=false", f"xc.head.kind={cfg.kind.value}",
+            f"xc.head.sample_rate={cfg.sample_rate}", f"xc.head.index={cfg.index.value}"]
     if args.mach_buckets:
         sets.append(f"xc.head.mach_buckets={args.mach_buckets}")
     sets.append(f"xc.head.mach_repetitions={args.mach_repetitions}")
@@ -231,11 +275,12 @@ def train_head(kind: HeadKind, args: argparse.Namespace, data: Path) -> dict[str
         print(record["stderr_tail"], file=sys.stderr)
         return record
     summary = json.loads(summary_file.read_text())
-    keys = ("p@1", "p@5", "ndcg@5", "recall@5", "loss", "train_examples_per_s", "examples",
-            "steps", "train_time_s", "wall_time_s", "oracle_p_at_1")
+    keys = ("p@1", "p@5", "ndcg@5", "recall@5", "psp@1", "psp@5", "loss",
+            "train_examples_per_s", "examples", "steps", "train_time_s", "wall_time_s",
+            "oracle_p_at_1", "index_recall")
     # Not peak_rss_gb_per_rank: ru_maxrss starts at this (large) process's high-water mark.
     record.update({k: summary.get(k) for k in keys})
-    print(f"  {kind.value}: P@1 {record['p@1']:.4f}, {record['train_examples_per_s']:,.0f} ex/s, "
+    print(f"  {name}: P@1 {record['p@1']:.4f}, {record['train_examples_per_s']:,.0f} ex/s, "
           f"wall {record['wall_s']:.0f} s", flush=True)
     return record
 
@@ -243,17 +288,23 @@ def train_head(kind: HeadKind, args: argparse.Namespace, data: Path) -> dict[str
 def accuracy(args: argparse.Namespace) -> dict[str, Any]:
     """Part 2: every head trained on the same examples; test P@1 against the oracle's."""
     data, meta = ensure_data(args)
-    runs = {kind.value: train_head(kind, args, data) for kind in HEADS}
+    runs = {name: train_head(name, args, data) for name in HEADS}
     oracle = meta["oracle_p_at_1"]["test"]
     dim = load_config(ROOT / CONFIG).xc.mlp[-1]
     with torch.device("meta"):  # the heads' settings at this size (no memory)
-        heads = {kind.value: describe(build_head(kind, args.acc_classes, dim,
-                                                 **head_arguments(head_config(kind, args))))
-                 for kind in HEADS}
+        heads = {name: describe(build_head(cfg.kind, args.acc_classes, dim,
+                                           **head_arguments(cfg)))
+                 for name, cfg in ((n, head_config(n, args)) for n in HEADS)}
     p_at_1: dict[str, Any] = {n: r.get("p@1") for n, r in runs.items()}
     p_at_1["oracle"] = oracle
+    recalls = [r["recall"] for r in runs["hard_negatives_clustered"].get("index_recall") or []]
     return {"p_at_1": p_at_1, "accuracy": runs, "acc_heads": heads, "acc_data": str(data),
-            "acc_splits": {s: v["rows"] for s, v in meta["splits"].items()}}
+            "acc_splits": {s: v["rows"] for s, v in meta["splits"].items()},
+            # the clustered index's recall@10 over the run's rebuilds of a trained head (all
+            # but the first, which indexes the random initial weights: no structure to find)
+            "index_recall_at_10": statistics.mean(recalls[1:]) if recalls[1:] else None,
+            "index_recall_at_10_min": min(recalls[1:]) if recalls[1:] else None,
+            "index_recall_at_10_initial": recalls[0] if recalls else None}
 
 
 def fmt(value: Any, spec: str) -> str:
@@ -273,19 +324,31 @@ def print_tables(out: dict[str, Any]) -> None:
             print(f"| {n} | {ms:,.0f} | {p['forward']:,.0f} | {p['backward']:,.0f} | "
                   f"{p['optimizer']:,.0f} | {step['full'] / ms:.1f}x | "
                   f"{', '.join(f'{r:.1f}' for r in rounds) or '-'} |")
-        print(f"hard_negatives step with an index rebuild: "
-              f"{out['hard_negatives_refresh_step_ms']:,.0f} ms")
+        for n, ms in out["refresh_step_ms"].items():
+            amortized = out["amortized_step_ms"][n]
+            print(f"{n} step with an index rebuild: {ms:,.0f} ms; amortized step {amortized:,.0f}"
+                  f" ms ({step['full'] / amortized:.1f}x faster than full)")
+        recall = out["timing_index_recall"]
+        if recall:
+            print("clustered index recall@10 (planted vectors): "
+                  + ", ".join(f"step {r['step']}: {r['recall']:.3f}" for r in recall)
+                  + f" ({recall[0]['clusters']} clusters, {recall[0]['probe']} probed)")
     if "accuracy" in out:
         splits = out["acc_splits"]
         print(f"\naccuracy: {out['acc_classes']:,} classes, {splits['train']:,} training rows "
               f"(one epoch, batch 512), test {splits['test']:,} rows; "
               f"oracle P@1 {out['p_at_1']['oracle']:.4f}")
-        print("| head | P@1 | P@5 | nDCG@5 | recall@5 | train ex/s | run wall s |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("| head | P@1 | P@5 | nDCG@5 | recall@5 | PSP@5 | train ex/s | run wall s |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for n, r in out["accuracy"].items():
             print(f"| {n} | {fmt(r.get('p@1'), '.4f')} | {fmt(r.get('p@5'), '.4f')} | "
                   f"{fmt(r.get('ndcg@5'), '.4f')} | {fmt(r.get('recall@5'), '.4f')} | "
+                  f"{fmt(r.get('psp@5'), '.4f')} | "
                   f"{fmt(r.get('train_examples_per_s'), ',.0f')} | {r['wall_s']:.0f} |")
+        print(f"clustered index recall@10 over the run's rebuilds after the first: mean "
+              f"{fmt(out['index_recall_at_10'], '.4f')}, min "
+              f"{fmt(out['index_recall_at_10_min'], '.4f')}; first (random initial weights): "
+              f"{fmt(out['index_recall_at_10_initial'], '.4f')}")
 
 
 def main() -> int:

@@ -9,6 +9,8 @@ Examples:
         --out data/ctr_ingested
     embedtrain ingest configs/ingest/graph_edges.yaml --input edges.csv --nodes nodes.csv \
         --out data/graph
+    embedtrain ingest configs/ingest/xc_repository.yaml --input eurlex/train.txt \
+        --set split.files.test=eurlex/test.txt --out data/eurlex
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --set train.max_steps=200
     embedtrain train configs/dlrm_synthetic.yaml --out runs/two --nproc 2   # 2 ranks via torchrun
     torchrun --nproc-per-node 2 -m embedtrain train configs/dlrm_synthetic.yaml --out runs/two
@@ -147,13 +149,16 @@ def _parser() -> argparse.ArgumentParser:
                    "(default: sharding.search_budget)")
     p.set_defaults(func=_plan)
 
-    p = sub.add_parser("ingest", help="raw logs (Criteo TSV, CSV, parquet) to a training data set")
-    p.add_argument("spec", help="ingestion spec, YAML (see configs/ingest/)")
+    p = sub.add_parser("ingest", help="raw logs (Criteo TSV, CSV, parquet), graph edge lists "
+                       "(kind: graph) or multi-label XC data (kind: xc) to a training data set")
+    p.add_argument("spec", help="ingestion spec, YAML (see configs/ingest/); kind: graph and "
+                   "kind: xc select the graph and extreme-classification jobs")
     p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
                    help="input file, directory or quoted glob (repeatable)")
     p.add_argument("--out", required=True, help="output data set directory")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec key, e.g. --set output.rows_per_file=500000 (repeatable)")
+                   help="override a spec key, e.g. --set output.rows_per_file=500000 or, for an "
+                        "XC spec, --set split.files.test=test.txt (repeatable)")
     p.add_argument("--nodes", dest="node_inputs", action="append", metavar="PATH_OR_GLOB",
                    help="graph specs (kind: graph) only: the node table (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -406,11 +411,14 @@ def _ingest(args: argparse.Namespace) -> int:
     from pipelines.graph_spec import is_graph_spec
     from pipelines.ingest import ingest
     from pipelines.spec import load_spec
+    from pipelines.xc_spec import is_xc_spec
 
     if is_graph_spec(args.spec):
         return _ingest_graph(args)
     if args.node_inputs:
         raise UsageError("--nodes: only for graph specs (kind: graph)")
+    if is_xc_spec(args.spec):
+        return _ingest_xc(args)
     spec = load_spec(args.spec, args.overrides)
     report = ingest(spec, args.inputs, args.out, progress=not args.quiet)
     written = ", ".join(f"{k} {v:,}" for k, v in report["rows_written"].items())
@@ -441,6 +449,28 @@ def _ingest_graph(args: argparse.Namespace) -> int:
           f"({'directed' if e['directed'] else 'undirected'}), held-out edges: {held}")
     print(f"dropped: {dropped}; duplicates merged: {e['duplicates_merged']:,}")
     print(f"data set: {args.out}/ (metadata.json, ingest_report.json, graph/, nodes/, splits/)")
+    return 0
+
+
+def _ingest_xc(args: argparse.Namespace) -> int:
+    from pipelines.xc import ingest_xc
+    from pipelines.xc_spec import load_xc_spec
+
+    spec = load_xc_spec(args.spec, args.overrides)
+    report = ingest_xc(spec, args.inputs, args.out, progress=not args.quiet)
+    written = ", ".join(f"{k} {v:,}" for k, v in report["rows_written"].items())
+    dropped = ", ".join(f"{k} {v:,}" for k, v in report["rows_dropped"].items()) or "none"
+    labels = report["labels"]
+    removed = ", ".join(f"{k} {v:,}" for k, v in labels["labels_removed"].items()) or "none"
+    print(f"read {report['rows_read']:,} rows from {len(report['inputs'])} file(s) in "
+          f"{report['wall_seconds']:.1f} s")
+    print(f"written: {written}")
+    print(f"dropped: {dropped}")
+    print(f"labels: {labels['num_classes']:,} classes, {labels['labels_per_row'][0]}-"
+          f"{labels['labels_per_row'][1]} per row; removed: {removed}")
+    print(f"tokens: {report['tokens']['num_embeddings']:,} ids (0: unknown), "
+          f"{report['tokens']['rows_without_tokens']:,} row(s) without tokens")
+    print(f"data set: {args.out}/ (metadata.json, ingest_report.json, train/ valid/ test/, vocab/)")
     return 0
 
 

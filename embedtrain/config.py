@@ -34,7 +34,16 @@ from embedtrain.config_io import (  # noqa: F401  (ConfigError ... to_dict: the 
     to_dict,
 )
 from embedtrain.graph.types import NegativeSampling
-from embedtrain.models.options import Aggregation, GNNModel, HeadKind, Interaction, Margin, Pooling
+from embedtrain.models.options import (
+    Aggregation,
+    GNNModel,
+    HeadKind,
+    HeadLoss,
+    Interaction,
+    Margin,
+    NegativeIndex,
+    Pooling,
+)
 from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKind: cluster files)
     ClusterConfig,
     CommPrecision,
@@ -56,8 +65,9 @@ from embedtrain.train.options import (
 __all__ = [
     "Aggregation", "ClusterConfig", "CommPrecision", "ComputeKernel", "Config", "ConfigError",
     "DataConfig", "DenseAllReduce", "DenseOptimizer", "DeviceKind", "GNNConfig", "GNNModel",
-    "HeadConfig", "HeadKind", "HeadOptimizer", "Interaction", "LRDecay", "Margin", "ModelConfig",
-    "NegativeSampling", "OptimConfig", "Pooling", "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Selection",
+    "HeadConfig", "HeadKind", "HeadLoss", "HeadOptimizer", "Interaction", "LRDecay", "Margin",
+    "ModelConfig", "NegativeIndex", "NegativeSampling", "OptimConfig", "Pooling",
+    "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Selection",
     "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TaskKind",
     "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
     "load_config", "load_run_config", "parse_scalar", "to_dict",
@@ -126,6 +136,13 @@ class HeadConfig:
     div_value: float = config_field(4.0, check=POSITIVE)  # adaptive: dimension divisor per cluster
     mach_buckets: int = config_field(0, check=NON_NEGATIVE)  # mach: B (0: about sqrt(C), >= 64)
     mach_repetitions: int = config_field(4, check=POSITIVE)  # mach: R
+    # sharded heads' training loss: softmax, or bce (one-vs-all over positives + the step's
+    # negatives: all classes for full, the sample for partial_fc / hard_negatives)
+    loss: HeadLoss = HeadLoss.SOFTMAX
+    # hard_negatives: exact (blocked top-k over the slice) or clustered (k-means lists, sub-linear)
+    index: NegativeIndex = NegativeIndex.EXACT
+    index_clusters: int = config_field(0, check=NON_NEGATIVE)  # clustered: lists (0: ~sqrt)
+    index_probe: int = config_field(0, check=NON_NEGATIVE)  # clustered: lists searched (0: 1/4)
     optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
     lr: float = config_field(0.05, check=POSITIVE)
 
@@ -141,7 +158,11 @@ class XCConfig:
     head: HeadConfig = field(default_factory=HeadConfig)
     # dropout after each hidden layer of the encoder's MLP (0: none)
     dropout: float = config_field(0.0, check=PROBABILITY)
-    top_k: list[int] = config_field(factory=lambda: [1, 5], check=POSITIVE)  # P@k, nDCG@k, recall@k
+    # P@k, nDCG@k, recall@k, PSP@k
+    top_k: list[int] = config_field(factory=lambda: [1, 5], check=POSITIVE)
+    # PSP@k's propensity model (Jain et al. 2016): A and B (the XC repository's defaults)
+    propensity_a: float = config_field(0.55, check=POSITIVE)
+    propensity_b: float = config_field(1.5, check=NON_NEGATIVE)
 
 
 @dataclass

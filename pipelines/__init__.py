@@ -10,7 +10,10 @@ Nothing here runs during training. ``embedtrain ingest SPEC --input ... --out DI
 - :mod:`pipelines.report`: ``metadata.json`` and ``ingest_report.json``;
 - :mod:`pipelines.hashing`: stable hashes for splits and hash buckets;
 - :mod:`pipelines.graph`: the graph job (``kind: graph`` specs): edge lists and node tables to a
-  memory-mapped CSR with node arrays and splits.
+  memory-mapped CSR with node arrays and splits;
+- :mod:`pipelines.xc`: the extreme-classification job (``kind: xc`` specs,
+  :mod:`pipelines.xc_spec`, inputs in :mod:`pipelines.xc_sources`): Extreme Classification
+  Repository files or parquet/CSV token and label columns to the data set ``task: xc`` trains on.
 
 The synthetic generators live in ``embedtrain.datagen`` (torch-free): ``embedtrain.datagen.ctr``
 (parquet) and ``embedtrain.datagen.tsv`` (the same rows as raw TSV).

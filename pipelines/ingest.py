@@ -47,7 +47,7 @@ from pipelines.sources import (
     ROW, IngestError, check_inputs, check_row_limit, criteo_field_counts, describe_row,
     resolve_inputs, scan_inputs)
 from pipelines.spec import (
-    CRITEO_COLUMNS, Encoding, IngestSpec, InputFormat, OnInvalid, SplitMethod)
+    CRITEO_COLUMNS, Encoding, IngestSpec, InputFormat, OnInvalid, OutputSpec, SplitMethod)
 from pipelines.stats import PassStats, build_vocabulary, row_statistics, value_counts
 from pipelines.transforms import (
     DROP, SPLIT, SPLITS, DropReason, Vocabulary, assign_split, dense_output, file_splits, parse,
@@ -56,7 +56,7 @@ from pipelines.transforms import (
 METADATA_FILE, REPORT_FILE, VOCAB_DIR = "metadata.json", "ingest_report.json", "vocab"
 
 
-class _Phases:
+class Phases:
     """Times the job's phases for the report; each is shown on stderr as a tqdm bar that ends with
     the phase's rows and rows/s (or, for a phase without a row count, its time)."""
 
@@ -112,8 +112,8 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     spec = check_inputs(files, spec)  # with each sparse dtype resolved from the input
     check_row_limit(files, spec)
     out = Path(out_dir)
-    _check_out_dir(out)  # before the long passes, not after them
-    log = _Phases(progress)
+    check_out_dir(out)  # before the long passes, not after them
+    log = Phases(progress)
     wrong_fields = None
     if spec.input.format is InputFormat.CRITEO_TSV:
         with log.phase("field counts") as rec:
@@ -141,7 +141,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
             stats.values = value_counts(frame, spec)
             rec["rows"] = stats.rows_read
 
-    _clear_out_dir(out)
+    clear_out_dir(out)
     vocabs: dict[str, Vocabulary] = {}
     (out / VOCAB_DIR).mkdir()
     for s in spec.sparse:
@@ -284,6 +284,14 @@ def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocab
     columns += [sparse_output(s, vocabs.get(s.name), boundaries.get(s.name))
                 for s in spec.sparse]
     rows = frame.filter(pl.col(DROP).is_null()).select(*columns, SPLIT)
+    return sink_splits(rows, spec.output, out)
+
+
+def sink_splits(rows: pl.LazyFrame, output: OutputSpec, out: Path
+                ) -> dict[str, list[tuple[str, int]]]:
+    """Streams ``rows`` (output columns and ``__split``) into ``<split>/part-NNNNN.parquet`` files
+    of at most ``output.rows_per_file`` rows; returns (file relative to ``out``, rows) by split,
+    sorted. Shared by the tabular and the XC job (:mod:`pipelines.xc`)."""
 
     def file_path(args) -> str:
         return f"{args.partition_keys.item(0, 0)}/part-{args.index_in_partition:05d}.parquet"
@@ -291,10 +299,10 @@ def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocab
     sinked: list = []
     rows.sink_parquet(
         pl.PartitionBy(out, key=SPLIT, include_key=False, file_path_provider=file_path,
-                       max_rows_per_file=spec.output.rows_per_file,
+                       max_rows_per_file=output.rows_per_file,
                        approximate_bytes_per_file=None),
-        row_group_size=spec.output.rows_per_row_group,
-        compression=spec.output.compression,
+        row_group_size=output.rows_per_row_group,
+        compression=output.compression,
         mkdir=True,
         engine="streaming",
         sinked_paths_callback=lambda args: sinked.extend(args.paths),
@@ -308,7 +316,7 @@ def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocab
     return written
 
 
-def _check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise IngestError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / REPORT_FILE).exists():
@@ -316,9 +324,9 @@ def _check_out_dir(out: Path) -> None:
                           "choose another --out")
 
 
-def _clear_out_dir(out: Path) -> None:
-    """Removes an earlier ingest's outputs (only those: :func:`_check_out_dir` vouched for it)."""
-    _check_out_dir(out)
+def clear_out_dir(out: Path) -> None:
+    """Removes an earlier ingest's outputs (only those: :func:`check_out_dir` vouched for it)."""
+    check_out_dir(out)
     for name in (METADATA_FILE, REPORT_FILE, f"{METADATA_FILE}.tmp"):
         (out / name).unlink(missing_ok=True)
     for name in (*SPLITS, VOCAB_DIR):

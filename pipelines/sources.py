@@ -116,7 +116,7 @@ def check_inputs(files: Sequence[Path], spec: IngestSpec) -> IngestSpec:
         if spec.input.format is InputFormat.PARQUET:
             _check_parquet(path, spec, resolved)
         elif spec.input.format is InputFormat.CSV:
-            header = _check_csv_header(path, spec)
+            header = check_csv_header(path, spec.input.separator, input_columns(spec))
             if header is not None and first_header is not None and header != first_header:
                 # one multi-file scan reads every file with the first one's columns
                 raise IngestError(f"{path}: header differs from {files[0]}'s; files of one job "
@@ -259,7 +259,8 @@ def _parquet_column(name: str, spec: IngestSpec) -> pl.Expr:
 
 # --- per-file checks -----------------------------------------------------------------------------
 
-def _value_type(t: pa.DataType) -> Optional[ValueType]:
+def value_type(t: pa.DataType) -> Optional[ValueType]:
+    """How an Arrow type's values are typed for a categorical column (``None``: neither)."""
     if pa.types.is_integer(t):
         return ValueType.INTEGER
     if pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -267,29 +268,35 @@ def _value_type(t: pa.DataType) -> Optional[ValueType]:
     return None
 
 
-def _check_parquet(path: Path, spec: IngestSpec,
-                   resolved: dict[str, tuple[ValueType, Path]]) -> None:
+def parquet_types(path: Path, columns: Sequence[str]) -> dict[str, pa.DataType]:
+    """A parquet file's column types, checked to hold ``columns`` (one-line errors)."""
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as e:
         raise IngestError(f"{path}: not a readable parquet file (truncated or corrupt?): "
                           f"{first_line(e)}") from None
     types = {f.name: f.type for f in schema}
-    missing = [c for c in input_columns(spec) if c not in types]
+    missing = [c for c in columns if c not in types]
     if missing:
         raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
                           f"(has: {', '.join(list(types)[:20])})")
+    return types
+
+
+def _check_parquet(path: Path, spec: IngestSpec,
+                   resolved: dict[str, tuple[ValueType, Path]]) -> None:
+    types = parquet_types(path, input_columns(spec))
     def numeric(t: pa.DataType) -> bool:
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
     cast = {d.name for d in spec.dense if d.cast is not None}
     for name in [spec.label, *(d.name for d in spec.dense)]:
         t = types[name]
-        if name in cast and _value_type(t) is ValueType.STRING:
+        if name in cast and value_type(t) is ValueType.STRING:
             continue
         if not numeric(t):
             hint = ("; numbers stored as strings: set cast: float on the dense feature"
-                    if _value_type(t) is ValueType.STRING and name != spec.label else "")
+                    if value_type(t) is ValueType.STRING and name != spec.label else "")
             raise IngestError(f"{path}: column {name}: expected numbers, got {t}{hint}")
     for s in spec.sparse:
         t = types[s.source]
@@ -303,7 +310,7 @@ def _check_parquet(path: Path, spec: IngestSpec,
             want = "a list column (multi_hot: true)" if s.multi_hot else "single values"
             raise IngestError(f"{path}: column {s.source}: expected {want}, got {t}")
         inner = t.value_type if is_list else t
-        held = _value_type(inner)
+        held = value_type(inner)
         if held is None:
             hint = ("; to use numbers as a categorical feature, bucketize them "
                     "(bucketize: [...] or quantiles: N)" if numeric(inner) else "")
@@ -332,15 +339,17 @@ def _check_parquet(path: Path, spec: IngestSpec,
                               f"{spec.split.method.value} split")
 
 
-def _check_csv_header(path: Path, spec: IngestSpec) -> Optional[list[str]]:
+def check_csv_header(path: Path, separator: Optional[str], columns: list[str]
+                     ) -> Optional[list[str]]:
+    """The CSV file's column names, checked to hold ``columns`` (``None``: an empty file)."""
     if path.stat().st_size == 0:
         return None  # no header, no rows: counted as an empty file
     try:
-        names = pl.scan_csv(path, separator=spec.input.separator or ",", infer_schema=False,
+        names = pl.scan_csv(path, separator=separator or ",", infer_schema=False,
                             n_rows=0).collect_schema().names()
     except pl.exceptions.PolarsError as e:
         raise IngestError(f"{path}: cannot read the CSV header: {first_line(e)}") from None
-    missing = [c for c in input_columns(spec) if c not in names]
+    missing = [c for c in columns if c not in names]
     if missing:
         raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
                           f"(header has: {', '.join(names[:20])})")

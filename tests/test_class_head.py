@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from embedtrain.models.class_head import (
     HardNegativeHead,
+    HeadLoss,
     Margin,
+    NegativeIndex,
     PartialFCHead,
     ShardedSoftmaxHead,
     shard_range,
@@ -121,12 +123,24 @@ def test_margins_match_their_formulas(margin):
     assert loss > plain
 
 
-_CASES = [(False, "none"), (True, "none"), (False, "arcface")]  # (multi-label, margin)
+# (multi-label, margin, loss)
+_CASES = [(False, "none", "softmax"), (True, "none", "softmax"), (False, "arcface", "softmax"),
+          (True, "none", "bce"), (False, "cosface", "bce")]
 
 
-def _rank_case(rank, multi, margin):
+def _bce_reference(logits, labels, classes=C):
+    """Slow reference: per example, the sum over all classes of the sigmoid cross-entropy of
+    ``logit - log C`` (every class starting near the prior 1 / C)."""
+    targets = torch.zeros_like(logits)
+    for i, row in enumerate(labels.view(len(labels), -1)):
+        targets[i, row[row >= 0]] = 1.0
+    return F.binary_cross_entropy_with_logits(logits - math.log(classes), targets,
+                                              reduction="none").sum(1)
+
+
+def _rank_case(rank, multi, margin, loss):
     weight, features, labels = _reference(multi=multi)
-    head = ShardedSoftmaxHead(C, D, margin=Margin(margin), scale=16.0)
+    head = ShardedSoftmaxHead(C, D, margin=Margin(margin), scale=16.0, loss=HeadLoss(loss))
     with torch.no_grad():
         head.weight.copy_(weight[head.start:head.end])
     local = features.detach()[rank * B:(rank + 1) * B].clone().requires_grad_(True)
@@ -146,7 +160,7 @@ def _rank_case(rank, multi, margin):
 def _rank(rank, world, checkpoint):
     import torch.distributed.checkpoint as dcp
 
-    results = [_rank_case(rank, multi, margin) for multi, margin in _CASES]
+    results = [_rank_case(rank, *case) for case in _CASES]
     head = PartialFCHead(C, D, sample_rate=0.5)  # a checkpoint saved by 2 ranks
     weight, _, _ = _reference()
     with torch.no_grad():
@@ -166,13 +180,18 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(_CASES)))
 def test_two_ranks_equal_one(two_ranks, case):
-    multi, margin = _CASES[case]
+    multi, margin, loss = _CASES[case]
     weight, features, labels = _reference(multi=multi)
     weight = weight.requires_grad_(True)
+    per_example = _bce_reference if loss == "bce" else _softmax_over_positives
     if margin == "none":
         logits = features @ weight.t()
         eval_logits = logits.detach()
-        ref = _softmax_over_positives(logits, labels).mean()
+        ref = per_example(logits, labels).mean()
+    elif loss == "bce":  # CosFace: s (cos - m) on the positives
+        cos = F.normalize(features, dim=1) @ F.normalize(weight, dim=1).t()
+        eval_logits = 16.0 * cos.detach()
+        ref = _bce_reference(16.0 * (cos - 0.35 * F.one_hot(labels, C)), labels).mean()
     else:
         ref = _margin_reference(features, weight, labels, margin, 0.35, 16.0)
         eval_logits = 16.0 * F.normalize(features.detach(), dim=1) @ F.normalize(
@@ -187,8 +206,7 @@ def test_two_ranks_equal_one(two_ranks, case):
         torch.testing.assert_close(r["feature_grad"], 2 * features.grad[rank * B:(rank + 1) * B])
         n = B if rank == 0 else B - 2
         rows = slice(rank * B, rank * B + n)
-        torch.testing.assert_close(r["eval_loss"],
-                                   _softmax_over_positives(eval_logits[rows], labels[rows]))
+        torch.testing.assert_close(r["eval_loss"], per_example(eval_logits[rows], labels[rows]))
         ref_scores, ref_ids = blocked_topk(eval_logits[rows], torch.eye(C), 5)
         assert torch.equal(r["topk"], ref_ids)
         torch.testing.assert_close(r["scores"], ref_scores)
@@ -270,3 +288,128 @@ def test_hard_negatives_are_the_highest_scoring_classes():
     flipped = set(labels.tolist()) | set(
         (-(features.detach() @ weight.t())).topk(3, dim=1).indices.reshape(-1).tolist())
     assert set(head.last_sample.tolist()) == flipped
+
+
+def test_bce_over_the_sample_is_one_vs_all_over_the_sampled_classes():
+    weight, features, labels = _reference(multi=True)
+    head = PartialFCHead(C, D, sample_rate=0.4, seed=3, loss=HeadLoss.BCE)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    loss = head(features.detach(), labels)
+    loss.backward()
+    sample = head.last_sample
+    assert set(labels[labels >= 0].tolist()) <= set(sample.tolist())
+    sub = weight[sample].clone().requires_grad_(True)
+    mapped = torch.where(labels >= 0, torch.searchsorted(sample, labels.clamp(min=0)), -1)
+    ref = _bce_reference(features.detach() @ sub.t(), mapped).mean()  # the offset is log C
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(head.weight.grad.to_dense()[sample], sub.grad)
+    # Rate 1: the one-vs-all loss over all classes, as the full head computes it.
+    full = ShardedSoftmaxHead(C, D, loss=HeadLoss.BCE)
+    every = PartialFCHead(C, D, sample_rate=1.0, loss=HeadLoss.BCE)
+    with torch.no_grad():
+        full.weight.copy_(weight)
+        every.weight.copy_(weight)
+    torch.testing.assert_close(every(features.detach(), labels), full(features.detach(), labels))
+    torch.testing.assert_close(full(features.detach(), labels),
+                               _bce_reference(features.detach() @ weight.t(), labels).mean())
+
+
+def _planted_classes(n_classes=600, dim=16, topics=12, seed=0):
+    """Class vectors in tight topic clusters and queries near a class: what a trained head has."""
+    g = torch.Generator().manual_seed(seed)
+    centres = 4 * torch.randn(topics, dim, generator=g)
+    weight = centres[torch.arange(n_classes) % topics] + 0.3 * torch.randn(n_classes, dim,
+                                                                              generator=g)
+    labels = torch.randint(0, n_classes, (40,), generator=g)
+    return weight, weight[labels] + 0.1 * torch.randn(40, dim, generator=g), labels
+
+
+def test_clustered_index_probing_every_cluster_is_the_exact_search():
+    from embedtrain.models.class_index import ClusteredIndex, recall_at_k
+
+    weight, queries, _ = _planted_classes()
+    index = ClusteredIndex(weight, clusters=12, probe=12,
+                           generator=torch.Generator().manual_seed(0))
+    assert int(index.sizes.sum()) == len(weight) and sorted(index.ids.tolist()) == list(
+        range(len(weight)))
+    scores, rows = index.search(queries, 7)
+    ref_scores, ref_rows = blocked_topk(queries, weight, 7)
+    torch.testing.assert_close(scores, ref_scores)
+    assert recall_at_k(rows, ref_rows) == 1.0
+    # Probing a few clusters of well-separated topics still finds the nearest classes; the
+    # same generator builds the same index (a resumed run rebuilds what it had).
+    few = ClusteredIndex(weight, clusters=24, probe=4, generator=torch.Generator().manual_seed(1))
+    assert recall_at_k(few.search(queries, 7)[1], ref_rows) >= 0.95
+    one = ClusteredIndex(weight, clusters=24, probe=1, generator=torch.Generator().manual_seed(1))
+    assert recall_at_k(one.search(queries, 7)[1], ref_rows) < 0.95  # probing fewer loses some
+    again = ClusteredIndex(weight, clusters=24, probe=4, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(again.ids, few.ids) and torch.equal(again.centroids, few.centroids)
+    # Fewer classes in the probed clusters than k: padded with (-inf, -1).
+    tiny = ClusteredIndex(weight[:5], clusters=5, probe=1,
+                          generator=torch.Generator().manual_seed(0))
+    s, r = tiny.search(queries[:3], 4)
+    assert ((r == -1) == torch.isinf(s)).all() and (r >= 0).any()
+
+
+def test_clustered_hard_negatives_use_the_index_and_report_its_recall():
+    weight, queries, labels = _planted_classes()
+    n = len(weight)
+    head = HardNegativeHead(n, weight.shape[1], negatives=5, refresh_every=3,
+                            index=NegativeIndex.CLUSTERED, index_clusters=24, index_probe=4)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    head(queries, labels).backward()
+    found = head._clustered.search(queries, 5)[1]
+    assert set(head.last_sample.tolist()) == set(labels.tolist()) | set(found[found >= 0].tolist())
+    assert head._index is None  # the clustered index holds the only copy of the slice
+    exact = set(blocked_topk(queries, weight, 5)[1].reshape(-1).tolist())
+    assert len(exact & set(head.last_sample.tolist())) >= 0.9 * len(exact)
+    [first] = head.index_recall
+    assert first["step"] == 0 and first["clusters"] == 24 and first["probe"] == 4
+    assert 0.9 <= first["recall"] <= 1.0
+    head(queries, labels)
+    head(queries, labels)
+    assert len(head.index_recall) == 1  # rebuilt only every refresh_every steps
+    head(queries, labels)
+    assert [r["step"] for r in head.index_recall] == [0, 3]
+
+
+@pytest.mark.parametrize("lr_decay", [0.0, 0.01])
+def test_fused_row_adagrad_is_torch_adagrad_on_the_sampled_rows(lr_decay):
+    """Partial FC's optimizer (gather, update, scatter of the sampled rows) against torch's
+    sparse Adagrad on the same gradients: the same weights and accumulators, bit for bit."""
+    from embedtrain.train.optim import RowSparseAdagrad
+
+    weight, features, labels = _reference(multi=True)
+    heads, optimizers = [], []
+    for cls in (torch.optim.Adagrad, RowSparseAdagrad):
+        head = PartialFCHead(C, D, sample_rate=0.3, seed=2)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+        heads.append(head)
+        optimizers.append(cls(head.parameters(), lr=0.1, lr_decay=lr_decay, foreach=False))
+    for _ in range(4):
+        for head, opt in zip(heads, optimizers):
+            head(features.detach(), labels).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        assert torch.equal(heads[0].last_sample, heads[1].last_sample)
+        assert torch.equal(heads[0].weight, heads[1].weight)
+    torch_state, fused_state = (o.state[h.weight] for o, h in zip(optimizers, heads))
+    assert torch.equal(torch_state["sum"], fused_state["sum"])
+    assert float(torch_state["step"]) == float(fused_state["step"]) == 4
+    untouched = torch_state["sum"].sum(1) == 0  # rows never sampled keep their state
+    assert untouched.any() and torch.equal(heads[1].weight[untouched], weight[untouched])
+    # Uncoalesced gradients (a row twice) and dense ones take torch's math too.
+    p, q = (torch.nn.Parameter(weight.clone()) for _ in range(2))
+    o1, o2 = torch.optim.Adagrad([p], lr=0.1), RowSparseAdagrad([q], lr=0.1)
+    rows, values = torch.tensor([[5, 2, 5]]), torch.randn(3, D)
+    p.grad = torch.sparse_coo_tensor(rows, values, (C, D))
+    q.grad = torch.sparse_coo_tensor(rows, values, (C, D))
+    o1.step(), o2.step()
+    assert torch.equal(p, q)
+    p.grad, q.grad = torch.ones(C, D), torch.ones(C, D)
+    o1.step(), o2.step()
+    assert torch.equal(p, q)

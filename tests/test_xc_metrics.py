@@ -247,3 +247,32 @@ def test_metrics_of_a_column_slice_warn_nothing():
         warnings.simplefilter("error")
         m.update(top, torch.randint(0, 50, (64, 3)))
     assert m.compute()["p@5"] >= 0
+
+
+def test_psp_at_k_matches_a_slow_reference():
+    """Normalised PSP@k as pyxclib's ``psprecision``: propensity-weighted hits over the best
+    achievable propensity-weighted hits, both summed over examples; propensities by hand."""
+    from embedtrain.train.xc_metrics import inverse_propensity
+
+    topk, y = _xc_union_case()
+    g = torch.Generator().manual_seed(5)
+    counts = torch.randint(0, 50, (int(max(topk.max(), y.max())) + 1,), generator=g)
+    n, a, b = 400, 0.55, 1.5
+    c = (math.log(n) - 1) * (b + 1) ** a
+    inv_p = [1 + c * (float(m) + b) ** -a for m in counts]  # 1 / p_l, Jain et al. 2016
+    torch.testing.assert_close(inverse_propensity(counts, n), torch.tensor(inv_p,
+                                                                           dtype=torch.float64))
+    m = XCMetrics(ks=(1, 3, 5), inv_propensity=inverse_propensity(counts, n))
+    m.update(topk[:4], y[:4])  # two batches add up as one
+    m.update(topk[4:], y[4:])
+    got = m.compute()
+    for k in (1, 3, 5):
+        gained = best = 0.0
+        for row, labels in zip(topk.tolist(), y.tolist()):
+            positives = {x for x in (labels if isinstance(labels, list) else [labels]) if x >= 0}
+            gained += sum(inv_p[x] for x in row[:k] if x in positives)
+            best += sum(sorted((inv_p[x] for x in positives), reverse=True)[:k])
+        assert got[f"psp@{k}"] == pytest.approx(gained / best)
+    # A tail label is worth more than a head label: the rarer the hit, the higher PSP.
+    assert inverse_propensity(torch.tensor([1, 1000]), n).tolist()[0] > 2
+    assert XCMetrics(ks=(1,)).compute() == {}

@@ -124,7 +124,11 @@ def _one_step(rank, world, data, out, kind):
     from embedtrain.recipes.base import local_cluster
     from embedtrain.recipes.xc import XCRecipe
 
-    cfg = _cfg(data, f"xc.head.kind={kind}", "xc.head.sample_rate=1.0", "optim.sparse=sgd",
+    kind, *options = kind.split("+")  # e.g. "partial_fc+bce": the head and its options
+    loss = "bce" if "bce" in options else "softmax"
+    index = "clustered" if "clustered" in options else "exact"
+    cfg = _cfg(data, f"xc.head.kind={kind}", f"xc.head.loss={loss}", f"xc.head.index={index}",
+               "xc.head.sample_rate=1.0", "optim.sparse=sgd",
                "optim.dense=sgd", "optim.momentum=0.0", "xc.head.optimizer=sgd",
                "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "xc.head.lr=0.5")
     meta = load_dataset_meta(data)
@@ -179,7 +183,10 @@ def _assemble(results):
     return head, table
 
 
-HEADS = ["full", "partial_fc", "hard_negatives", "adaptive", "mach"]
+# +bce: the one-vs-all loss; +clustered: the clustered index (every class is sampled at rate 1,
+# but its recall is measured with a collective over the ranks at the rebuild)
+HEADS = ["full", "partial_fc", "hard_negatives", "adaptive", "mach", "full+bce", "partial_fc+bce",
+         "hard_negatives+bce+clustered"]
 
 
 def _steps(rank, world, data, out, kinds):
@@ -247,14 +254,23 @@ def multi_label_data(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["partial_fc", "mach"])
-def test_multi_label_heads_learn(multi_label_data, tmp_path, kind):
+@pytest.mark.parametrize("head", [["xc.head.kind=partial_fc"], ["xc.head.kind=mach"],
+                                  ["xc.head.kind=partial_fc", "xc.head.loss=bce"],
+                                  ["xc.head.kind=hard_negatives", "xc.head.loss=bce",
+                                   "xc.head.index=clustered", "xc.head.refresh_every=25"]])
+def test_multi_label_heads_learn(multi_label_data, tmp_path, head):
     from embedtrain.recipes import build_run
 
-    run = build_run(_cfg(multi_label_data, f"xc.head.kind={kind}", "xc.head.sample_rate=0.3",
+    run = build_run(_cfg(multi_label_data, *head, "xc.head.sample_rate=0.3",
                          "train.max_steps=100", "train.checkpoint_every=0"), tmp_path)
     summary = run.trainer.fit(test_data=run.test_data)
     assert summary["p@1"] > 0.3, summary
+    # PSP@k (propensities from the train split's class counts) is reported beside P@k.
+    assert 0 < summary["psp@1"] <= 1 and 0 < summary["psp@5"] <= 1
+    if "xc.head.index=clustered" in head:  # rebuilt every 25 steps, its recall measured
+        assert [r["step"] for r in summary["index_recall"]] == list(range(0, summary["steps"], 25))
+        assert len(summary["index_recall"]) > 1
+        assert all(0 <= r["recall"] <= 1 for r in summary["index_recall"])
 
 
 def test_adaptive_refuses_multi_label_data(multi_label_data, tmp_path):
@@ -262,3 +278,11 @@ def test_adaptive_refuses_multi_label_data(multi_label_data, tmp_path):
 
     with pytest.raises(ValueError, match="adaptive takes one label per example"):
         build_run(_cfg(multi_label_data, "xc.head.kind=adaptive"), tmp_path)
+
+
+def test_bce_needs_a_sharded_head(xc_data, tmp_path):
+    from embedtrain.recipes import build_run
+
+    with pytest.raises(ValueError, match="xc.head.loss: bce needs a full, partial_fc or "
+                                         "hard_negatives head, not mach"):
+        build_run(_cfg(xc_data, "xc.head.kind=mach", "xc.head.loss=bce"), tmp_path)

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedtrain.data.reader import DataError
-from embedtrain.features import DatasetMeta
+from embedtrain.features import METADATA_FILE, DatasetError, DatasetMeta
 
 
 def _batches(path, batch_size: int, columns: list[str]):
@@ -64,12 +64,27 @@ def measure_pooling_factors(meta: DatasetMeta, split: str = "train",
 def class_counts(meta: DatasetMeta, split: str = "train") -> np.ndarray:
     """How often each class id occurs in ``split``'s label column (``[num_classes]`` int64).
 
-    Reads only the label column (a list column counts every label of a row). For adaptive
-    softmax, which sorts classes by frequency.
+    For the train split of a data set whose ``metadata.json`` holds ``class_counts`` (written by
+    ``embedtrain ingest`` with a ``kind: xc`` spec: the train split's count of every class, in
+    class order) those are returned without reading a file; otherwise only the label column is
+    read (a list column counts every label of a row). For adaptive softmax, which sorts classes
+    by frequency.
+
+    Raises:
+        ValueError: not a classification data set, or a ``class_counts`` that is not
+            ``num_classes`` non-negative integers (``metadata.json`` named).
     """
     features = meta.features
     if features.num_classes is None:
         raise ValueError(f"{meta.root}: not a classification data set (no num_classes)")
+    stored = meta.extra.get("class_counts") if split == "train" else None
+    if stored is not None:
+        if (not isinstance(stored, list) or len(stored) != features.num_classes
+                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                           for c in stored)):
+            raise DatasetError(f"{meta.root / METADATA_FILE}: class_counts: expected "
+                               f"{features.num_classes} non-negative integers (num_classes)")
+        return np.asarray(stored, dtype=np.int64)
     counts = np.zeros(features.num_classes, np.int64)
     for path in meta.files(split):
         for batch in _batches(path, 262_144, [features.label]):

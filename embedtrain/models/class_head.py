@@ -52,7 +52,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embedtrain.models.options import Margin
+from embedtrain.models.options import HeadLoss, Margin, NegativeIndex
+from embedtrain.models.class_index import ClusteredIndex, default_clusters, recall_at_k
 from embedtrain.models.topk import blocked_topk, distributed_topk
 
 _EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
@@ -158,6 +159,34 @@ class _ShardedSoftmaxCrossEntropy(torch.autograd.Function):
         return grad, None, None, None
 
 
+class _ShardedBinaryCrossEntropy(torch.autograd.Function):
+    """Per-example one-vs-all loss over logits split by columns (classes) across ranks.
+
+    ``targets [B, L]`` hold this rank's column of each positive or ``-1``. Loss: the sum over
+    every column (of every rank) of the sigmoid cross-entropy, ``softplus(z) - y z``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, group: Optional[dist.ProcessGroup]
+                ) -> Tensor:
+        logits = logits.float()
+        rows, slot = (targets >= 0).nonzero(as_tuple=True)
+        cols = targets[rows, slot]
+        losses = F.softplus(logits).sum(dim=1).index_add_(0, rows, -logits[rows, cols])
+        if _world(group)[1] > 1:
+            dist.all_reduce(losses, group=group)
+        grad = logits.sigmoid()  # d loss / d logit = sigmoid(z) - y
+        grad.index_put_((rows, cols), torch.full_like(cols, -1, dtype=grad.dtype),
+                        accumulate=True)
+        ctx.save_for_backward(grad)
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_loss[:, None]), None, None
+
+
 def sharded_softmax_cross_entropy(logits: Tensor, local_targets: Tensor, counts: Tensor,
                                   group: Optional[dist.ProcessGroup] = None) -> Tensor:
     """Per-example cross-entropy of a softmax whose classes are split across ``group``.
@@ -172,6 +201,36 @@ def sharded_softmax_cross_entropy(logits: Tensor, local_targets: Tensor, counts:
         ``[B]`` losses, identical on every rank.
     """
     return _ShardedSoftmaxCrossEntropy.apply(logits, local_targets, counts, group)
+
+
+def sharded_binary_cross_entropy(logits: Tensor, local_targets: Tensor,
+                                 group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Per-example sum of sigmoid cross-entropies over classes split across ``group``.
+
+    Args as :func:`sharded_softmax_cross_entropy`; an example's positives are distinct.
+
+    Returns:
+        ``[B]`` losses, identical on every rank.
+    """
+    return _ShardedBinaryCrossEntropy.apply(logits, local_targets, group)
+
+
+class _GatherRows(torch.autograd.Function):
+    """``weight[rows]`` into ``out`` (a workspace kept from step to step, so the rows are not
+    copied into freshly mapped memory each step); the gradient is sparse, as ``F.embedding``'s
+    with ``sparse=True``."""
+
+    @staticmethod
+    def forward(ctx, weight: Tensor, rows: Tensor, out: Tensor) -> Tensor:
+        ctx.save_for_backward(rows)
+        ctx.shape = weight.shape
+        return torch.index_select(weight, 0, rows, out=out)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (rows,) = ctx.saved_tensors
+        return torch.sparse_coo_tensor(rows[None], grad, ctx.shape, check_invariants=False), \
+            None, None
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -252,6 +311,10 @@ class ShardedSoftmaxHead(nn.Module):
         margin_value: ``m``.
         scale: ``s``, the logit scale of the normalised (margin) heads.
         seed: seeds the head's sampling (Partial FC, hard negatives).
+        loss: ``softmax`` (over the step's classes: ``logsumexp - mean positive logit``) or
+            ``bce`` (one-vs-all: the sum of the step's classes' sigmoid cross-entropies of
+            ``logit - log C``, the multi-label loss of PECOS/DEXML-style training with sampled
+            negatives; the shift makes every class start at the prior ``1 / C``).
 
     ``forward(features, targets)`` takes this rank's examples (the same count on every rank) and
     returns the mean loss over the global batch (see the module docstring for the gradients).
@@ -259,8 +322,14 @@ class ShardedSoftmaxHead(nn.Module):
 
     def __init__(self, num_classes: int, dim: int, group: Optional[dist.ProcessGroup] = None,
                  device: Optional[torch.device] = None, margin: Margin = Margin.NONE,
-                 margin_value: float = 0.35, scale: float = 30.0, seed: int = 0) -> None:
+                 margin_value: float = 0.35, scale: float = 30.0, seed: int = 0,
+                 loss: HeadLoss = HeadLoss.SOFTMAX) -> None:
         super().__init__()
+        self.loss = HeadLoss(loss)
+        # One-vs-all logits are shifted by -log C: every class starts at probability ~1/C, the
+        # prior of one label among C (as a bias initialised to the prior); without it the
+        # C - 1 negatives at probability 1/2 drown the positives for the first epochs.
+        self.bce_offset = math.log(max(num_classes, 2))
         self.group = group
         self.rank, self.world_size = _world(group)
         self.num_classes, self.dim = num_classes, dim
@@ -308,12 +377,24 @@ class ShardedSoftmaxHead(nn.Module):
         if candidates is None:
             weight = self.weight
         else:  # a sparse gradient: only the candidate rows are touched
-            weight = F.embedding(candidates, self.weight, sparse=True)
+            weight = _GatherRows.apply(self.weight, candidates, self._workspace(candidates))
         local_targets = self._local_targets(targets, candidates)
         logits = self._logits(gathered, weight, local_targets)
         self.steps += 1
-        losses = sharded_softmax_cross_entropy(logits, local_targets, counts, self.group)
+        if self.loss is HeadLoss.BCE:
+            losses = sharded_binary_cross_entropy(logits - self.bce_offset, local_targets,
+                                                  self.group)
+        else:
+            losses = sharded_softmax_cross_entropy(logits, local_targets, counts, self.group)
         return _mean_over_labelled(losses, counts > 0)
+
+    def _workspace(self, rows: Tensor) -> Tensor:
+        """``[len(rows), D]`` of a buffer kept across steps (grown when a step samples more)."""
+        n = rows.numel()
+        buf = getattr(self, "_gathered", None)
+        if buf is None or buf.shape[0] < n or buf.dtype != self.weight.dtype:
+            buf = self._gathered = self.weight.new_empty((max(n, 1), self.dim))
+        return buf[:n]
 
     @torch.no_grad()
     def _eval_weight(self) -> Tensor:
@@ -338,18 +419,29 @@ class ShardedSoftmaxHead(nn.Module):
             gathered = F.normalize(gathered, dim=1) * self.scale
         weight = self._eval_weight()
         b = gathered.shape[0]
+        bce = self.loss is HeadLoss.BCE
         peak = torch.full((b,), -math.inf)
         total = torch.zeros(b)
         for start in range(0, weight.shape[0], _EVAL_BLOCK):  # online log-sum-exp over blocks
             logits = gathered @ weight[start:start + _EVAL_BLOCK].t()
+            if bce:
+                total += F.softplus(logits - self.bce_offset).sum(1)
+                continue
             new_peak = torch.maximum(peak, logits.max(dim=1).values)
             total = total * (peak - new_peak).exp() + (logits - new_peak[:, None]).exp().sum(1)
             peak = new_peak
         local = self._local_targets(targets, None)
         rows, slot = (local >= 0).nonzero(as_tuple=True)
         counts = (targets >= 0).sum(dim=1).clamp(min=1).float()
-        picked = torch.zeros(b).index_add_(
-            0, rows, (gathered[rows] * weight[local[rows, slot]]).sum(1) / counts[rows])
+        positive = (gathered[rows] * weight[local[rows, slot]]).sum(1)
+        if bce:
+            positive = positive - self.bce_offset
+        picked = torch.zeros(b).index_add_(0, rows, positive if bce else positive / counts[rows])
+        if bce:  # sum of softplus(z) over all classes - sum of the positives' z
+            both = torch.stack([total, picked])
+            if self.world_size > 1:
+                dist.all_reduce(both, group=self.group)
+            return (both[0] - both[1])[first:first + features.shape[0]]
         if self.world_size > 1:
             global_peak = peak.clone()
             dist.all_reduce(global_peak, op=dist.ReduceOp.MAX, group=self.group)
@@ -408,7 +500,9 @@ def partial_fc_sample(targets: Tensor, start: int, end: int, rate: float,
     # Negatives: the first classes of a random permutation that are not positives (a topk over
     # random scores would cost ~20x more at 10^6 classes).
     perm = torch.randperm(local, generator=generator)
-    negatives = perm[~positive[perm]][: max(0, want - owned.numel())]
+    need = max(0, want - owned.numel())
+    head = perm[:need + owned.numel()]  # holds at least ``need`` negatives
+    negatives = head[~positive[head]][:need]
     return torch.cat([owned, negatives]).sort().values
 
 
@@ -452,40 +546,88 @@ class HardNegativeHead(PartialFCHead):
 
     Every ``refresh_every`` training steps the *index* (a copy of this rank's class weights,
     normalised under a margin) is rebuilt; each step, the ``negatives`` classes of this rank
-    scoring highest against each example's features in the index (exact blocked top-k; the
-    hardest negatives, as the model's own logits would rank them) join the positives and a
-    uniform sample at ``sample_rate`` (which may be 0). Only those rows get gradients.
+    scoring highest against each example's features in the index (the hardest negatives, as the
+    model's own logits would rank them) join the positives and a uniform sample at
+    ``sample_rate`` (which may be 0). Only those rows get gradients.
+
+    ``index``: ``exact`` (blocked top-k over the whole slice: ``B x n x D`` flops a step) or
+    ``clustered`` (:class:`~embedtrain.models.class_index.ClusteredIndex`: k-means over this
+    rank's slice into ``index_clusters`` lists, default ``ceil(sqrt(n))``, each query searching
+    its ``index_probe`` nearest, default a quarter of them). At each rebuild of a clustered
+    index its recall@``negatives`` against the exact top-k is measured on up to 256 of the
+    step's examples (averaged over ranks) and appended to ``index_recall`` as
+    ``{"step", "recall", "clusters", "probe"}``.
 
     For a resume to draw the same classes as an uninterrupted run, checkpoint at multiples of
     ``refresh_every`` (the index is rebuilt, not saved).
     """
 
     def __init__(self, num_classes: int, dim: int, negatives: int = 10, refresh_every: int = 100,
-                 sample_rate: float = 0.0, **kwargs: Any) -> None:
+                 sample_rate: float = 0.0, index: NegativeIndex = NegativeIndex.EXACT,
+                 index_clusters: int = 0, index_probe: int = 0, **kwargs: Any) -> None:
         super().__init__(num_classes, dim, sample_rate=1.0, **kwargs)
         if negatives < 1 or refresh_every < 1 or not 0 <= sample_rate <= 1:
             raise ValueError(f"need negatives >= 1, refresh_every >= 1 and sample_rate in [0, 1], "
                              f"got {negatives}, {refresh_every} and {sample_rate}")
+        if index_clusters < 0 or index_probe < 0:
+            raise ValueError(f"index_clusters and index_probe: need >= 0 (0: automatic), got "
+                             f"{index_clusters} and {index_probe}")
         self.sample_rate = sample_rate
         self.negatives, self.refresh_every = negatives, refresh_every
+        self.index_kind = NegativeIndex(index)
+        local = self.end - self.start
+        self.index_clusters = min(index_clusters or default_clusters(local), max(local, 1))
+        self.index_probe = min(index_probe or max(1, -(-self.index_clusters // 4)),
+                               self.index_clusters)
+        self.index_recall: list[dict[str, Any]] = []
         self._index: Optional[Tensor] = None
+        self._clustered: Optional[ClusteredIndex] = None
         self._index_step = -1
 
     @torch.no_grad()
-    def _refresh(self) -> None:
+    def _refresh(self, query: Tensor) -> None:
         step = int(self.steps) - int(self.steps) % self.refresh_every
-        if self._index is None or self._index_step != step:
-            self._index = self._eval_weight().detach().clone()
-            self._index_step = step
+        if self._index_step == step:
+            return
+        self._index = self._eval_weight().detach().clone()
+        self._index_step = step
+        if self.index_kind is NegativeIndex.CLUSTERED:
+            g = torch.Generator().manual_seed(
+                (self.seed * 1_000_003 + self.start) * 1_000_033 + step)
+            self._clustered = ClusteredIndex(self._index, self.index_clusters, self.index_probe,
+                                             generator=g)
+            self._index = None  # the clustered index holds the one copy
+            self._measure_recall(query, step)
+
+    @torch.no_grad()
+    def _measure_recall(self, query: Tensor, step: int) -> None:
+        index = self._clustered
+        k = min(self.negatives, index.rows)
+        sample = query[:256]
+        recall = torch.tensor([1.0, 1.0])
+        if k:
+            exact = blocked_topk(sample, index.sorted, k, _EVAL_BLOCK)[1]
+            found = index.search(sample, k)[1]
+            # Both in the index's row order: exact's columns index the sorted copy.
+            recall[0] = recall_at_k(found, index.ids[exact])
+        if self.world_size > 1:
+            dist.all_reduce(recall, group=self.group)
+        self.index_recall.append({"step": step, "recall": float(recall[0] / self.world_size),
+                                  "clusters": index.clusters, "probe": index.probe})
 
     @torch.no_grad()
     def _candidates(self, targets: Tensor, features: Tensor) -> Optional[Tensor]:
-        self._refresh()
+        query = F.normalize(features, dim=1) if self.normalised else features
+        self._refresh(query)
         chosen = _positives(targets, self.start, self.end)
         k = min(self.negatives, self.end - self.start)
         if k:
-            query = F.normalize(features, dim=1) if self.normalised else features
-            chosen[blocked_topk(query, self._index, k, _EVAL_BLOCK)[1].reshape(-1)] = True
+            if self._clustered is not None:
+                nearest = self._clustered.search(query, k)[1]
+                nearest = nearest[nearest >= 0]
+            else:
+                nearest = blocked_topk(query, self._index, k, _EVAL_BLOCK)[1].reshape(-1)
+            chosen[nearest] = True
         if self.sample_rate > 0:
             chosen[partial_fc_sample(targets, self.start, self.end, self.sample_rate,
                                      self._generator())] = True

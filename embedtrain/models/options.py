@@ -30,6 +30,20 @@ class HeadKind(enum.Enum):
     MACH = "mach"  # R hashings of the classes into B buckets, R small heads
 
 
+class HeadLoss(enum.Enum):
+    """The training loss of a sharded head over the classes of a step (all, or the sample)."""
+
+    SOFTMAX = "softmax"  # logsumexp - mean positive logit (one label or several)
+    BCE = "bce"  # one-vs-all: sigmoid cross-entropy of every class of the step, summed
+
+
+class NegativeIndex(enum.Enum):
+    """How hard_negatives finds each example's nearest classes in its snapshot of the weights."""
+
+    EXACT = "exact"  # blocked top-k over every class of the slice
+    CLUSTERED = "clustered"  # k-means clusters of the slice; only the nearest clusters searched
+
+
 class Margin(enum.Enum):
     """Margin on the positives' logits; not ``none``: features and class weights normalised."""
 

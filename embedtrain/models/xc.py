@@ -32,7 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from embedtrain.features import FeatureSpec
 from embedtrain.models.class_head import HardNegativeHead, PartialFCHead, ShardedSoftmaxHead
 from embedtrain.models.dlrm import table_name
-from embedtrain.models.options import HeadKind, Margin, Pooling
+from embedtrain.models.options import HeadKind, HeadLoss, Margin, NegativeIndex, Pooling
 
 HEAD_TABLE = "class_head"  # the head's name in plans and reports
 SHARDED_HEADS = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES)
@@ -112,6 +112,8 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
                hard_negatives: int = 10, refresh_every: int = 100, margin: Margin = Margin.NONE,
                margin_value: float = 0.35, scale: float = 30.0, cutoffs: Sequence[int] = (),
                div_value: float = 4.0, mach_buckets: int = 0, mach_repetitions: int = 4,
+               loss: HeadLoss = HeadLoss.SOFTMAX, index: NegativeIndex = NegativeIndex.EXACT,
+               index_clusters: int = 0, index_probe: int = 0,
                group: Optional[dist.ProcessGroup] = None, class_counts: Optional[Tensor] = None,
                seed: int = 0) -> nn.Module:
     """The class head of ``kind`` (sharded heads: this rank's slice over ``group``).
@@ -129,23 +131,30 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
         cutoffs, div_value: adaptive softmax's cluster boundaries (empty: chosen from C) and
             dimension divisor per cluster.
         mach_buckets, mach_repetitions: MACH's B (0: about sqrt(C), at least 64) and R.
+        loss: the sharded heads' training loss (``softmax`` or one-vs-all ``bce``).
+        index, index_clusters, index_probe: hard_negatives' index of the nearest classes
+            (``exact`` or ``clustered``), its k-means lists per rank and the lists each example
+            searches (0: ``ceil(sqrt(slice))`` and a quarter of them).
         group: ranks sharing a sharded head.
         class_counts: ``[C]`` training frequencies (adaptive softmax sorts classes by them).
         seed: initialisation and sampling seed.
     """
-    common = dict(group=group, margin=margin, margin_value=margin_value, scale=scale, seed=seed)
+    common = dict(group=group, margin=margin, margin_value=margin_value, scale=scale, seed=seed,
+                  loss=loss)
     if kind is HeadKind.FULL:
         return ShardedSoftmaxHead(num_classes, dim, **common)
     if kind is HeadKind.PARTIAL_FC:
         return PartialFCHead(num_classes, dim, sample_rate=sample_rate, **common)
     if kind is HeadKind.HARD_NEGATIVES:
         return HardNegativeHead(num_classes, dim, negatives=hard_negatives,
-                                refresh_every=refresh_every, sample_rate=sample_rate, **common)
+                                refresh_every=refresh_every, sample_rate=sample_rate, index=index,
+                                index_clusters=index_clusters, index_probe=index_probe, **common)
     from embedtrain.models import xc_heads
 
-    if margin is not Margin.NONE:
-        raise ValueError(f"xc.head.margin: {margin.value} needs a full, partial_fc or "
-                         f"hard_negatives head, not {kind.value}")
+    for name, value, default in (("margin", margin, Margin.NONE), ("loss", loss, HeadLoss.SOFTMAX)):
+        if value is not default:
+            raise ValueError(f"xc.head.{name}: {value.value} needs a full, partial_fc or "
+                             f"hard_negatives head, not {kind.value}")
     if kind is HeadKind.ADAPTIVE:
         order = xc_heads.frequency_order(class_counts) if class_counts is not None else None
         return xc_heads.AdaptiveSoftmaxHead(num_classes, dim, cutoffs=list(cutoffs) or None,

@@ -22,6 +22,7 @@ from embedtrain.config import (
     HeadConfig,
     HeadKind,
     Margin,
+    NegativeIndex,
     ShardingType,
     TableConstraint,
 )
@@ -32,6 +33,7 @@ from embedtrain.recipes.tabular import TabularRecipe
 from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.optim import head_optimizer_class, sharded_head_optimizer
 from embedtrain.train.xc import XCTask
+from embedtrain.train.xc_metrics import inverse_propensity
 
 
 def head_arguments(h: HeadConfig) -> dict[str, Any]:
@@ -39,7 +41,8 @@ def head_arguments(h: HeadConfig) -> dict[str, Any]:
     return dict(sample_rate=h.sample_rate, hard_negatives=h.hard_negatives,
                 refresh_every=h.refresh_every, margin=h.margin, margin_value=h.margin_value,
                 scale=h.scale, cutoffs=h.cutoffs, div_value=h.div_value,
-                mach_buckets=h.mach_buckets, mach_repetitions=h.mach_repetitions)
+                mach_buckets=h.mach_buckets, mach_repetitions=h.mach_repetitions, loss=h.loss,
+                index=h.index, index_clusters=h.index_clusters, index_probe=h.index_probe)
 
 
 class XCRecipe(TabularRecipe):
@@ -98,6 +101,7 @@ class XCRecipe(TabularRecipe):
             counts = torch.from_numpy(class_counts(self.dataset))
         group = dist.new_group(list(range(dist.get_world_size()))) if self.sharded else None
         head = self._head(group=group, class_counts=counts, seed=self.cfg.train.seed)
+        self._built_head = head
         if not self.sharded:
             return ModelParts(self._model(head.to(device)), planning_model=self.planning_model())
         model = self._model(head)
@@ -106,12 +110,33 @@ class XCRecipe(TabularRecipe):
                                                                 prefix="head."))
 
     def task(self) -> XCTask:
-        """The head's loss; P@k, nDCG@k, recall@k for ``xc.top_k`` over all classes."""
-        return XCTask(self.cfg.xc.top_k)
+        """The head's loss; P@k, nDCG@k, recall@k and PSP@k (propensities from the train
+        split's class counts, ``xc.propensity_a`` / ``_b``) for ``xc.top_k`` over all classes."""
+        x = self.cfg.xc
+        counts = torch.from_numpy(class_counts(self.dataset))
+        inv_p = inverse_propensity(counts, self.dataset.split_rows["train"], x.propensity_a,
+                                   x.propensity_b)
+        return XCTask(x.top_k, inv_p)
 
     def summary_extra(self) -> dict[str, Any]:
-        """The data set's Bayes-optimal P@1 on the test split, if it has one (synthetic data)."""
-        return oracle_of(self.dataset.extra, "oracle_p_at_1")
+        """The data set's Bayes-optimal P@1 on the test split, if it has one (synthetic data),
+        and a clustered hard-negative index's recall at each rebuild (``index_recall``: the
+        head's own list, which it extends as training goes)."""
+        extra = oracle_of(self.dataset.extra, "oracle_p_at_1")
+        head = getattr(self, "_built_head", None)
+        if getattr(head, "index_kind", None) is NegativeIndex.CLUSTERED:
+            extra["index_recall"] = head.index_recall
+        return extra
+
+    def summary_lines(self, summary: dict[str, Any]) -> list[str]:
+        """The metrics, then the clustered index's recall over its rebuilds."""
+        lines = super().summary_lines(summary)
+        recalls = [r["recall"] for r in summary.get("index_recall") or []]
+        if recalls:
+            k = self.cfg.xc.head.hard_negatives
+            lines.append(f"  index recall@{k} {recalls[-1]:.4f} at the last of {len(recalls)} "
+                         f"rebuilds (min {min(recalls):.4f}; exact top-{k} on 256 examples)")
+        return lines
 
     def planning_constraints(self) -> list[TableConstraint]:
         """A sharded class head is split row-wise (as the sharded heads split it)."""

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -27,15 +27,15 @@ from embedtrain.train.xc_metrics import XCMetrics
 class XCTaskMetrics:
     """P@k, nDCG@k, recall@k of the top-k predictions against the batch's class ids."""
 
-    def __init__(self, ks: Sequence[int]) -> None:
-        self.metrics = XCMetrics(ks)
+    def __init__(self, ks: Sequence[int], inv_propensity: Optional[torch.Tensor] = None) -> None:
+        self.metrics = XCMetrics(ks, inv_propensity=inv_propensity)
 
     def update(self, output: StepOutput, batch: Batch) -> None:
         """Adds the batch's top-k class ids against its labels (padding rows left out)."""
         self.metrics.update(output.predictions, batch.labels[: output.num_examples])
 
     def compute(self) -> dict[str, float]:
-        """``p@k``, ``ndcg@k``, ``recall@k`` for each k, summed over ranks."""
+        """``p@k``, ``ndcg@k``, ``recall@k`` (and ``psp@k``) for each k, summed over ranks."""
         return self.metrics.compute()
 
 
@@ -45,10 +45,12 @@ class XCTask:
     name = "xc"
     main_metric = "p@1"
 
-    def __init__(self, ks: Sequence[int] = (1, 5)) -> None:
+    def __init__(self, ks: Sequence[int] = (1, 5),
+                 inv_propensity: Optional[torch.Tensor] = None) -> None:
         if not ks or min(ks) < 1:
             raise ValueError(f"xc.top_k: needs positive k values, got {list(ks)}")
         self.ks = tuple(sorted(set(ks)))
+        self.inv_propensity = inv_propensity  # [C]: PSP@k too
         self.main_metric = f"p@{self.ks[0]}"
 
     def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
@@ -66,4 +68,4 @@ class XCTask:
 
     def new_metrics(self) -> XCTaskMetrics:
         """A fresh top-k metrics accumulator for this task's ``ks``."""
-        return XCTaskMetrics(self.ks)
+        return XCTaskMetrics(self.ks, self.inv_propensity)

@@ -14,6 +14,11 @@ prediction is a positive, ``P`` = the example's set of positives):
 * ``recall@k = |topk ∩ P| / |P|``
 
 each averaged over examples; an example without positives scores 0 on all three (and counts).
+With inverse propensities ``1 / p_l`` (:func:`inverse_propensity`, Jain et al. 2016), also the
+repository's normalised propensity-scored precision, which credits tail labels more:
+
+* ``PSP@k = sum_examples sum_{i<k} rel_i / p_{pred_i}  /  sum_examples (the same sum for the
+  example's best k positives by 1 / p_l)`` (as ``pyxclib``'s ``psprecision``)
 
 Example:
     >>> m = XCMetrics(ks=(1, 5)); m.update(topk_ids, targets); m.compute()["p@1"]
@@ -21,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Union
 
 import torch
@@ -55,6 +61,32 @@ def _hits(topk_indices: Tensor, targets: Tensor, k: int) -> tuple[Tensor, Tensor
     pos = torch.searchsorted(tgt, pred.contiguous()).clamp(max=tgt.shape[1] - 1)
     rel = (tgt.gather(1, pos) == pred) & (pred >= 0)
     return rel, distinct.sum(dim=1)
+
+
+def inverse_propensity(counts: Tensor, examples: int, a: float = 0.55, b: float = 1.5) -> Tensor:
+    """``1 / p_l`` of every class from its training count ``N_l`` (float64 ``[C]``).
+
+    ``p_l = 1 / (1 + c (N_l + b)^-a)``, ``c = (ln N - 1) (b + 1)^a``, ``N`` the training
+    examples (Jain, Prabhu and Varma, KDD 2016; the repository's defaults ``a = 0.55``,
+    ``b = 1.5``; Wikipedia-LSHTC uses 0.5 / 0.4, Amazon 0.6 / 2.6).
+    """
+    c = (math.log(max(examples, 1)) - 1.0) * (b + 1.0) ** a
+    return 1.0 + c * (counts.double() + b) ** -a
+
+
+def _propensity_scored(topk_indices: Tensor, targets: Tensor, k: int, inv_p: Tensor
+                       ) -> tuple[Tensor, Tensor]:
+    """Per example: ``sum_{i<k} rel_i / p_{pred_i}`` and its best value (``[B]`` each)."""
+    rel, _ = _hits(topk_indices, targets, k)
+    pred = topk_indices[:, :k].long()
+    gained = (rel.double() * inv_p[pred.clamp(min=0)]).sum(dim=1)
+    tgt = targets.long().view(-1, 1) if targets.dim() == 1 else targets.long()
+    tgt = torch.sort(tgt, dim=1).values
+    distinct = (tgt >= 0) & torch.cat([torch.ones_like(tgt[:, :1], dtype=torch.bool),
+                                       tgt[:, 1:] != tgt[:, :-1]], dim=1)
+    weights = torch.where(distinct, inv_p[tgt.clamp(min=0)], 0.0)
+    best = weights.topk(min(k, weights.shape[1]), dim=1).values.sum(dim=1)
+    return gained, best
 
 
 def _per_example(topk_indices: Tensor, targets: Tensor, k: int) -> dict[str, Tensor]:
@@ -104,19 +136,23 @@ class XCMetrics:
 
     :meth:`compute` all-reduces the sums over ``group`` when a process group of world size > 1
     is initialised (a collective: every rank must call it), and returns ``p@k``, ``ndcg@k`` and
-    ``recall@k`` for each ``k`` in ``ks`` (``{}`` if no example was seen). The task's
+    ``recall@k`` for each ``k`` in ``ks`` (``{}`` if no example was seen), and ``psp@k`` when
+    built with ``inv_propensity`` (``[C]``, :func:`inverse_propensity`). The task's
     ``Metrics.update(output, batch)`` adapter passes the top-k ids and the batch's targets.
     """
 
     _NAMES = ("p", "ndcg", "recall")
 
-    def __init__(self, ks: Sequence[int] = (1, 5), group: Optional[dist.ProcessGroup] = None):
+    def __init__(self, ks: Sequence[int] = (1, 5), group: Optional[dist.ProcessGroup] = None,
+                 inv_propensity: Optional[Tensor] = None):
         self.ks = tuple(ks)
         self.group = group
+        self.inv_propensity = None if inv_propensity is None else inv_propensity.double().cpu()
         self.reset()
 
     def reset(self) -> None:
-        self.sums = torch.zeros(len(self.ks) * len(self._NAMES) + 1, dtype=torch.float64)
+        extra = 2 * len(self.ks) if self.inv_propensity is not None else 0
+        self.sums = torch.zeros(len(self.ks) * len(self._NAMES) + extra + 1, dtype=torch.float64)
 
     def update(self, topk_indices: Tensor, targets: Tensor) -> None:
         """Adds a batch: ``topk_indices [B, >= max(ks)]`` and targets (``[B]`` or ``[B, L]``)."""
@@ -125,6 +161,9 @@ class XCMetrics:
         for k in self.ks:
             per = _per_example(topk_indices, targets, k)
             values += [per[n].sum() for n in self._NAMES]
+            if self.inv_propensity is not None:
+                values += [x.sum() for x in _propensity_scored(topk_indices, targets, k,
+                                                               self.inv_propensity)]
         self.sums += torch.stack(values + [torch.tensor(float(topk_indices.shape[0]),
                                                         dtype=torch.float64)])
 
@@ -138,4 +177,10 @@ class XCMetrics:
         if count == 0:
             return {}
         it = iter(sums[:-1].tolist())
-        return {f"{n}@{k}": next(it) / count for k in self.ks for n in self._NAMES}
+        out = {}
+        for k in self.ks:
+            out.update({f"{n}@{k}": next(it) / count for n in self._NAMES})
+            if self.inv_propensity is not None:
+                gained, best = next(it), next(it)
+                out[f"psp@{k}"] = gained / best if best > 0 else 0.0
+        return out
