@@ -4,7 +4,10 @@ Both train the same DLRM (the demo config's sizes) with fused row-wise Adagrad a
 data set, in one process, alternating rounds so machine noise hits both alike. Three rows:
 - hand-written: DMP forward/backward/step over pre-built batches (the anchor's loop);
 - trainer step: ``Trainer._train_step`` over the same pre-built batches (loop overhead only);
-- trainer + reader: ``Trainer`` reading parquet through ``ParquetBatchReader`` (what a run sees).
+- trainer + reader: ``Trainer`` reading parquet through ``ParquetBatchReader`` (what a run sees);
+- trainer + reader, ``train.pipeline: sparse_dist``: the same steps driven by TorchRec's
+  ``TrainPipelineSparseDist`` (a second run of the same config in the same process). On one CPU
+  process there is no all-to-all to hide and no copy stream: expect no gain, only its overhead.
 
 Usage: python benchmarks/bench_train_loop.py [--data data/synthetic_ctr] [--steps 30] [--rounds 3]
 Prints a table and writes benchmarks/out/train_loop.json.
@@ -75,12 +78,32 @@ def main() -> None:
         epoch[0] += 1
         return n * batch_size / (time.perf_counter() - start)
 
-    hand_written(); trainer_step()  # warm-up
-    rows = {"hand-written DMP loop": [], "Trainer step": [], "Trainer + ParquetBatchReader": []}
+    piped = build_run(load_config(args.config, [f"data.path={args.data}",
+                                                "train.pipeline=sparse_dist"]),
+                      "/tmp/embedtrain_bench_run_piped", progress=False).trainer
+    piped_epoch = [1]
+
+    def trainer_pipelined() -> float:
+        start = time.perf_counter()
+        n = 0
+        batches_iter = piped.train_data.iter_epoch(piped_epoch[0])
+        for _ in piped._steps(batches_iter):
+            n += 1
+            if n == len(batches):
+                break
+        piped.pipelined.reset()
+        batches_iter.close()
+        piped_epoch[0] += 1
+        return n * batch_size / (time.perf_counter() - start)
+
+    hand_written(); trainer_step(); trainer_pipelined()  # warm-up (the pipeline traces once)
+    rows = {"hand-written DMP loop": [], "Trainer step": [], "Trainer + ParquetBatchReader": [],
+            "Trainer + reader, pipeline sparse_dist": []}
     for _ in range(args.rounds):
         rows["hand-written DMP loop"].append(hand_written())
         rows["Trainer step"].append(trainer_step())
         rows["Trainer + ParquetBatchReader"].append(trainer_reader())
+        rows["Trainer + reader, pipeline sparse_dist"].append(trainer_pipelined())
 
     base = statistics.median(rows["hand-written DMP loop"])
     result = {"batch_size": batch_size, "steps_per_round": args.steps, "rounds": args.rounds,

@@ -1,4 +1,5 @@
-"""The ``embedtrain`` command line: ``train``, ``eval``, ``plan``, ``ingest`` and ``datagen``.
+"""The ``embedtrain`` command line: ``train``, ``eval``, ``plan``, ``ingest``, ``datagen``,
+``export`` and ``predict``.
 
 Examples:
     embedtrain datagen ctr --rows 1000000 --out data/synthetic_ctr
@@ -17,6 +18,8 @@ Examples:
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --resume  # newest readable ckpt
     embedtrain eval runs/demo --split test     # writes runs/demo/eval_test_<step>.json only
     embedtrain plan configs/dlrm.yaml --cluster configs/clusters/h100-16x8.yaml --out plans/dlrm
+    embedtrain export runs/demo --out exports/demo --quantize int8   # tables, dense program
+    embedtrain predict exports/demo --input 'data/synthetic_ctr/test/*.parquet' --out preds.parquet
 
 Bad input (a config typo, a missing file, a malformed data set, an unreadable checkpoint) ends
 with one line naming the file and key or column, and exit status 2. Read-only commands (``eval``,
@@ -195,6 +198,33 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_datagen)
+
+    p = sub.add_parser("export", help="a run's checkpoint as files for inference: embedding "
+                       "tables, the dense model (torch.export), model.json")
+    p.add_argument("run_dir", help="a run directory written by `embedtrain train`")
+    p.add_argument("--checkpoint", help="step (e.g. 500) or checkpoint directory (default: the "
+                   "run's newest)")
+    p.add_argument("--out", required=True, help="export directory")
+    p.add_argument("--quantize", default="none", help="tables as none (float32), int8 or int4 "
+                   "(TorchRec/FBGEMM rowwise quantization; default: none)")
+    p.add_argument("--format", default="npy", help="table files: npy, parquet or npy,parquet "
+                   "(default: npy)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("predict", help="score parquet rows with an export (streaming)")
+    p.add_argument("export_dir", help="a directory written by `embedtrain export`")
+    p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
+                   help="parquet file, directory or quoted glob in the data set's layout "
+                        "(repeatable)")
+    p.add_argument("--out", required=True, help="predictions parquet file")
+    p.add_argument("--batch-size", type=int, default=8192, help="rows scored at once "
+                   "(default: 8192)")
+    p.add_argument("--top-k", type=int, help="XC: classes per row (default: the run's largest "
+                   "xc.top_k)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_predict)
     return parser
 
 
@@ -531,6 +561,52 @@ def _datagen_graph(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} CSR entries, "
           f"homophily {g['homophily']:.3f}, feature-only Bayes accuracy {bayes:.3f} "
           f"(one-hop Bayes {g['one_hop_bayes_accuracy']['test']:.3f})")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from embedtrain.export.export import export_run
+
+    result = export_run(args.run_dir, args.out, checkpoint=args.checkpoint,
+                        quantize=args.quantize, formats=args.format.split(","),
+                        overwrite=args.overwrite, progress=not args.no_progress)
+    m, mib = result.manifest, 2**20
+    print(f"exported step {m.source.step:,} of {args.run_dir} ({m.source.world_size} rank(s), "
+          f"{m.task}) to {result.out} in {result.seconds:.1f} s")
+    rows = sum(t.rows for t in m.tables)
+    sizes = f"{m.float32_bytes / mib:,.1f} MiB float32"
+    if m.quantize != "none":
+        sizes += (f" -> {m.table_bytes / mib:,.1f} MiB {m.quantize} "
+                  f"({m.float32_bytes / max(m.table_bytes, 1):.2f}x smaller)")
+    print(f"  tables       {len(m.tables)}, {rows:,} rows, {sizes}")
+    if m.head is not None:
+        print(f"  class head   {m.head.num_classes:,} x {m.head.dim} ({m.head.kind}), "
+              f"{m.head.bytes / mib:,.1f} MiB float32, {len(m.head.shards)} shard(s)")
+    if m.dense_program is not None:
+        print(f"  dense model  {m.dense_program.file} ({m.dense_program.format}), "
+              f"{m.dense_program.parameters:,} parameters")
+    else:
+        print(f"  dense model  none ({m.note})")
+    if result.peak_over_baseline is not None:
+        print(f"  memory       peak RSS {result.peak_over_baseline / mib:,.1f} MiB over the "
+              f"{result.baseline_rss / mib:,.0f} MiB before the tables (largest table "
+              f"{result.largest_table / mib:,.1f} MiB)")
+    print(f"files: {result.out}/ (model.json, tables/, "
+          f"{m.dense_program.file + ', ' if m.dense_program else ''}config.yaml)")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from embedtrain.export.predict import predict
+
+    result = predict(args.export_dir, args.inputs, args.out, batch_size=args.batch_size,
+                     top_k=args.top_k, progress=not args.no_progress)
+    rate = result.rows / max(result.seconds, 1e-9)
+    print(f"scored {result.rows:,} rows from {result.files} file(s) in {result.seconds:.1f} s "
+          f"({rate:,.0f} rows/s)")
+    for k, v in result.metrics.items():
+        print(f"  {k:<12} {v:.6f}" if isinstance(v, float) else f"  {k:<12} {v:,}")
+    print(f"written: {result.out}")
     return 0
 
 

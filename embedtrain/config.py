@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from embedtrain.config_io import (  # noqa: F401  (ConfigError ... to_dict: the CLI's imports)
     FANOUT,
@@ -58,6 +58,7 @@ from embedtrain.train.options import (
     DenseOptimizer,
     HeadOptimizer,
     LRDecay,
+    PipelineKind,
     Selection,
     SparseOptimizer,
 )
@@ -66,7 +67,7 @@ __all__ = [
     "Aggregation", "ClusterConfig", "CommPrecision", "ComputeKernel", "Config", "ConfigError",
     "DataConfig", "DenseAllReduce", "DenseOptimizer", "DeviceKind", "GNNConfig", "GNNModel",
     "HeadConfig", "HeadKind", "HeadLoss", "HeadOptimizer", "Interaction", "LRDecay", "Margin",
-    "ModelConfig", "NegativeIndex", "NegativeSampling", "OptimConfig", "Pooling",
+    "ModelConfig", "NegativeIndex", "NegativeSampling", "OptimConfig", "PipelineKind", "Pooling",
     "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Selection",
     "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TaskKind",
     "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
@@ -228,6 +229,9 @@ class TrainConfig:
     select_metric: Optional[str] = None
     # stop after this many evaluations without a better select_metric (0: never)
     early_stopping_patience: int = config_field(0, check=NON_NEGATIVE)
+    # the training step: none (the loop), sparse_dist (TorchRec's TrainPipelineSparseDist: the
+    # next batch's input all-to-all overlaps this one's compute) or semi_sync (task ctr)
+    pipeline: PipelineKind = PipelineKind.NONE
 
 
 # The ``sharding`` section is the planner's own options (it echoes them in plan.json).
@@ -267,7 +271,7 @@ def check_world_size(cfg: Config, world_size: int, source: str = "") -> None:
 # data, the optimizer, the batches) would make the resumed run something else.
 RESUME_SAFE_KEYS = frozenset({
     "train.epochs", "train.max_steps", "train.eval_every", "train.eval_max_batches",
-    "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.progress", "train.pipeline",
     "data.num_workers", "data.prefetch_batches", "data.eval_batch_size",
 })
 
@@ -289,15 +293,19 @@ def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None)
     return cluster
 
 
-# Keys earlier versions wrote into a run's config.yaml that no longer exist (a saved run still
-# loads for eval and --resume): key -> why it went.
-RETIRED_KEYS = {"train.pipeline": "did nothing (the plain loop always ran)"}
+# Values earlier versions wrote into a run's config.yaml that no longer mean anything (a saved run
+# still loads for eval and --resume): key -> (why they went, which values).
+RETIRED_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "train.pipeline": ("a boolean that did nothing (the plain loop always ran); now none, "
+                       "sparse_dist or semi_sync", lambda value: isinstance(value, bool)),
+}
 
 
 def load_run_config(path: str | os.PathLike) -> Config:
     """A run directory's saved ``config.yaml``, also one written by an earlier version (its
-    :data:`RETIRED_KEYS` are left out)."""
-    return load_dataclass(path, Config, drop_keys=RETIRED_KEYS)
+    :data:`RETIRED_KEYS` values are left out)."""
+    return load_dataclass(path, Config,
+                          drop_keys={k: test for k, (_, test) in RETIRED_KEYS.items()})
 
 
 def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Config:

@@ -35,7 +35,7 @@ import types
 import typing
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar, Union
 
 import yaml
 
@@ -73,14 +73,15 @@ def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclass
 
 def load_dataclass(
     path: str | os.PathLike, cls: type[T], overrides: Optional[list[str]] = None,
-    drop_keys: Iterable[str] = (),
+    drop_keys: Iterable[str] | Mapping[str, Callable[[Any], bool]] = (),
 ) -> T:
     """Reads a YAML file into dataclass ``cls`` (any config-like dataclass, e.g. an ingest spec).
 
     Supported field types: ``int``, ``float``, ``bool``, ``str``, enums, ``Optional[...]``,
     ``list[...]``, ``dict[str, ...]`` and nested dataclasses (also inside lists and dicts).
     ``drop_keys`` (dotted paths) are removed from the file's data before it is read: keys an
-    older version wrote that no longer exist (a saved run's ``config.yaml``).
+    older version wrote that no longer exist (a saved run's ``config.yaml``); as a mapping, a key
+    is removed only when its value satisfies the key's test (a key whose old values went).
 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
@@ -102,13 +103,14 @@ def load_dataclass(
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got "
                           f"{type(raw).__name__}")
-    for key in drop_keys:
+    tests = drop_keys if isinstance(drop_keys, Mapping) else dict.fromkeys(drop_keys)
+    for key, test in tests.items():
         *parents, last = key.split(".")
         node = raw
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
+        if isinstance(node, dict) and last in node and (test is None or test(node[last])):
+            del node[last]
     _resolve_paths(cls, raw, path.resolve().parent)
     for item in overrides or []:
         _apply_override(raw, item, path, cls)

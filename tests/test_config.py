@@ -217,18 +217,23 @@ def test_dataset_metadata_errors_name_the_key(tmp_path):
 
 
 def test_saved_run_config_of_an_earlier_version_still_loads(tmp_path):
-    """A run's config.yaml written before train.pipeline was removed loads for eval/--resume;
-    a config the user writes with it is refused (the option does nothing)."""
+    """A run's config.yaml written when train.pipeline was a boolean that did nothing loads for
+    eval/--resume (the boolean is left out); a config the user writes with it is refused (the
+    key now takes none, sparse_dist or semi_sync)."""
     from embedtrain.config import dump_config, load_run_config, to_dict
 
     cfg = load_config("configs/dlrm_synthetic.yaml")
     saved = tmp_path / "config.yaml"
     dump_config(cfg, saved)
-    text = saved.read_text().replace("train:\n", "train:\n  pipeline: true\n", 1)
+    assert "  pipeline: none\n" in saved.read_text()
+    text = saved.read_text().replace("  pipeline: none\n", "  pipeline: true\n", 1)
     saved.write_text(text)
     assert to_dict(load_run_config(saved)) == to_dict(cfg)
-    with pytest.raises(ConfigError, match=r"train\.pipeline: unknown key"):
+    with pytest.raises(ConfigError, match=r"train\.pipeline: .*none.*sparse_dist"):
         load_config(saved)
+    piped = tmp_path / "piped.yaml"
+    piped.write_text(saved.read_text().replace("pipeline: true", "pipeline: sparse_dist"))
+    assert load_run_config(piped).train.pipeline.value == "sparse_dist"  # a value of today
 
 
 def test_text_fields_take_numbers_and_single_values_as_text():

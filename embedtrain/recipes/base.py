@@ -38,7 +38,14 @@ from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 
-from embedtrain.config import ClusterConfig, Config, DeviceKind, TableConstraint, check_world_size
+from embedtrain.config import (
+    ClusterConfig,
+    Config,
+    DeviceKind,
+    PipelineKind,
+    TableConstraint,
+    check_world_size,
+)
 from embedtrain.sharding.measure import (
     measure_embedding_bytes,
     measure_head_bytes,
@@ -165,6 +172,27 @@ class Recipe:
         """More fields for ``summary.json`` (e.g. the data set's oracle metric)."""
         return {}
 
+    def batch_args(self) -> Optional[Callable[[Any], tuple]]:
+        """A batch -> the model's forward arguments, for ``train.pipeline``'s model(batch);
+        ``None``: the family's model cannot run in TorchRec's train pipelines."""
+        return None
+
+    def check_pipeline(self) -> None:
+        """A one-line refusal of ``train.pipeline`` for a family that cannot run in it."""
+        kind = self.cfg.train.pipeline
+        if kind is PipelineKind.SEMI_SYNC:
+            raise ValueError(
+                "train.pipeline: semi_sync is not supported yet (TorchRec's "
+                "TrainPipelineSemiSync steps the optimizer itself, in its own order, which "
+                "embedtrain's loop (gradient accumulation, LR schedule, checkpoints) does not "
+                "follow); use sparse_dist")
+        if kind is not PipelineKind.NONE and self.batch_args() is None:
+            raise ValueError(
+                f"train.pipeline: {kind.value} runs task ctr only (TorchRec's pipelines trace "
+                f"the model with torch.fx to find its sharded tables' inputs; the "
+                f"{self.cfg.task.value} model's forward cannot be traced); use "
+                f"train.pipeline: none")
+
     def planning_constraints(self) -> list[TableConstraint]:
         """Constraints the family adds to ``sharding.tables`` (e.g. the class head row-wise)."""
         return []
@@ -228,6 +256,7 @@ class Recipe:
         """
         cfg, d, t = self.cfg, self.cfg.data, self.cfg.train
         quiet_fx_tracing_warning()
+        self.check_pipeline()
         rank, world, device = init_process_group()
         check_world_size(cfg, world)
         if t.grad_accumulation < 1:
@@ -276,6 +305,7 @@ class Recipe:
                 dense, self.total_steps(len(train_data)), o.warmup_steps, o.lr_decay,
                 o.lr_step_size, o.lr_gamma, o.min_lr_ratio),
             reference=self.reference(extra_summary, task.main_metric),
+            batch_args=self.batch_args(),
         )
         test = reader("test", False) if "test" in info.splits else None
         return Run(trainer=trainer, recipe=self, test_data=test,
@@ -361,7 +391,7 @@ class Recipe:
             progress=t.progress if progress is None else progress,
             grad_accumulation=t.grad_accumulation, bf16_dense=t.bf16_dense, select=t.select,
             select_metric=t.select_metric,
-            early_stopping_patience=t.early_stopping_patience)
+            early_stopping_patience=t.early_stopping_patience, pipeline=t.pipeline)
 
     def check_selection(self, task: Task) -> None:
         """``train.select_metric`` is a metric of the task with a known better direction."""

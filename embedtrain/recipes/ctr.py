@@ -6,7 +6,7 @@ cross-entropy on the model's logit; AUC, NE, log loss and calibration are report
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -43,3 +43,11 @@ class CTRRecipe(TabularRecipe):
     def summary_extra(self) -> dict[str, Any]:
         """The data set's oracle AUC on the test split, if it has one (synthetic data)."""
         return oracle_of(self.dataset.extra, "oracle_auc")
+
+    def batch_args(self) -> Callable[[Any], tuple]:
+        """TorchRec's DLRM takes ``(dense_features, sparse_features)`` (train.pipeline)."""
+        return _dlrm_args
+
+
+def _dlrm_args(batch: Any) -> tuple:
+    return batch.dense_features, batch.sparse_features

@@ -45,3 +45,11 @@ class Selection(enum.Enum):
 
     LAST = "last"  # the end of training
     BEST = "best"  # the evaluation with the best validation value of the selected metric
+
+
+class PipelineKind(enum.Enum):
+    """How a training step is driven (``train.pipeline``)."""
+
+    NONE = "none"  # the trainer's loop: forward, backward, step on a batch already distributed
+    SPARSE_DIST = "sparse_dist"  # TorchRec's TrainPipelineSparseDist (input dist of i+1 overlaps i)
+    SEMI_SYNC = "semi_sync"  # TorchRec's TrainPipelineSemiSync (embeddings of i+1 looked up early)

@@ -31,8 +31,9 @@ from tqdm import tqdm
 from embedtrain.train.checkpoint import (
     CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok, init_optimizer_state)
 from embedtrain.train.run_dir import RunDir
-from embedtrain.train.options import Selection
-from embedtrain.train.task import Task, higher_is_better
+from embedtrain.train.options import PipelineKind, Selection
+from embedtrain.train.pipeline import BatchArgs, PipelinedSteps
+from embedtrain.train.task import StepOutput, Task, higher_is_better
 
 
 class EpochData(Protocol):
@@ -74,6 +75,7 @@ class TrainerOptions:
     keep_checkpoints: int = 2
     progress: bool = True
     grad_accumulation: int = 1  # micro-batches per dense optimizer step
+    pipeline: PipelineKind = PipelineKind.NONE  # a TorchRec train pipeline drives the steps
     bf16_dense: bool = False  # forward under bfloat16 autocast (TorchRec's kernels stay fp32)
     select: Selection = Selection.LAST  # the checkpoint the final (test) metrics come from
     select_metric: Optional[str] = None  # validation metric of BEST (None: the task's main one)
@@ -116,6 +118,8 @@ class Trainer:
         lr_scheduler: stepped after every dense optimizer step, checkpointed with the run.
         reference: a reference value of the task's main metric (e.g. the data set's oracle),
             drawn as a line in ``curves.png``.
+        batch_args: a batch -> the model's forward arguments; needed by ``options.pipeline``
+            other than ``none`` (:mod:`embedtrain.train.pipeline`).
 
     Every rank runs the loop; only rank 0 shows progress and writes records. Ranks must get
     the same number of training batches (``LastBatch.PAD``); evaluation copes with ranks holding
@@ -137,6 +141,7 @@ class Trainer:
         extra_summary: Optional[dict[str, Any]] = None,
         lr_scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
         reference: Optional[float] = None,
+        batch_args: Optional[BatchArgs] = None,
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
@@ -156,6 +161,15 @@ class Trainer:
         self._device_type = param.device.type if param is not None else "cpu"
         self.select_metric = options.select_metric or task.main_metric
         self._higher = higher_is_better(self.select_metric) if self._tracks_best else True
+        self.pipelined: Optional[PipelinedSteps] = None
+        if options.pipeline is not PipelineKind.NONE:
+            if batch_args is None:
+                raise ValueError(f"train.pipeline: {options.pipeline.value} needs the batch's "
+                                 f"model arguments, which this task does not give")
+            accumulate = options.grad_accumulation
+            self.pipelined = PipelinedSteps(
+                options.pipeline, model, task, batch_args, torch.device(self._device_type),
+                bf16=options.bf16_dense, loss_scale=1.0 / accumulate if accumulate > 1 else 1.0)
 
     @property
     def _tracks_best(self) -> bool:
@@ -188,26 +202,35 @@ class Trainer:
                    unit="step", dynamic_ncols=True, mininterval=0.1 if interactive else 10)
         self.model.train()
         while st.step < self.total_steps:
+            paused = False
             with _closing(self.train_data.iter_epoch(st.epoch, st.batch_in_epoch)) as batches:
-                for batch in batches:
-                    self._train_step(batch)
+                for _ in self._steps(batches):
                     bar.set_postfix(loss=f"{st.loss_sum / max(st.loss_steps, 1):.4f}",
                                     ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}",
                                     refresh=False)
                     bar.update(1)
                     done = st.step >= self.total_steps
                     periodic = self.valid_data is not None and opts.eval_every
-                    if periodic and st.step % opts.eval_every == 0 and not done:
-                        done = self._track(self._evaluate_and_log(), save=True)
+                    evaluate = periodic and st.step % opts.eval_every == 0 and not done
                     due = opts.checkpoint_every and st.step % opts.checkpoint_every == 0
-                    if due and not done and self._saved_step != st.step:
+                    save = due and not done and self._saved_step != st.step
+                    if self.pipelined is not None and (evaluate or save or done):
+                        # The plain model for these; the batches the pipeline fetched ahead
+                        # are read again from here (the loader restarts at this step).
+                        self.pipelined.reset()
+                        paused = not done
+                    if evaluate:
+                        done = self._track(self._evaluate_and_log(), save=True)
+                    if save and not done:
                         self.save()
-                    if done:
+                    if done or paused:
                         break
                 else:
                     st.epoch, st.batch_in_epoch = st.epoch + 1, 0
             if st.stopped_early:
                 break
+        if self.pipelined is not None:
+            self.pipelined.reset()
         bar.close()
         if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
             self._optimizer_step()
@@ -264,17 +287,35 @@ class Trainer:
             return True
         return False
 
+    def _steps(self, batches: Iterator[Any]) -> Iterator[None]:
+        """Runs training steps on ``batches``, yielding after each (its bookkeeping done)."""
+        if self.pipelined is None:
+            for batch in batches:
+                self._train_step(batch)
+                yield
+            return
+        while True:
+            start = time.perf_counter()
+            out = self.pipelined.step(batches)  # forward and backward, the next batch fetched
+            if out is None:
+                return
+            self._end_step(out, start)
+            yield
+
     def _train_step(self, batch: Any) -> None:
         start = time.perf_counter()
         accumulate = self.options.grad_accumulation
-        completes = (self.state.step + 1) % accumulate == 0  # this micro-batch ends a dense step
         # Every micro-batch's dense gradients are all-reduced (DDP's no_sync trips an internal
         # assert with TorchRec's data-parallel table lookups); the sum is the same.
         with torch.autocast(self._device_type, dtype=torch.bfloat16,
                             enabled=self.options.bf16_dense):
             out = self.task.forward(self.model, batch)
         (out.loss / accumulate if accumulate > 1 else out.loss).backward()
-        if completes:
+        self._end_step(out, start)
+
+    def _end_step(self, out: StepOutput, start: float) -> None:
+        """After a step's backward: the dense step when it ends an accumulation, the records."""
+        if (self.state.step + 1) % self.options.grad_accumulation == 0:
             self._optimizer_step()
         st = self.state
         if out.num_examples:  # a rank with only padding in this step has no loss to report
@@ -470,6 +511,8 @@ class Trainer:
             "world_size": self.world_size,
             "peak_rss_gb_per_rank": _peak_rss_gb_per_rank(),
             "valid": valid,
+            "pipeline": {"kind": self.options.pipeline.value,
+                         "pipelined_modules": self.pipelined.modules if self.pipelined else []},
             **self.extra_summary,
         }
         if self.rank == 0:

@@ -1,0 +1,584 @@
+"""``embedtrain export``: a run's checkpoint as files an inference job loads without embedtrain's
+training stack: embedding tables, the XC class head, the dense model, and ``model.json``.
+
+What is written where is in :mod:`embedtrain.export.manifest`. How:
+
+1. The run's ``config.yaml`` gives the model; its recipe builds it on the ``meta`` device (no
+   memory): that names every table, its checkpoint key, rows, dimension and pooling.
+2. The dense model (DLRM/DCNv2: bottom MLP, interaction, top MLP; XC: the encoder's MLP) is
+   built on CPU, its parameters loaded with ``torch.distributed.checkpoint.load`` (no process
+   group), and exported with ``torch.export`` (``torch.export.save``; TorchScript where export
+   fails), its batch dimension dynamic; the program is checked against the module.
+3. Tables (and a sharded class head) are read from the DCP checkpoint one tensor at a time and,
+   within it, one shard at a time (:func:`~embedtrain.export.tables.stream_tensor`), straight
+   into their ``.npy`` files: a checkpoint of N ranks, row-wise, table-wise or column-wise,
+   exports on one process, and the memory it takes is at most one shard (one table for a
+   1-rank checkpoint) over the process's baseline (:attr:`ExportResult.peak_over_baseline`).
+   Parquet copies and quantized rows are made from the ``.npy`` in row blocks.
+4. Vocabularies of ingested features are copied next to the tables; the run's config and the
+   data set's ``metadata.json`` are copied too; ``model.json`` says what each file is and what
+   preprocessing rows need.
+
+GNN runs export their node table (no dense program: GraphSAGE runs on sampled neighbourhoods,
+not on rows). XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``).
+
+Example:
+    >>> result = export_run("runs/demo", "exports/demo", quantize="int8")
+    >>> result.manifest.float32_bytes / result.manifest.table_bytes
+    3.2
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import nn
+
+from embedtrain.config import Config, Interaction, TaskKind, load_run_config
+from embedtrain.export.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    QUANTIZE,
+    DenseFeature,
+    DensePreprocessing,
+    DenseProgram,
+    ExportError,
+    Features,
+    Head,
+    Manifest,
+    Shard,
+    Source,
+    SparseFeature,
+    Table,
+    TableFiles,
+    write_manifest,
+)
+from embedtrain.export.tables import (
+    NpyWriter,
+    checkpoint_tensors,
+    load_tensors,
+    quantize_npy,
+    stream_tensor,
+    write_parquet,
+)
+from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
+from embedtrain.utils import progress_bar
+
+FORMATS = ("npy", "parquet")
+PROGRAM_FILE, SCRIPT_FILE = "dense.pt2", "dense.ts"
+_STEP = re.compile(r"^(?:step_)?(\d+)$")
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_run` wrote and what it took.
+
+    Attributes:
+        out: the export directory.
+        manifest: its ``model.json``.
+        seconds: wall time.
+        baseline_rss: resident bytes of the process just before the tables are read: torch
+            and TorchRec imported, the config read, the model built on ``meta``, the (small)
+            dense model exported.
+        peak_rss: the highest resident bytes while the tables (and the head) are read,
+            written, converted to parquet and quantized (``VmHWM``, reset to the baseline
+            before them); None where Linux's ``/proc/self/clear_refs`` cannot reset it.
+        largest_table: bytes of the largest float32 tensor exported (table or class head).
+    """
+
+    out: Path
+    manifest: Manifest
+    seconds: float
+    baseline_rss: int
+    peak_rss: Optional[int]
+    largest_table: int
+
+    @property
+    def peak_over_baseline(self) -> Optional[int]:
+        """Peak resident bytes of the tables' phase over the baseline (None: not measured)."""
+        return None if self.peak_rss is None else max(0, self.peak_rss - self.baseline_rss)
+
+
+@dataclass
+class _Tensor:
+    """A float tensor of the checkpoint to write as files."""
+
+    key: str
+    shape: tuple[int, int]
+    stem: Path  # out / "tables" / name, without suffix
+
+
+def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] = None,
+               quantize: str = "none", formats: Sequence[str] = ("npy",),
+               overwrite: bool = False, progress: bool = True) -> ExportResult:
+    """Exports a run's checkpoint (see the module docstring).
+
+    Args:
+        run_dir: a run directory written by ``embedtrain train``.
+        out: the export directory (created; an earlier export there needs ``overwrite``).
+        checkpoint: a step (``500``, ``step_00000500``) or a checkpoint directory; default:
+            the run's newest complete one.
+        quantize: ``none`` (float32 tables), ``int8`` or ``int4`` (FBGEMM's rowwise fused rows,
+            through TorchRec's quantizer); the class head stays float32.
+        formats: table files: ``npy`` and/or ``parquet`` (float32 tables only).
+        overwrite: replace an earlier export in ``out``.
+        progress: show a progress bar (rows of the tables).
+
+    Raises:
+        ExportError: bad arguments, not a run directory, a model that cannot be exported.
+        CheckpointError: no checkpoint, or one that cannot be read (named).
+    """
+    start = time.perf_counter()
+    run_dir, out = Path(run_dir), Path(out)
+    formats = _check_options(quantize, formats)
+    if not (run_dir / "config.yaml").is_file():
+        raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
+    cfg = load_run_config(run_dir / "config.yaml")
+    model = _Family.of(cfg)  # refuses what cannot be exported, before any file is touched
+    ckpt, info = _find_checkpoint(run_dir, checkpoint)
+    saved = checkpoint_tensors(ckpt)
+    tables, head = model.tables(), model.head_key()
+    for key, shape in [(t.key, (t.rows, t.dim)) for t in tables] + ([head] if head else []):
+        if key not in saved:
+            raise CheckpointError(f"{ckpt}: has no {key}; was it written by this run's model?")
+        if tuple(saved[key]) != tuple(shape):
+            raise CheckpointError(f"{ckpt}: {key} is {list(saved[key])}, the run's config makes "
+                                  f"it {list(shape)}; was it written by this run's model?")
+    _prepare_out(out, overwrite)
+    try:
+        return _export(cfg, model, tables, head, run_dir, out, ckpt, info, quantize, formats,
+                       progress, start)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)  # no half-written export is left behind
+        raise
+
+
+def _export(cfg: Config, model: "_Family", tables: list["_TableSpec"],
+            head: Optional[tuple[str, tuple[int, int]]], run_dir: Path, out: Path, ckpt: Path,
+            info: dict[str, Any], quantize: str, formats: Sequence[str], progress: bool,
+            start: float) -> ExportResult:
+    # 1. The dense model (small; it also loads what reading a checkpoint needs, so that the
+    # baseline below holds every library the tables' phase uses).
+    program = model.dense_program(ckpt, out)
+
+    # 2. The tables, one tensor and one shard at a time (the memory-bound phase).
+    (out / "tables").mkdir()
+    todo = [_Tensor(t.key, (t.rows, t.dim), out / "tables" / t.name) for t in tables]
+    if head:
+        (out / "head").mkdir()
+        todo.append(_Tensor(head[0], head[1], out / "head" / "weight"))
+    baseline, can_reset = _reset_peak_rss()
+    entries: list[Table] = []
+    head_entry = None
+    with progress_bar(sum(t.shape[0] for t in todo), "export", disable=not progress) as bar:
+        for i, t in enumerate(todo):
+            with NpyWriter(t.stem.with_suffix(".npy"), t.shape) as writer:
+                shards = stream_tensor(ckpt, t.key, t.shape, writer.write)
+            if i < len(tables):
+                entries.append(_table_entry(tables[i], shards, out, quantize, formats))
+            else:
+                head_entry = model.head_entry(out, shards, formats)
+            bar.update(t.shape[0])
+    peak = _peak_rss() if can_reset else None
+
+    # 3. Vocabularies, config, data set metadata, model.json.
+    features = model.features(out)
+    for table in entries:
+        table.vocab = next((f.vocab for f in features.sparse if f.table == table.name), None)
+    shutil.copyfile(run_dir / "config.yaml", out / "config.yaml")
+    meta = model.dataset
+    shutil.copyfile(meta.root / "metadata.json", out / "dataset_metadata.json")
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, task=cfg.task.value, model=model.name, quantize=quantize,
+        features=features, tables=entries, source=Source(
+            run_dir=str(run_dir.resolve()), checkpoint=str(Path(ckpt).resolve()),
+            step=int(info["step"]), world_size=int(info.get("world_size", 1)),
+            dataset=str(meta.root), dataset_name=meta.name),
+        dense_program=program, head=head_entry, note=model.note)
+    write_manifest(manifest, out)
+    largest = max(t.shape[0] * t.shape[1] * 4 for t in todo) if todo else 0
+    return ExportResult(out, manifest, time.perf_counter() - start, baseline, peak, largest)
+
+
+def _check_options(quantize: str, formats: Sequence[str]) -> list[str]:
+    if quantize not in QUANTIZE:
+        raise ExportError(f"--quantize: {quantize!r} is not one of {', '.join(QUANTIZE)}")
+    formats = [f.strip() for f in formats if f.strip()]
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        raise ExportError(f"--format: unknown {', '.join(unknown) or '(empty)'} "
+                          f"(use npy, parquet or npy,parquet)")
+    if quantize != "none" and "parquet" in formats:
+        raise ExportError(f"--format parquet: parquet tables are float32; with --quantize "
+                          f"{quantize} use --format npy (fused {quantize} rows)")
+    return formats
+
+
+def _find_checkpoint(run_dir: Path, checkpoint: Optional[str]) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint to export and its trainer state."""
+    manager = CheckpointManager(run_dir / "checkpoints")
+    if checkpoint is None:
+        path = manager.latest()
+        if path is None:
+            raise CheckpointError(f"{run_dir / 'checkpoints'}: no complete checkpoint to export")
+    else:
+        match = _STEP.match(str(checkpoint))
+        path = manager.path(int(match.group(1))) if match else Path(checkpoint)
+        if not path.is_dir():
+            steps = ", ".join(str(int(p.name.split("_")[1])) for p in manager.all()) or "none"
+            raise CheckpointError(f"{path}: no such checkpoint (steps of {run_dir}: {steps})")
+    return path, manager.info(path)
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MANIFEST_FILE).is_file():
+            raise ExportError(f"{out}: not empty and not an export; choose another --out")
+        if not overwrite:
+            raise ExportError(f"{out}: holds an export; pass --overwrite to replace it, or "
+                              f"choose another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _table_entry(t: "_TableSpec", shards: list[Shard], out: Path, quantize: str,
+                 formats: Sequence[str]) -> Table:
+    """Makes the requested files of one written float table and describes them."""
+    npy = out / "tables" / f"{t.name}.npy"
+    files = TableFiles()
+    if "parquet" in formats:
+        write_parquet(npy, npy.with_suffix(".parquet"))
+        files.parquet = f"tables/{t.name}.parquet"
+    float_bytes = t.rows * t.dim * 4
+    size = float_bytes
+    if quantize != "none":
+        quantized = out / "tables" / f"{t.name}.{quantize}.npy"
+        size = quantize_npy(npy, quantized, quantize)
+        npy.unlink()
+        files.npy = f"tables/{quantized.name}"
+    elif "npy" in formats:
+        files.npy = f"tables/{t.name}.npy"
+    else:
+        npy.unlink()
+        size = (out / files.parquet).stat().st_size
+    return Table(name=t.name, features=list(t.features), rows=t.rows, dim=t.dim,
+                 pooling=t.pooling, dtype="float32" if quantize == "none" else quantize,
+                 files=files, bytes=size, float32_bytes=float_bytes, checkpoint_key=t.key,
+                 shards=shards)
+
+
+def _reset_peak_rss() -> tuple[int, bool]:
+    """Current resident bytes, and whether the peak (``VmHWM``) was reset to it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        reset = True
+    except OSError:
+        reset = False
+    return _status("VmRSS") or 0, reset
+
+
+def _peak_rss() -> Optional[int]:
+    return _status("VmHWM")
+
+
+def _status(key: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# -- the families ------------------------------------------------------------------------------
+
+
+@dataclass
+class _TableSpec:
+    name: str
+    key: str
+    features: list[str]
+    rows: int
+    dim: int
+    pooling: str
+
+
+class _Family:
+    """What a task family exports: its tables, dense program, head and features."""
+
+    name = ""
+    note: Optional[str] = None
+
+    def __init__(self, cfg: Config) -> None:
+        from embedtrain.recipes import recipe_for
+
+        self.cfg = cfg
+        self.recipe = recipe_for(cfg)
+        self.model = self.recipe.planning_model()  # on meta: no table memory
+
+    @staticmethod
+    def of(cfg: Config) -> "_Family":
+        if cfg.task is TaskKind.CTR:
+            return _CTR(cfg)
+        if cfg.task is TaskKind.XC:
+            return _XC(cfg)
+        return _GNN(cfg)
+
+    @property
+    def dataset(self):
+        return self.recipe.dataset
+
+    def tables(self) -> list[_TableSpec]:
+        """Every ``EmbeddingBagCollection`` table of the model, with its checkpoint key."""
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        out = []
+        for path, module in self.model.named_modules():
+            if not isinstance(module, EmbeddingBagCollection):
+                continue
+            for c in module.embedding_bag_configs():
+                out.append(_TableSpec(c.name, f"model.{path}.embedding_bags.{c.name}.weight",
+                                      list(c.feature_names), c.num_embeddings, c.embedding_dim,
+                                      c.pooling.name.lower()))
+        return out
+
+    def head_key(self) -> Optional[tuple[str, tuple[int, int]]]:
+        return None
+
+    def head_entry(self, out: Path, shards: Optional[list[Shard]],
+                   formats: Sequence[str]) -> Optional[Head]:
+        return None
+
+    def dense_module(self) -> Optional[tuple[nn.Module, str, tuple, list[str], str]]:
+        """(module on CPU, checkpoint key prefix of its parameters, example inputs, input
+        descriptions, output description); None: no dense program."""
+        return None
+
+    def dense_program(self, ckpt: Path, out: Path) -> Optional[DenseProgram]:
+        """Loads the dense parameters from the checkpoint and exports the program."""
+        built = self.dense_module()
+        if built is None:
+            return None
+        module, prefix, example, inputs, output = built
+        tensors = {prefix + k: v for k, v in module.state_dict().items()}
+        missing = [k for k in tensors if k not in checkpoint_tensors(ckpt)]
+        if missing:
+            raise CheckpointError(f"{ckpt}: has no {missing[0]}; was it written by this run's "
+                                  "model?")
+        load_tensors(ckpt, tensors)
+        module.eval()
+        file, kind = export_program(module, example, out)
+        return DenseProgram(file=file, format=kind, inputs=inputs, output=output,
+                            parameters=sum(p.numel() for p in module.parameters()))
+
+    def features(self, out: Path) -> Features:
+        """The data set's columns and what ingestion did to them; vocabularies copied."""
+        meta = self.dataset
+        extra, spec = meta.extra, meta.features
+        tables = {f: t.name for t in self.tables() for f in t.features}
+        stats = extra.get("dense_stats") or {}
+        casts = {d.get("name"): d.get("cast") for d in (extra.get("spec") or {}).get("dense", [])
+                 if isinstance(d, dict)}
+        transform = spec.dense_transform.value
+        dense = []
+        for name in spec.dense:
+            s = stats.get(name)
+            ingest = None
+            if isinstance(s, dict):
+                ingest = DensePreprocessing(
+                    fill_null=float(s.get("fill_null") or 0.0), cast=casts.get(name),
+                    clip_min=s.get("clip_min"), clip_max=s.get("clip_max"),
+                    log1p=bool(s.get("log1p")), standardize=bool(s.get("standardized")),
+                    mean=s.get("mean"), std=s.get("std"))
+            dense.append(DenseFeature(name, transform, ingest))
+        vocab_files = extra.get("vocab_files") or {}
+        hashes = extra.get("hash_buckets") or {}
+        buckets = extra.get("bucket_boundaries") or {}
+        sparse_spec = {d.get("name"): d for d in (extra.get("spec") or {}).get("sparse", [])
+                       if isinstance(d, dict)}
+        sparse = []
+        for f in spec.sparse:
+            entry = SparseFeature(f.name, tables.get(f.name, ""), f.num_embeddings, f.multi_hot,
+                                  f.max_length)
+            given = sparse_spec.get(f.name, {})
+            entry.column = given.get("column")
+            if f.name in vocab_files:
+                entry.encoding, entry.vocab = "vocab", _copy_vocab(meta.root, vocab_files[f.name],
+                                                                   out)
+                entry.min_frequency = given.get("min_frequency")
+            elif f.name in hashes:
+                entry.encoding, entry.hash_buckets = "hash", int(hashes[f.name])
+            elif f.name in buckets:
+                entry.encoding = "quantiles" if given.get("quantiles") else "bucketize"
+                entry.bucket_boundaries = [float(b) for b in buckets[f.name]]
+            if entry.encoding != "pre_encoded" and "null_id" in extra:
+                entry.null_id = int(extra["null_id"])
+            sparse.append(entry)
+        return Features(spec.label, dense, sparse, spec.num_classes, spec.max_labels)
+
+
+def _copy_vocab(root: Path, relative: str, out: Path) -> Optional[str]:
+    source = root / relative
+    if not source.is_file():
+        return None
+    target = out / "vocab" / source.name
+    target.parent.mkdir(exist_ok=True)
+    shutil.copyfile(source, target)
+    return f"vocab/{source.name}"
+
+
+def export_program(module: nn.Module, example: tuple, out: Path) -> tuple[str, str]:
+    """``module`` as a ``torch.export`` program with a dynamic batch dimension
+    (``torch.export.save``), or TorchScript (``torch.jit.trace``) where export fails; checked
+    against ``module`` on ``example``. Returns (file name, format)."""
+    with torch.no_grad():
+        expected = module(*example)
+        batch = torch.export.Dim("batch")
+        try:
+            program = torch.export.export(module, example,
+                                          dynamic_shapes=tuple({0: batch} for _ in example))
+            torch.export.save(program, out / PROGRAM_FILE)
+            file, kind, loaded = PROGRAM_FILE, "torch.export", program.module()
+        except Exception:  # noqa: BLE001 - an op torch.export cannot trace: TorchScript
+            traced = torch.jit.trace(module, example)
+            torch.jit.save(traced, str(out / SCRIPT_FILE))
+            file, kind, loaded = SCRIPT_FILE, "torchscript", traced
+        got = loaded(*example)
+    if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        raise ExportError(f"{out / file}: the exported program does not reproduce the model "
+                          f"(max difference {(got - expected).abs().max():.3g})")
+    return file, kind
+
+
+class _DLRMDense(nn.Module):
+    """DLRM / DCNv2 without its tables: ``(dense [B, n_dense], pooled [B, F, D]) -> logit [B]``
+    (TorchRec's ``DLRM.forward`` after the sparse arch)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.dense_arch, self.inter_arch, self.over_arch = (model.dense_arch, model.inter_arch,
+                                                            model.over_arch)
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        features = self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=pooled)
+        return self.over_arch(features).squeeze(-1)
+
+
+class _CTR(_Family):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self.name = "dcn" if cfg.model.interaction is Interaction.DCN else "dlrm"
+
+    def dense_module(self):
+        spec = self.dataset.features
+        tables = self.tables()
+        dim = self.cfg.model.embedding_dim
+        example = (torch.randn(4, len(spec.dense)), torch.randn(4, len(tables), dim))
+        inputs = [f"dense: float32 [B, {len(spec.dense)}] (features.dense, in order)",
+                  f"pooled: float32 [B, {len(tables)}, {dim}] (the tables' pooled embeddings, "
+                  f"in the order of tables)"]
+        return (_DLRMDense(self.model), "model.", example, inputs,
+                "logit: float32 [B] (click probability = sigmoid(logit))")
+
+
+class _XCDense(nn.Module):
+    """The XC encoder's MLP: ``(dense [B, n_dense], pooled [B, sum of dims]) -> [B, D]``."""
+
+    def __init__(self, mlp: nn.Module, has_dense: bool) -> None:
+        super().__init__()
+        self.mlp, self.has_dense = mlp, has_dense
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([pooled, dense], dim=1) if self.has_dense else pooled)
+
+
+class _XC(_Family):
+    name = "xc"
+
+    def __init__(self, cfg: Config) -> None:
+        from embedtrain.models.xc import SHARDED_HEADS
+
+        kind = cfg.xc.head.kind
+        if kind not in SHARDED_HEADS:
+            raise ExportError(f"xc.head.kind: {kind.value}: export writes the sharded heads' "
+                              f"weights (full, partial_fc, hard_negatives); a {kind.value} head "
+                              f"scores classes with its own structure, which is not exported")
+        super().__init__(cfg)
+
+    def head_key(self):
+        spec = self.dataset.features
+        return "model.head.weight", (spec.num_classes, self.cfg.xc.mlp[-1])
+
+    def head_entry(self, out, shards, formats):
+        from embedtrain.models.options import Margin
+
+        h, spec = self.cfg.xc.head, self.dataset.features
+        npy = out / "head" / "weight.npy"
+        files = TableFiles(npy="head/weight.npy")
+        if "parquet" in formats:
+            write_parquet(npy, npy.with_suffix(".parquet"))
+            files.parquet = "head/weight.parquet"
+        if "npy" not in formats:
+            npy.unlink()
+            files.npy = None
+        vocab = (self.dataset.extra.get("vocab_files") or {}).get(spec.label)
+        normalised = h.margin is not Margin.NONE
+        return Head(kind=h.kind.value, num_classes=spec.num_classes, dim=self.cfg.xc.mlp[-1],
+                    files=files, bytes=spec.num_classes * self.cfg.xc.mlp[-1] * 4,
+                    checkpoint_key="model.head.weight", normalised=normalised,
+                    scale=h.scale if normalised else 1.0, top_k=list(self.cfg.xc.top_k),
+                    shards=shards or [],
+                    vocab=_copy_vocab(self.dataset.root, vocab, out) if vocab else None)
+
+    def dense_module(self):
+        spec = self.dataset.features
+        encoder = self.model.encoder
+        mlp = encoder.mlp.to_empty(device="cpu")
+        width = sum(t.dim for t in self.tables())
+        example = (torch.randn(4, len(spec.dense)), torch.randn(4, width))
+        inputs = [f"dense: float32 [B, {len(spec.dense)}] (features.dense, in order)",
+                  f"pooled: float32 [B, {width}] (the tables' pooled embeddings, concatenated "
+                  f"in the order of tables)"]
+        return (_XCDense(mlp, bool(spec.dense)), "model.encoder.", example, inputs,
+                f"features: float32 [B, {encoder.dim}] (class scores: features @ "
+                f"head.weight.T)")
+
+
+class _GNN(_Family):
+    name = "graphsage"
+    note = ("GraphSAGE runs on sampled neighbourhoods of the graph, not on rows: the node "
+            "table only, no dense program")
+
+    @property
+    def dataset(self):
+        return _GraphMeta(self.recipe.dataset)
+
+    def tables(self):
+        found = super().tables()
+        if not found:
+            raise ExportError("gnn.embedding_dim: 0: the model has no node table, and its "
+                              "SAGE layers run on sampled neighbourhoods: nothing to export")
+        return found
+
+    def features(self, out: Path) -> Features:
+        t = self.tables()[0]
+        return Features("label", [], [SparseFeature("node", t.name, t.rows)],
+                        self.recipe.dataset.num_classes or None)
+
+
+class _GraphMeta:
+    """The few data set fields an export records, for a graph data set."""
+
+    def __init__(self, graph) -> None:
+        self.root, self.name = Path(graph.root), graph.name

@@ -1,0 +1,238 @@
+"""``model.json``: what an export directory holds and what its inputs need (schema, read, write).
+
+An export (``embedtrain export RUN_DIR --out DIR``) is a directory::
+
+    DIR/model.json                this manifest
+    DIR/dense.pt2                 the dense model, a torch.export program (dense.ts: TorchScript)
+    DIR/tables/<table>.npy        float32 [rows, dim] per embedding table (row = id)
+    DIR/tables/<table>.int8.npy   or, quantized: uint8 [rows, dim + 4] fused rows (FBGEMM's
+                                  layout: dim codes, then fp16 scale and fp16 bias; int4:
+                                  dim / 2 bytes of codes)
+    DIR/tables/<table>.parquet    with --format parquet: id (int64), vector (list<float32>)
+    DIR/head/weight.npy           XC: the class head, float32 [classes, D] (row = class id)
+    DIR/vocab/<feature>.parquet   ingested features' vocabularies (value, id, count), copied
+    DIR/config.yaml               the run's resolved config, copied
+    DIR/dataset_metadata.json     the data set's metadata.json, copied
+
+The manifest is plain JSON mapped onto the dataclasses below (:func:`load_manifest` checks keys
+and types, one line naming the file and key). Paths in it are relative to the export directory.
+``features`` says what a row must carry and how raw data became those values:
+``features.dense[i].transform`` is applied by the reader to the stored value (``log1p`` for the
+synthetic Criteo counts), ``features.dense[i].ingest`` is what ``embedtrain ingest`` did to the
+raw column first (fill, clip, log1p, standardisation with the training split's mean and std);
+``features.sparse[i].encoding`` is how raw values became ids (``pre_encoded``, ``vocab`` with its
+file, ``hash`` with its buckets, ``bucketize``/``quantiles`` with their boundaries; id 0 is the
+null/unknown bucket of ingested features).
+
+Example:
+    >>> m = load_manifest("exports/demo")
+    >>> m.task, [t.name for t in m.tables][:2], m.tables[0].files.npy
+    ('ctr', ['t_C1', 't_C2'], 'tables/t_C1.npy')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from embedtrain.config_io import ConfigError, from_dict, to_dict
+
+MANIFEST_FILE = "model.json"
+FORMAT_VERSION = 1
+QUANTIZE = ("none", "int8", "int4")  # table formats: float32, or FBGEMM's fused rowwise n-bit
+BITS = {"int8": 8, "int4": 4}
+
+
+class ExportError(ValueError):
+    """An export directory or its manifest is unusable; the message names the file and key."""
+
+
+@dataclass
+class Shard:
+    """One shard of a checkpointed tensor, as DCP stored it (rank-local rows and columns)."""
+
+    row_offset: int
+    col_offset: int
+    rows: int
+    cols: int
+
+
+@dataclass
+class TableFiles:
+    """Where a table (or the class head) is written; ``None``: not in this format."""
+
+    npy: Optional[str] = None
+    parquet: Optional[str] = None
+
+
+@dataclass
+class Table:
+    """An embedding table: ``rows`` ids of ``dim`` values, pooled per bag by ``pooling``.
+
+    ``dtype`` is ``float32`` or the quantization (``int8``, ``int4``: fused rows of codes plus
+    fp16 scale and bias, as TorchRec's quantized ``EmbeddingBagCollection`` holds them);
+    ``bytes`` is the size of its ``npy`` file's data, ``float32_bytes`` that of the float table.
+    """
+
+    name: str
+    features: list[str]
+    rows: int
+    dim: int
+    pooling: str
+    dtype: str
+    files: TableFiles
+    bytes: int
+    float32_bytes: int
+    checkpoint_key: str
+    shards: list[Shard] = field(default_factory=list)
+    vocab: Optional[str] = None  # the vocabulary of its feature (ingested data), if any
+
+
+@dataclass
+class DensePreprocessing:
+    """What ``embedtrain ingest`` did to a raw dense column (in this order), from its spec."""
+
+    fill_null: float = 0.0
+    cast: Optional[str] = None
+    clip_min: Optional[float] = None
+    clip_max: Optional[float] = None
+    log1p: bool = False
+    standardize: bool = False
+    mean: Optional[float] = None  # the training split's, after fill/clip/log1p
+    std: Optional[float] = None
+
+
+@dataclass
+class DenseFeature:
+    name: str
+    transform: str = "none"  # applied to the stored value when rows are read: none | log1p
+    ingest: Optional[DensePreprocessing] = None
+
+
+@dataclass
+class SparseFeature:
+    name: str
+    table: str
+    num_embeddings: int
+    multi_hot: bool = False
+    max_length: int = 1
+    encoding: str = "pre_encoded"  # pre_encoded | vocab | hash | bucketize | quantiles
+    column: Optional[str] = None  # the raw input column (ingest), when it is not ``name``
+    vocab: Optional[str] = None  # vocab: the file (value, id, count) in the export
+    min_frequency: Optional[int] = None
+    hash_buckets: Optional[int] = None  # hash: id = 1 + string_hash(value) % (buckets - 1)
+    bucket_boundaries: Optional[list[float]] = None  # id = 1 + #{b <= x}
+    null_id: Optional[int] = None  # the id of null / unknown values (ingested features: 0)
+
+
+@dataclass
+class Features:
+    """The columns a row carries: the label (optional at predict time), dense and sparse."""
+
+    label: str
+    dense: list[DenseFeature]
+    sparse: list[SparseFeature]
+    num_classes: Optional[int] = None
+    max_labels: int = 1
+
+
+@dataclass
+class DenseProgram:
+    """The dense model: everything but the embedding tables (and the XC class head)."""
+
+    file: str
+    format: str  # torch.export | torchscript
+    inputs: list[str]
+    output: str
+    parameters: int
+
+
+@dataclass
+class Head:
+    """An XC class head: ``num_classes`` x ``dim`` weights; scores are ``features @ weight.T``
+    (both L2-normalised and the features scaled by ``scale`` when ``normalised``)."""
+
+    kind: str
+    num_classes: int
+    dim: int
+    files: TableFiles
+    bytes: int
+    checkpoint_key: str
+    normalised: bool = False
+    scale: float = 1.0
+    top_k: list[int] = field(default_factory=lambda: [1, 5])
+    shards: list[Shard] = field(default_factory=list)
+    vocab: Optional[str] = None  # ingested labels: class id -> label value
+
+
+@dataclass
+class Source:
+    """Where the export came from."""
+
+    run_dir: str
+    checkpoint: str
+    step: int
+    world_size: int
+    dataset: str
+    dataset_name: str
+    config: str = "config.yaml"
+    dataset_metadata: str = "dataset_metadata.json"
+
+
+@dataclass
+class Manifest:
+    """``model.json``."""
+
+    format_version: int
+    task: str
+    model: str  # dlrm | dcn | xc | graphsage
+    quantize: str
+    features: Features
+    tables: list[Table]
+    source: Source
+    dense_program: Optional[DenseProgram] = None
+    head: Optional[Head] = None
+    note: Optional[str] = None
+
+    @property
+    def table_bytes(self) -> int:
+        return sum(t.bytes for t in self.tables)
+
+    @property
+    def float32_bytes(self) -> int:
+        return sum(t.float32_bytes for t in self.tables)
+
+
+def write_manifest(manifest: Manifest, root: str | os.PathLike) -> Path:
+    """Writes ``root/model.json``."""
+    path = Path(root) / MANIFEST_FILE
+    path.write_text(json.dumps(to_dict(manifest), indent=2) + "\n")
+    return path
+
+
+def load_manifest(root: str | os.PathLike) -> Manifest:
+    """Reads ``root/model.json``.
+
+    Raises:
+        ExportError: no such file, invalid JSON, a missing or mistyped key, another format
+            version (file and key named).
+    """
+    path = Path(root) / MANIFEST_FILE
+    if not path.is_file():
+        hint = "" if Path(root).is_dir() else " (the directory does not exist)"
+        raise ExportError(f"{path}: not an export (no {MANIFEST_FILE}; write one with: "
+                          f"embedtrain export RUN_DIR --out DIR){hint}")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path}: unreadable: {e}") from None
+    if isinstance(raw, dict) and raw.get("format_version") not in (None, FORMAT_VERSION):
+        raise ExportError(f"{path}: format_version {raw['format_version']!r} is not "
+                          f"{FORMAT_VERSION} (written by another version of embedtrain)")
+    try:
+        return from_dict(Manifest, raw, source=str(path), ignore_unknown=True)
+    except ConfigError as e:
+        raise ExportError(str(e)) from None

@@ -1,0 +1,406 @@
+"""``embedtrain predict``: scores parquet rows with an export, batch by batch.
+
+:class:`ExportedModel` loads an export directory (:mod:`embedtrain.export.manifest`): its tables
+into TorchRec's ``EmbeddingBagCollection`` (float32 ``.npy`` files memory-mapped) or, for
+``int8``/``int4`` exports, into TorchRec's quantized inference ``EmbeddingBagCollection``
+(FBGEMM's n-bit kernels); the dense program with ``torch.export.load``; an XC class head as a
+float32 matrix scored in blocks of classes (:func:`embedtrain.models.topk.blocked_topk`, the
+kernel evaluation uses).
+
+:func:`predict` streams the input files (parquet rows in the data set's layout, e.g. its split
+files): one ``--batch-size`` of rows is read, checked (types, nulls, ids in range; the file,
+column and row of a bad value named), turned into a TorchRec batch exactly as training's reader
+does (same dense transform), scored and appended to the output parquet; memory is bounded by a
+batch and a row group, never the input. Output columns, one row per input row, in input order:
+
+* CTR: ``logit`` and ``score`` (the click probability, ``sigmoid(logit)``), float32;
+* XC: ``top_ids`` (``list<int64>``, class ids, best first) and ``top_scores``
+  (``list<float32>``, the head's logits), ``--top-k`` of them (default: the run's largest
+  ``xc.top_k``);
+
+plus the input's label column (``label`` or ``labels``) where the input has it; then the
+metrics of the scores against it are returned too (CTR: AUC and log loss; XC: P@1).
+
+Example:
+    >>> model = ExportedModel("exports/demo")
+    >>> result = predict("exports/demo", ["data/synthetic_ctr/test/*.parquet"], "preds.parquet")
+    >>> result.rows, result.metrics["auc"]
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from embedtrain.data.batching import Rows, SparseLayout, is_list_type, to_batch
+from embedtrain.data.reader import DataError
+from embedtrain.export.manifest import ExportError, load_manifest
+from embedtrain.export.tables import (
+    float_collection,
+    quantized_collection,
+    quantized_width,
+    read_table,
+)
+from embedtrain.features import DenseTransform, FeatureSpec, SparseFeature
+from embedtrain.recipes.base import quiet_fx_tracing_warning
+from embedtrain.utils import natural_key, progress_bar
+
+_HEAD_BLOCK = 65_536  # classes scored at once (as evaluation does)
+
+
+class ExportedModel:
+    """An export directory loaded for scoring (CTR and XC exports).
+
+    Args:
+        root: the export directory.
+
+    Raises:
+        ExportError: no usable ``model.json``, a task that cannot score rows (GNN), or a
+            missing/mismatched file (named).
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        m = self.manifest = load_manifest(self.root)
+        where = self.root / "model.json"
+        if m.task not in ("ctr", "xc") or m.dense_program is None:
+            raise ExportError(f"{where}: task {m.task}: embedtrain predict scores rows with "
+                              f"ctr and xc exports ({m.note or 'this one has no dense program'})")
+        if m.task == "xc" and m.head is None:
+            raise ExportError(f"{where}: task xc without a head")
+        f = m.features
+        transform = f.dense[0].transform if f.dense else "none"
+        self.spec = FeatureSpec(
+            label=f.label, dense=tuple(d.name for d in f.dense),
+            sparse=tuple(SparseFeature(s.name, s.num_embeddings, s.multi_hot, s.max_length)
+                         for s in f.sparse),
+            dense_transform=DenseTransform(transform), num_classes=f.num_classes,
+            max_labels=f.max_labels)
+        quantized = m.quantize != "none"
+        arrays = []
+        for t in m.tables:
+            if quantized:
+                arrays.append(read_table(self.root, t.files.npy, None,
+                                         (t.rows, quantized_width(t.dim, m.quantize)), np.uint8))
+            else:
+                arrays.append(read_table(self.root, t.files.npy, t.files.parquet,
+                                         (t.rows, t.dim), np.float32))
+        self.tables = (quantized_collection(m.tables, arrays, m.quantize) if quantized
+                       else float_collection(m.tables, arrays))
+        self.feature_order = [name for t in m.tables for name in t.features]
+        self.program = _load_program(self.root / m.dense_program.file, m.dense_program.format)
+        self.head_weight: Optional[Tensor] = None
+        if m.head is not None:
+            h = m.head
+            weight = torch.from_numpy(read_table(self.root, h.files.npy, h.files.parquet,
+                                                 (h.num_classes, h.dim), np.float32))
+            self.head_weight = F.normalize(weight, dim=1) if h.normalised else weight
+
+    @property
+    def task(self) -> str:
+        return self.manifest.task
+
+    @property
+    def table_memory_bytes(self) -> int:
+        """Bytes of the tables as the lookup modules hold them: the float32 weights, or the
+        rows (codes, scale and bias, aligned) of the quantized module's FBGEMM kernels."""
+        if self.manifest.quantize == "none":
+            return sum(p.numel() * p.element_size() for p in self.tables.parameters())
+        return sum(m.weights_host.numel() * m.weights_host.element_size()
+                   for m in self.tables._emb_modules)  # one buffer of rows per kernel
+
+    @torch.no_grad()
+    def pooled(self, sparse) -> list[Tensor]:
+        """The tables' pooled embeddings of a ``KeyedJaggedTensor``, ``[B, dim]`` per feature,
+        in the manifest's table order."""
+        by_key = self.tables(sparse).to_dict()
+        return [by_key[name] for name in self.feature_order]
+
+    @torch.no_grad()
+    def logits(self, dense: Tensor, sparse) -> Tensor:
+        """CTR: the click logits ``[B]``."""
+        return self.program(dense, torch.stack(self.pooled(sparse), dim=1))
+
+    @torch.no_grad()
+    def features(self, dense: Tensor, sparse) -> Tensor:
+        """XC: the encoder's features ``[B, D]``."""
+        return self.program(dense, torch.cat(self.pooled(sparse), dim=1))
+
+    @torch.no_grad()
+    def topk(self, dense: Tensor, sparse, k: int) -> tuple[Tensor, Tensor]:
+        """XC: ``(scores [B, k], class ids [B, k])`` over all classes, best first (ties: the
+        lower class id; fewer than ``k`` classes: padded with ``-inf`` and ``-1``)."""
+        from embedtrain.models.topk import blocked_topk
+
+        x = self.features(dense, sparse)
+        if self.manifest.head.normalised:
+            x = F.normalize(x, dim=1) * self.manifest.head.scale
+        return blocked_topk(x, self.head_weight, k, _HEAD_BLOCK)
+
+
+def _load_program(path: Path, kind: str):
+    if not path.is_file():
+        raise ExportError(f"{path}: the dense program is missing")
+    if kind == "torchscript":
+        return torch.jit.load(str(path)).eval()
+    return torch.export.load(path).module()
+
+
+@dataclass
+class PredictResult:
+    """What :func:`predict` wrote: rows, time, and metrics where the input has labels."""
+
+    out: Path
+    rows: int
+    files: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def input_files(inputs: Sequence[str]) -> list[Path]:
+    """The parquet files of ``--input`` arguments: files, directories (their ``*.parquet``) or
+    quoted globs, each sorted naturally, in the order given.
+
+    Raises:
+        FileNotFoundError: an argument that names no parquet file.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_file():
+            found = [path]
+        elif path.is_dir():
+            found = sorted(path.rglob("*.parquet"), key=natural_key)
+        else:
+            found = sorted((Path(p) for p in glob.glob(item, recursive=True)
+                            if Path(p).is_file()), key=natural_key)
+        if not found:
+            raise FileNotFoundError(f"--input {item}: no parquet file there")
+        files.extend(f for f in found if f not in files)
+    return files
+
+
+def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.PathLike,
+            batch_size: int = 8192, top_k: Optional[int] = None, progress: bool = True
+            ) -> PredictResult:
+    """Scores every row of ``inputs`` with the export at ``export_dir`` into parquet ``out``.
+
+    Args:
+        export_dir: an ``embedtrain export`` directory.
+        inputs: parquet files, directories or globs (the data set's layout: its dense and
+            sparse columns; the label is optional).
+        out: the predictions file (written anew).
+        batch_size: rows scored at once.
+        top_k: XC: classes per row (default: the run's largest ``xc.top_k``).
+        progress: show a progress bar (rows).
+
+    Raises:
+        ExportError, DataError, FileNotFoundError: one line naming the file (and column, row).
+    """
+    start = time.perf_counter()
+    if batch_size < 1:
+        raise ValueError(f"--batch-size: must be at least 1, got {batch_size}")
+    quiet_fx_tracing_warning()
+    model = ExportedModel(export_dir)
+    files = input_files(inputs)
+    spec = model.spec
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"--top-k: must be at least 1, got {top_k}")
+    k = top_k or (max(model.manifest.head.top_k) if model.task == "xc" else 0)
+    schemas = [_schema(f, spec) for f in files]
+    label_type = _label_type(files, schemas, spec)
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    metrics = _Metrics(model.task, label_type is not None)
+    writer: Optional[pq.ParquetWriter] = None
+    rows = 0
+    try:
+        with progress_bar(total, "predict", disable=not progress) as bar:
+            for path, schema in zip(files, schemas):
+                for batch, labels in _batches(path, schema, spec, batch_size, label_type):
+                    columns = _score(model, batch, k)
+                    if label_type is not None:
+                        columns[spec.label] = labels
+                        metrics.update(columns, labels)
+                    table = pa.table(columns)
+                    if writer is None:
+                        writer = pq.ParquetWriter(out, table.schema)
+                    writer.write_table(table)
+                    rows += table.num_rows
+                    bar.update(table.num_rows)
+    finally:
+        if writer is not None:
+            writer.close()
+    return PredictResult(out, rows, len(files), time.perf_counter() - start, metrics.compute())
+
+
+def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:
+    if model.task == "ctr":
+        logits = model.logits(batch.dense_features, batch.sparse_features).float()
+        return {"logit": pa.array(logits.numpy()), "score": pa.array(torch.sigmoid(logits).numpy())}
+    scores, ids = model.topk(batch.dense_features, batch.sparse_features, k)
+    n = ids.shape[0]
+    offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32))
+    return {"top_ids": pa.ListArray.from_arrays(offsets, pa.array(ids.reshape(-1).numpy())),
+            "top_scores": pa.ListArray.from_arrays(
+                offsets, pa.array(scores.float().reshape(-1).numpy()))}
+
+
+def _schema(path: Path, spec: FeatureSpec) -> pa.Schema:
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable parquet file: {e}") from None
+    missing = [c for c in (*spec.dense, *spec.sparse_names) if c not in schema.names]
+    if missing:
+        raise DataError(f"{path}: missing column(s): {', '.join(missing)} (the export's "
+                        f"features: see model.json)")
+    return schema
+
+
+def _label_type(files: list[Path], schemas: list[pa.Schema], spec: FeatureSpec
+                ) -> Optional[pa.DataType]:
+    """The output's label type: float32 clicks, int64 class ids or lists of them; None where
+    no input has the label (files without it get nulls)."""
+    found = [(f, s.field(spec.label).type) for f, s in zip(files, schemas)
+             if spec.label in s.names]
+    if not found:
+        return None
+    if spec.num_classes is None:
+        return pa.float32()
+    lists = {is_list_type(t) for _, t in found}
+    if len(lists) > 1:
+        raise DataError(f"{found[0][0]}: column {spec.label}: a list column in some input "
+                        f"files, single values in others")
+    return pa.list_(pa.int64()) if lists.pop() else pa.int64()
+
+
+def _batches(path: Path, schema: pa.Schema, spec: FeatureSpec, batch_size: int,
+             label_type: Optional[pa.DataType]) -> Iterator[tuple[object, Optional[pa.Array]]]:
+    """``(TorchRec batch, the rows' labels)`` of one file, ``batch_size`` rows at a time."""
+    layout = SparseLayout(tuple(is_list_type(schema.field(f.name).type) for f in spec.sparse))
+    has_label = spec.label in schema.names
+    columns = [*spec.dense, *spec.sparse_names] + ([spec.label] if has_label else [])
+    dummy = pa.float32() if spec.num_classes is None else pa.int64()
+    first = 0
+    try:
+        source = pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+        for record_batch in source:
+            table = pa.Table.from_batches([record_batch])
+            n = table.num_rows
+            _check(table, spec, path, first)
+            labels = None
+            if label_type is not None:
+                labels = (table.column(spec.label).combine_chunks().cast(label_type) if has_label
+                          else pa.nulls(n, label_type))
+            # The reader's conversion, with a placeholder label (scoring needs none).
+            features = table.select([*spec.dense, *spec.sparse_names]).append_column(
+                spec.label, pa.array(np.zeros(n, dummy.to_pandas_dtype()), dummy))
+            rows = Rows.from_table(features, spec, layout)
+            yield to_batch([rows], layout, spec.sparse_names), labels
+            first += n
+    except pa.ArrowException as e:
+        raise DataError(f"{path}: cannot read rows {first:,}..: {e}") from None
+
+
+def _check(table: pa.Table, spec: FeatureSpec, path: Path, first: int) -> None:
+    """Types, nulls and id ranges of a batch; errors name the file, column and row."""
+    for name in spec.dense:
+        column = table.column(name)
+        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+                or pa.types.is_boolean(column.type)):
+            raise DataError(f"{path}: column {name}: expected a number, got {column.type}")
+        _no_nulls(column, name, path, first)
+    for feat in spec.sparse:
+        column = table.column(feat.name)
+        _no_nulls(column, feat.name, path, first)
+        values = pc.list_flatten(column) if is_list_type(column.type) else column
+        if not pa.types.is_integer(values.type):
+            raise DataError(f"{path}: column {feat.name}: expected integer ids, got "
+                            f"{column.type}")
+        if values.null_count:
+            row = _row_of(column, _first(pc.is_null(values)))
+            raise DataError(f"{path}: column {feat.name}: row {first + row}: a null id in the "
+                            f"list")
+        if len(values) == 0:
+            continue
+        bounds = pc.min_max(values)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low < 0 or high >= feat.num_embeddings:
+            bad = pc.or_(pc.less(values, 0), pc.greater_equal(values, feat.num_embeddings))
+            position = _first(bad)
+            row = _row_of(column, position) if is_list_type(column.type) else position
+            value = values[position].as_py()
+            raise DataError(f"{path}: column {feat.name}: row {first + row}: id {value} outside "
+                            f"[0, {feat.num_embeddings}) (the export's table has "
+                            f"{feat.num_embeddings:,} rows)")
+
+
+def _first(mask) -> int:
+    """Position of the first true value of a boolean array."""
+    return int(np.flatnonzero(mask.to_numpy(zero_copy_only=False))[0])
+
+
+def _row_of(column: pa.ChunkedArray, position: int) -> int:
+    """The row of a list column holding its flattened values' ``position``."""
+    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+    return int(np.searchsorted(np.cumsum(lengths), position, side="right"))
+
+
+def _no_nulls(column: pa.ChunkedArray, name: str, path: Path, first: int) -> None:
+    if column.null_count:
+        row = _first(pc.is_null(column))
+        raise DataError(f"{path}: column {name}: row {first + row}: null value")
+
+
+class _Metrics:
+    """The scores against the labels: AUC and log loss (CTR), P@1 (XC)."""
+
+    def __init__(self, task: str, labelled: bool) -> None:
+        self.task, self.labelled = task, labelled
+        self.scores: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
+        self.hits = self.count = 0
+
+    def update(self, columns: dict[str, pa.Array], labels: pa.Array) -> None:
+        valid = pc.is_valid(labels).to_numpy(zero_copy_only=False)
+        if not valid.any():
+            return
+        if self.task == "ctr":
+            self.scores.append(columns["score"].to_numpy()[valid])
+            self.labels.append(labels.to_numpy(zero_copy_only=False)[valid].astype(np.float32))
+            return
+        top1 = np.array([ids[0] if len(ids) else -1 for ids in columns["top_ids"].to_pylist()])
+        truth = labels.to_pylist()
+        for ok, guess, label in zip(valid, top1, truth):
+            if ok:
+                self.count += 1
+                self.hits += int(guess in label) if isinstance(label, list) else int(guess == label)
+
+    def compute(self) -> dict[str, float]:
+        if not self.labelled:
+            return {}
+        if self.task == "xc":
+            return {"p@1": self.hits / self.count} if self.count else {}
+        if not self.scores:
+            return {}
+        from torchmetrics.functional.classification import binary_auroc
+
+        p = torch.from_numpy(np.concatenate(self.scores)).double()
+        y = torch.from_numpy(np.concatenate(self.labels)).double()
+        eps = 1e-12
+        logloss = F.binary_cross_entropy(p.clamp(eps, 1 - eps), y).item()
+        return {"auc": float(binary_auroc(p, y.long(), thresholds=None)), "logloss": logloss}
