@@ -10,6 +10,7 @@ replicated dense heads, all-reduced with the MLP.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
@@ -55,6 +56,12 @@ class XCRecipe(TabularRecipe):
         """Whether the head is model-parallel (each rank a slice of the classes)."""
         return self.cfg.xc.head.kind in SHARDED_HEADS
 
+    @functools.cached_property
+    def class_counts(self) -> torch.Tensor:
+        """The train split's label count of every class (read once: the adaptive head's class
+        order and PSP@k's propensities)."""
+        return torch.from_numpy(class_counts(self.dataset))
+
     def load_dataset(self):
         """The data set's metadata, checked to be a classification one fit for the head."""
         meta = super().load_dataset()
@@ -96,9 +103,7 @@ class XCRecipe(TabularRecipe):
         """Encoder on ``meta`` and the head: a sharded one as this rank's slice (its collectives
         on a process group of their own) with its optimizer, a replicated one on ``device``."""
         h = self.cfg.xc.head
-        counts = None
-        if h.kind is HeadKind.ADAPTIVE:
-            counts = torch.from_numpy(class_counts(self.dataset))
+        counts = self.class_counts if h.kind is HeadKind.ADAPTIVE else None
         group = dist.new_group(list(range(dist.get_world_size()))) if self.sharded else None
         head = self._head(group=group, class_counts=counts, seed=self.cfg.train.seed)
         self._built_head = head
@@ -113,8 +118,7 @@ class XCRecipe(TabularRecipe):
         """The head's loss; P@k, nDCG@k, recall@k and PSP@k (propensities from the train
         split's class counts, ``xc.propensity_a`` / ``_b``) for ``xc.top_k`` over all classes."""
         x = self.cfg.xc
-        counts = torch.from_numpy(class_counts(self.dataset))
-        inv_p = inverse_propensity(counts, self.dataset.split_rows["train"], x.propensity_a,
+        inv_p = inverse_propensity(self.class_counts, self.dataset.split_rows["train"], x.propensity_a,
                                    x.propensity_b)
         return XCTask(x.top_k, inv_p)
 

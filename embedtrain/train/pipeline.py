@@ -28,12 +28,11 @@ How it fits the trainer without the trainer knowing the model:
 Example:
     >>> steps = PipelinedSteps(PipelineKind.SPARSE_DIST, dmp, task, batch_args, device)
     >>> out = steps.step(batches)      # one training step (forward and backward); StepOutput
-    >>> steps.pause()                  # before evaluating or saving
+    >>> steps.reset()                  # before evaluating or saving: the plain model back
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any, Callable, Iterator, Optional
 
@@ -145,9 +144,3 @@ class PipelinedSteps:
         """Drops the fetched batches (a new epoch starts from its own iterator)."""
         self.pause()
         self.pipeline.reset()
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """The plain model inside the block."""
-        self.pause()
-        yield

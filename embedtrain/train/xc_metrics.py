@@ -43,6 +43,15 @@ def pad_targets(labels: Sequence[Sequence[int]]) -> Tensor:
     return out
 
 
+def _sorted_positives(targets: Tensor) -> tuple[Tensor, Tensor]:
+    """``targets [B, L]`` sorted per row (padding -1 first; O(B L log L), not B x C) and the
+    mask of each row's distinct positives."""
+    tgt = torch.sort(targets, dim=1).values
+    distinct = (tgt >= 0) & torch.cat([torch.ones_like(tgt[:, :1], dtype=torch.bool),
+                                       tgt[:, 1:] != tgt[:, :-1]], dim=1)
+    return tgt, distinct
+
+
 def _hits(topk_indices: Tensor, targets: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``rel [B, k]`` (bool: prediction i is a positive) and ``|P| [B]`` (distinct positives)."""
     if topk_indices.dim() != 2 or topk_indices.shape[1] < k:
@@ -53,9 +62,7 @@ def _hits(topk_indices: Tensor, targets: Tensor, k: int) -> tuple[Tensor, Tensor
         raise ValueError(f"{tgt.shape[0]} targets for {pred.shape[0]} examples")
     if tgt.shape[1] == 0:
         return torch.zeros_like(pred, dtype=torch.bool), pred.new_zeros(pred.shape[0])
-    tgt = torch.sort(tgt, dim=1).values  # padding -1 first; O(B (k + L) log L), not B x C
-    distinct = (tgt >= 0) & torch.cat([torch.ones_like(tgt[:, :1], dtype=torch.bool),
-                                       tgt[:, 1:] != tgt[:, :-1]], dim=1)
+    tgt, distinct = _sorted_positives(tgt)
     # pred is a column slice of the top-k ids (non-contiguous): one copy here, not a warning
     # and a hidden copy inside searchsorted.
     pos = torch.searchsorted(tgt, pred.contiguous()).clamp(max=tgt.shape[1] - 1)
@@ -80,10 +87,8 @@ def _propensity_scored(topk_indices: Tensor, targets: Tensor, k: int, inv_p: Ten
     rel, _ = _hits(topk_indices, targets, k)
     pred = topk_indices[:, :k].long()
     gained = (rel.double() * inv_p[pred.clamp(min=0)]).sum(dim=1)
-    tgt = targets.long().view(-1, 1) if targets.dim() == 1 else targets.long()
-    tgt = torch.sort(tgt, dim=1).values
-    distinct = (tgt >= 0) & torch.cat([torch.ones_like(tgt[:, :1], dtype=torch.bool),
-                                       tgt[:, 1:] != tgt[:, :-1]], dim=1)
+    tgt, distinct = _sorted_positives(
+        targets.long().view(-1, 1) if targets.dim() == 1 else targets.long())
     weights = torch.where(distinct, inv_p[tgt.clamp(min=0)], 0.0)
     best = weights.topk(min(k, weights.shape[1]), dim=1).values.sum(dim=1)
     return gained, best
