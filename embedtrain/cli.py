@@ -176,6 +176,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=["parquet", "tsv"], default="parquet",
                    help="parquet: a split, training-ready data set (default); tsv: the same rows "
                         "as raw Criteo-style TSV logs, for `embedtrain ingest`")
+    g.add_argument("--drift", action="store_true",
+                   help="a drifting data set instead: raw int64 ids born and dying over time "
+                        "periods, split by time (embedtrain.datagen.drift)")
+    g.add_argument("--drift-periods", type=int, metavar="N",
+                   help="with --drift: time periods (default 20; train 80%%, valid, test 10%%)")
+    g.add_argument("--drift-lifetime", type=int, metavar="N",
+                   help="with --drift: periods an id stays alive (default 4)")
+    g.add_argument("--drift-new-ids", type=int, metavar="N",
+                   help="with --drift: new ids per period and feature, before the per-feature "
+                        "scale (default 2000)")
     g = gen.add_parser("xc", help="extreme-classification data: Zipfian classes with planted "
                                   "token prototypes, and the Bayes-optimal P@1")
     g.add_argument("--classes", type=int, default=100_000, help="number of classes C")
@@ -511,6 +521,11 @@ def _datagen(args: argparse.Namespace) -> int:
         return _datagen_xc(args)
     if args.kind == "graph":
         return _datagen_graph(args)
+    if args.drift:
+        return _datagen_drift(args)
+    knobs = [f for f in ("periods", "lifetime", "new_ids") if getattr(args, f"drift_{f}") is not None]
+    if knobs:
+        raise UsageError(f"--drift-{knobs[0].replace('_', '-')}: only with --drift")
     if args.format == "tsv":
         from embedtrain.datagen import generate_ctr_tsv
 
@@ -523,6 +538,36 @@ def _datagen(args: argparse.Namespace) -> int:
     oracle = meta["oracle_auc"].get("test")
     note = f", oracle AUC on test {oracle:.4f}" if oracle is not None else ""
     print(f"wrote {args.out}: rows: {rows}{note}")
+    return 0
+
+
+def _datagen_drift(args: argparse.Namespace) -> int:
+    from embedtrain.datagen import DriftDataSpec, generate_ctr_drift
+
+    if args.format == "tsv":
+        raise UsageError("--format tsv: not with --drift (the drifting data set is parquet only)")
+    flags = {"periods": "--drift-periods", "lifetime": "--drift-lifetime",
+             "new_ids_per_period": "--drift-new-ids"}
+    knobs = {"periods": args.drift_periods, "lifetime": args.drift_lifetime,
+             "new_ids_per_period": args.drift_new_ids}
+    try:
+        spec = DriftDataSpec(rows=args.rows, seed=args.seed,
+                             **{k: v for k, v in knobs.items() if v is not None})
+        meta = generate_ctr_drift(spec, args.out)
+    except ValueError as e:  # "DriftDataSpec.lifetime must be ..." -> the flag's name
+        raise UsageError(re.sub(r"DriftDataSpec\.(\w+)",
+                                lambda m: flags.get(m.group(1), "--" + m.group(1).replace("_", "-")),
+                                str(e))) from None
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    oracle = meta["oracle_auc"].get("test")
+    note = f", oracle AUC on test {oracle:.4f}" if oracle is not None else ""
+    ids = " ".join(f"{s['num_embeddings']:,}" for s in meta["sparse"])
+    unseen = meta["drift"]["unseen_in_train_share"]["test"]
+    seen = f", {unseen:.1%} of test lookups unseen in train" if unseen is not None else ""
+    print(f"wrote {args.out}: rows: {rows}{note}; {meta['drift']['periods']} periods, "
+          f"distinct train ids per feature: {ids}{seen}")
     return 0
 
 
@@ -579,6 +624,11 @@ def _export(args: argparse.Namespace) -> int:
         sizes += (f" -> {m.table_bytes / mib:,.1f} MiB {m.quantize} "
                   f"({m.float32_bytes / max(m.table_bytes, 1):.2f}x smaller)")
     print(f"  tables       {len(m.tables)}, {rows:,} rows, {sizes}")
+    dynamic = [t for t in m.tables if t.dynamic]
+    if dynamic:
+        held = sum(t.ids_held or 0 for t in dynamic)
+        print(f"  id maps      {len(dynamic)} dynamic table(s): {held:,} ids -> rows "
+              f"(tables/<table>.ids.parquet; other ids take their shard's default row)")
     if m.head is not None:
         print(f"  class head   {m.head.num_classes:,} x {m.head.dim} ({m.head.kind}), "
               f"{m.head.bytes / mib:,.1f} MiB float32, {len(m.head.shards)} shard(s)")

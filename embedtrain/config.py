@@ -36,6 +36,8 @@ from embedtrain.config_io import (  # noqa: F401  (ConfigError ... to_dict: the 
 from embedtrain.graph.types import NegativeSampling
 from embedtrain.models.options import (
     Aggregation,
+    DynamicTable,
+    Eviction,
     GNNModel,
     HeadKind,
     HeadLoss,
@@ -43,6 +45,7 @@ from embedtrain.models.options import (
     Margin,
     NegativeIndex,
     Pooling,
+    TableKind,
 )
 from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKind: cluster files)
     ClusterConfig,
@@ -65,11 +68,13 @@ from embedtrain.train.options import (
 
 __all__ = [
     "Aggregation", "ClusterConfig", "CommPrecision", "ComputeKernel", "Config", "ConfigError",
-    "DataConfig", "DenseAllReduce", "DenseOptimizer", "DeviceKind", "GNNConfig", "GNNModel",
+    "DataConfig", "DenseAllReduce", "DenseOptimizer", "DeviceKind", "DynamicTable", "Eviction",
+    "GNNConfig", "GNNModel",
     "HeadConfig", "HeadKind", "HeadLoss", "HeadOptimizer", "Interaction", "LRDecay", "Margin",
     "ModelConfig", "NegativeIndex", "NegativeSampling", "OptimConfig", "PipelineKind", "Pooling",
     "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Selection",
-    "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TaskKind",
+    "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TableKind",
+    "TableSpec", "TaskKind",
     "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
     "load_config", "load_run_config", "parse_scalar", "to_dict",
 ]
@@ -234,6 +239,36 @@ class TrainConfig:
     pipeline: PipelineKind = PipelineKind.NONE
 
 
+@dataclass
+class TableSpec:
+    """How the embedding tables named by ``tables`` (names or globs, e.g. ``t_C*`` or ``t_node``;
+    later entries win) map ids to rows: ``static`` (the data set's ids are the rows) or
+    ``dynamic`` (raw ids remapped collision-free to ``capacity`` rows, with eviction; see
+    :mod:`embedtrain.models.dynamic`). Tables no entry names are static.
+    """
+
+    tables: list[str] = field(default_factory=list)
+    kind: TableKind = TableKind.DYNAMIC
+    # dynamic: rows of the whole table (one per row-wise shard is its default row)
+    capacity: int = config_field(0, check=NON_NEGATIVE)
+    eviction: Eviction = Eviction.LRU  # dynamic: which ids a full table gives up
+    # dynamic: steps between admissions (until then a new id looks up the default row)
+    eviction_interval: int = config_field(1, check=POSITIVE)
+    ttl_steps: int = config_field(0, check=NON_NEGATIVE)  # eviction ttl: steps without a lookup
+
+    def dynamic_table(self, where: str) -> DynamicTable:
+        """The model's description of a dynamic table (``where``: this entry's key, for errors)."""
+        if self.capacity < 2:
+            raise ConfigError(f"{where}.capacity: a dynamic table needs a capacity of at least 2 "
+                              f"rows, got {self.capacity}")
+        if self.eviction is Eviction.TTL and self.ttl_steps <= 0:
+            raise ConfigError(f"{where}.ttl_steps: eviction ttl needs ttl_steps > 0")
+        if self.eviction is not Eviction.TTL and self.ttl_steps:
+            raise ConfigError(f"{where}.ttl_steps: only for eviction: ttl (this entry is "
+                              f"{self.eviction.value})")
+        return DynamicTable(self.capacity, self.eviction, self.eviction_interval, self.ttl_steps)
+
+
 # The ``sharding`` section is the planner's own options (it echoes them in plan.json).
 ShardingConfig = PlannerOptions
 
@@ -250,6 +285,48 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    tables: list[TableSpec] = field(default_factory=list)  # static (default) or dynamic tables
+
+
+def dynamic_tables(cfg: Config, names: list[str]) -> dict[str, DynamicTable]:
+    """The dynamic tables among the model's tables ``names``, by ``cfg.tables`` (later entries
+    win; a pattern that matches no table is an error, as a typo would otherwise change nothing).
+
+    Raises:
+        ConfigError: naming the ``tables[i]`` key.
+    """
+    import fnmatch
+
+    out: dict[str, DynamicTable] = {}
+    for i, spec in enumerate(cfg.tables):
+        where = f"tables[{i}]"
+        if not spec.tables:
+            raise ConfigError(f"{where}.tables: name the tables (or globs, e.g. t_*) it is for")
+        for pattern in spec.tables:
+            matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+            if not matched:
+                shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+                raise ConfigError(f"{where}.tables: {pattern!r} matches no table (tables: "
+                                  f"{shown})")
+            for name in matched:
+                if spec.kind is TableKind.STATIC:
+                    out.pop(name, None)
+                else:
+                    out[name] = spec.dynamic_table(where)
+    if out:
+        interval = {t.eviction_interval for t in out.values()}
+        every = cfg.train.checkpoint_every
+        for k in sorted(interval):
+            if every and every % k:
+                raise ConfigError(
+                    f"train.checkpoint_every: {every} is not a multiple of a dynamic table's "
+                    f"eviction_interval ({k}): a checkpoint between admissions would lose the "
+                    f"ids seen since the last one")
+        if cfg.train.pipeline is not PipelineKind.NONE:
+            raise ConfigError("train.pipeline: dynamic tables run in the plain loop only "
+                              "(train.pipeline: none); TorchRec's pipelines have not been checked "
+                              "with managed-collision tables here")
+    return out
 
 
 def check_world_size(cfg: Config, world_size: int, source: str = "") -> None:

@@ -33,12 +33,18 @@ class DenseTransform(enum.Enum):
 
 @dataclass(frozen=True)
 class SparseFeature:
-    """A categorical feature: integer ids in ``[0, num_embeddings)``, one per row or a list."""
+    """A categorical feature: integer ids in ``[0, num_embeddings)``, one per row or a list.
+
+    ``raw``: the ids are raw int64 values in ``[0, 2^63)`` (``encoding: raw`` ingestion, no
+    vocabulary); ``num_embeddings`` then only counts the training split's distinct values, and
+    the feature needs a dynamic table (``tables: [{kind: dynamic, capacity: N}]``) to be looked up.
+    """
 
     name: str
     num_embeddings: int
     multi_hot: bool = False
     max_length: int = 1
+    raw: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class _SparseEntry:
     num_embeddings: int = config_field(check=(lambda v: v > 0, "must be positive"))
     multi_hot: bool = False
     max_length: int = 1
+    raw: bool = False  # raw int64 ids (encoding: raw): num_embeddings counts distinct values
 
 
 @dataclass
@@ -152,7 +159,7 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
         m = from_dict(_MetadataFile, raw, source=str(path), ignore_unknown=True)
     except ConfigError as e:
         raise DatasetError(str(e)) from None
-    sparse = [SparseFeature(e.name, e.num_embeddings, e.multi_hot, e.max_length)
+    sparse = [SparseFeature(e.name, e.num_embeddings, e.multi_hot, e.max_length, e.raw)
               for e in m.sparse]
     names = [m.label, *m.dense, *[f.name for f in sparse]]
     dupes = sorted({n for n in names if names.count(n) > 1})

@@ -9,11 +9,13 @@ engine; no pass ever holds the input in memory, only aggregates and one batch at
    counting categorical values per split (:mod:`pipelines.stats`); vocabularies and
    standardisation constants are then taken from the training split alone;
 3. *write*: the kept rows, encoded, streamed by ``sink_parquet`` into
-   ``<split>/part-NNNNN.parquet`` files of at most ``rows_per_file`` rows.
+   ``<split>/part-NNNNN.parquet`` files of at most ``rows_per_file`` rows;
+4. *raw ids* (``encoding: raw`` features only): their distinct ids by split, read back from the
+   written files, for ``num_embeddings`` (a capacity hint) and the report.
 
 Outputs in ``out_dir``: the split folders (a valid or test split that receives no rows gets no
 folder and no ``metadata.json`` entry, with a warning; a train split without rows stops the job),
-``vocab/<feature>.parquet`` (value, id, count),
+``vocab/<feature>.parquet`` (value, id, count; vocab features only),
 ``metadata.json`` (what the trainer reads: :func:`embedtrain.features.load_dataset_meta`) and
 ``ingest_report.json`` (rows read, written per split, dropped and repaired by reason, null and
 out-of-vocabulary rates). Rows read always equal rows written plus rows dropped; the job checks it
@@ -48,7 +50,8 @@ from pipelines.sources import (
     resolve_inputs, scan_inputs)
 from pipelines.spec import (
     CRITEO_COLUMNS, Encoding, IngestSpec, InputFormat, OnInvalid, OutputSpec, SplitMethod)
-from pipelines.stats import PassStats, build_vocabulary, row_statistics, value_counts
+from pipelines.stats import (
+    PassStats, build_vocabulary, raw_id_counts, row_statistics, value_counts)
 from pipelines.transforms import (
     DROP, SPLIT, SPLITS, DropReason, Vocabulary, assign_split, dense_output, file_splits, parse,
     sparse_output, time_to_seconds, time_value)
@@ -154,6 +157,10 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     with log.phase("write") as rec, _reading(files, spec):
         written = _write_splits(frame, spec, vocabs, dense_stats, boundaries, out)
         rec["rows"] = sum(rows for part in written.values() for _, rows in part)
+    if any(s.encoding is Encoding.RAW for s in spec.sparse):
+        with log.phase("raw ids") as rec:
+            stats.raw_ids = raw_id_counts(out, written, spec)
+            rec["rows"] = sum(rows for part in written.values() for _, rows in part)
 
     warnings = [f"{out}: {w}" for w in _empty_split_warnings(stats, spec)]
     for w in warnings:
@@ -262,13 +269,17 @@ def _raise_first_invalid(files: Sequence[Path], spec: IngestSpec, reasons: list[
             r = reasons[code]
             value = scan_inputs([path], spec).filter(pl.col(ROW) == row).select(r.column).collect(
                 engine="streaming").item()
+            if isinstance(value, pl.Series):  # a list column's value: shown as a list, one line
+                value = value.to_list()
             if r.reason == "wrong_field_count":
                 raise IngestError(f"{path}: {describe_row(spec, row)}: {value} tab-separated "
                                   f"field(s), criteo_tsv expects {len(CRITEO_COLUMNS)} (on_invalid: "
                                   "drop would drop and count such lines)")
+            limits = (", raw ids must lie in [0, 2^63 - 1)" if r.reason == "raw_id_out_of_range"
+                      else "")
             raise IngestError(f"{path}: {describe_row(spec, row)}: column {r.column}: "
-                              f"{r.reason.replace('_', ' ')} (value {value!r}; on_invalid: drop "
-                              "would drop and count such rows)")
+                              f"{r.reason.replace('_', ' ')} (value {value!r}{limits}; on_invalid: "
+                              "drop would drop and count such rows)")
 
 
 def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocabulary],

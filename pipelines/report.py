@@ -2,7 +2,9 @@
 
 ``metadata.json`` is the trainer's contract (read by :func:`embedtrain.features.load_dataset_meta`):
 ``format_version``, ``name``, ``label``, ``dense``, ``dense_transform: "none"`` (dense columns are
-already transformed), ``sparse`` (output names: name, num_embeddings, multi_hot, max_length),
+already transformed), ``sparse`` (output names: name, num_embeddings, multi_hot, max_length;
+``encoding: raw`` features add ``raw: true``, and their num_embeddings is the training split's
+distinct ids, at least 1: a capacity hint for a dynamic table, not a bound on the ids),
 ``splits`` (files relative to the data set folder, rows; train always, valid and test only when
 they received rows), ``bucket_boundaries`` (only with bucketized features), plus
 ``vocab_sizes``, ``hash_buckets``, ``dense_stats``, ``vocab_files``, ``split``, ``source`` and the
@@ -12,7 +14,9 @@ resolved ``spec`` (sparse ``dtype`` filled in from the input) for serving and fo
 split, ``rows_dropped`` by reason (and ``rows_dropped_by_column``), ``repairs`` by kind and column
 (``unparsable_number``: text that did not parse as a number, in a ``cast: float`` dense feature or
 a bucketized one), ``warnings`` (an empty valid/test split),
-per-feature null and out-of-vocabulary rates, the split cut-offs and the phases' timings.
+per-feature null and out-of-vocabulary rates (``encoding: raw`` features: ``distinct_train_ids``,
+``distinct_ids_by_split`` and ``unseen_in_train``, the valid/test ids that never occur in train),
+the split cut-offs and the phases' timings.
 
 Example:
     >>> report = json.load(open("data/ctr_ingested/ingest_report.json"))  # doctest: +SKIP
@@ -69,9 +73,14 @@ def bucket_boundaries(stats: PassStats, spec: IngestSpec) -> dict[str, list[floa
 
 
 def num_embeddings(spec_feature: SparseSpec, vocab: Optional[Vocabulary],
-                   boundaries: Optional[list[float]] = None) -> int:
+                   boundaries: Optional[list[float]] = None,
+                   raw_ids: Optional[dict] = None) -> int:
     """Table size: vocabulary + the null/unknown id 0, hash buckets, buckets + id 0, or the
-    declared size."""
+    declared size; for a raw feature the training split's distinct ids (``raw_ids``:
+    :func:`pipelines.stats.raw_id_counts`'s entry), at least 1."""
+    if spec_feature.encoding is Encoding.RAW:
+        assert raw_ids is not None
+        return max(1, raw_ids["distinct"]["train"] or 0)
     if spec_feature.bucketized:
         assert boundaries is not None
         return len(boundaries) + 2
@@ -122,8 +131,10 @@ def build_metadata(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
     """The ``metadata.json`` dict (see the module docstring)."""
     boundaries = boundaries or {}
     sparse = [{"name": s.name,
-               "num_embeddings": num_embeddings(s, vocabs.get(s.name), boundaries.get(s.name)),
-               "multi_hot": s.multi_hot, "max_length": _max_length(s, stats)}
+               "num_embeddings": num_embeddings(s, vocabs.get(s.name), boundaries.get(s.name),
+                                                stats.raw_ids.get(s.name)),
+               "multi_hot": s.multi_hot, "max_length": _max_length(s, stats),
+               **({"raw": True} if s.encoding is Encoding.RAW else {})}
               for s in spec.sparse]
     meta = {
         "format_version": FORMAT_VERSION,
@@ -189,7 +200,8 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
         nulls = stats.total(f"{s.name}:null")
         info: dict = {"kind": "sparse", "encoding": s.encoding.value,
                       "num_embeddings": num_embeddings(s, vocabs.get(s.name),
-                                                       boundaries.get(s.name)),
+                                                       boundaries.get(s.name),
+                                                       stats.raw_ids.get(s.name)),
                       "null_rate": _rate(nulls, kept_total),
                       "null_rate_by_split": {sp: _rate(stats.stat(sp, f"{s.name}:null"), kept[sp])
                                              for sp in SPLITS}}
@@ -209,6 +221,11 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
             add("list_truncated", s.name, stats.total(f"{s.name}:truncated"))
             if s.empty_list is EmptyList.OOV:
                 add("empty_list_to_id_0", s.name, nulls + empty)
+        if s.name in stats.raw_ids:
+            raw = stats.raw_ids[s.name]
+            info["distinct_train_ids"] = raw["distinct"]["train"]
+            info["distinct_ids_by_split"] = raw["distinct"]
+            info["unseen_in_train"] = raw["unseen_in_train"]
         if s.name in vocabs:
             vocab, values = vocabs[s.name], stats.values[s.name]
             info["vocab_size"] = len(vocab)

@@ -247,6 +247,10 @@ def _parquet_column(name: str, spec: IngestSpec) -> pl.Expr:
     col = pl.col(name)
     # a column read by a categorical feature takes its type; numbers are cast from it later
     sparse = {s.source: s for s in reversed(spec.sparse) if not s.bucketized}
+    readers = [s for s in spec.sparse if s.source == name and not s.bucketized]
+    if readers and all(s.encoding is Encoding.RAW and s.dtype is ValueType.INTEGER
+                       for s in readers):
+        return col  # raw integers keep their width: parse casts them, and drops uint64 >= 2^63
     if name in sparse:
         inner = pl.Int64 if sparse[name].dtype is ValueType.INTEGER else pl.String
         return col.cast(pl.List(inner) if sparse[name].multi_hot else inner)

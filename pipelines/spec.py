@@ -11,6 +11,20 @@ ids ``1..V`` (most frequent first), so ``num_embeddings = V + 1``; ``hash`` feat
 ``1 + stable_hash(value) mod (hash_buckets - 1)``, so ``num_embeddings = hash_buckets``;
 ``pre_encoded`` integer features keep their ids, which must lie in ``[0, num_embeddings)``.
 
+``raw`` features have no vocabulary and no table size: their ids are int64 values for a dynamic
+(hash-table) embedding. Integer values (parquet integer columns, ``dtype: integer`` or inferred
+integers in text inputs) are their own ids and must lie in ``[0, 2^63 - 1)``: a negative value, or
+one of ``2^63 - 1`` or more (uint64 inputs, long integer text), makes the row invalid
+(``raw_id_out_of_range``; dropped and counted, or an error with ``on_invalid: error``). ``2^63 - 1``
+is reserved: the dynamic tables mark their empty rows with it. Strings become
+``string_hash(value) & (2^63 - 1)``, the ``hash`` encoding's stable 64-bit hash
+(:func:`pipelines.hashing.string_hash`: FNV-1a of the UTF-8 bytes, then splitmix64) masked to 63
+bits, with the reserved ``2^63 - 1`` moved to ``2^63 - 2``. Null and empty values (and the input's
+``null_values``) are id 0, like every encoding's null (so the integer 0, and the rare string whose
+masked hash is 0, share id 0 with null); in lists null and empty elements are skipped.
+``metadata.json`` marks the feature ``raw: true``, with ``num_embeddings`` the training split's
+distinct ids (at least 1): a capacity hint, not a bound.
+
 Example:
     >>> spec = load_spec("configs/ingest/criteo_synthetic.yaml")
     >>> spec.input.format
@@ -46,6 +60,8 @@ class Encoding(enum.Enum):
     VOCAB = "vocab"              # ids from a vocabulary built on the training split
     HASH = "hash"                # stable hash into hash_buckets
     PRE_ENCODED = "pre_encoded"  # already integer ids in [0, num_embeddings)
+    RAW = "raw"                  # no vocabulary: integers kept (in [0, 2^63 - 1)), strings
+    #                              hashed to 63 bits as for hash; null is 0 (dynamic tables)
 
 
 class EmptyList(enum.Enum):
@@ -119,6 +135,7 @@ class SparseSpec:
     max_vocab_size: Optional[int] = None  # vocab: keep only the most frequent values
     hash_buckets: Optional[int] = None    # hash: num_embeddings, bucket 0 included
     num_embeddings: Optional[int] = None  # pre_encoded: ids must lie in [0, num_embeddings)
+    #                                        (raw: computed, the training split's distinct ids)
     bucketize: Optional[list[float]] = None  # numeric column: ids by these boundaries
     quantiles: Optional[int] = None          # numeric column: N buckets by training quantiles
 
@@ -281,6 +298,8 @@ def validate_spec(spec: IngestSpec, source: str = "<spec>") -> None:
 
 
 def _validate_sparse(spec: IngestSpec, s: SparseSpec, key: str, fail) -> None:
+    if s.encoding is Encoding.RAW:
+        _validate_raw(s, key, fail)
     if s.encoding is Encoding.HASH and (s.hash_buckets is None or s.hash_buckets < 2):
         fail(f"{key}.hash_buckets", f"hash encoding needs hash_buckets >= 2, got {s.hash_buckets}")
     if s.encoding is not Encoding.HASH and s.hash_buckets is not None:
@@ -312,6 +331,26 @@ def _validate_sparse(spec: IngestSpec, s: SparseSpec, key: str, fail) -> None:
             fail(f"{key}.separator", f"{s.separator!r} is also the input's field separator")
     elif s.separator is not None:
         fail(f"{key}.separator", "only for multi_hot columns of text inputs")
+
+
+def _validate_raw(s: SparseSpec, key: str, fail) -> None:
+    """``encoding: raw`` takes its ids from the values: no vocabulary, buckets or table size."""
+    if s.bucketize is not None or s.quantiles is not None:
+        what = "bucketize" if s.bucketize is not None else "quantiles"
+        fail(f"{key}.{what}", "encoding: raw keeps the values as ids; bucketized features take "
+             "their ids from the boundaries (remove one of the two)")
+    if s.min_frequency != 1:
+        fail(f"{key}.min_frequency", "only for encoding: vocab (this feature is raw: every value "
+             "keeps its own id)")
+    if s.max_vocab_size is not None:
+        fail(f"{key}.max_vocab_size", "only for encoding: vocab (this feature is raw: every "
+             "value keeps its own id)")
+    if s.hash_buckets is not None:
+        fail(f"{key}.hash_buckets", "only for encoding: hash (this feature is raw: strings hash "
+             "to 63-bit ids, not into buckets)")
+    if s.num_embeddings is not None:
+        fail(f"{key}.num_embeddings", "not for encoding: raw (ids are not bounded by a table "
+             "size; metadata.json gives the training split's distinct ids as a capacity hint)")
 
 
 def _validate_buckets(s: SparseSpec, key: str, fail) -> None:

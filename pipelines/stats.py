@@ -4,7 +4,10 @@
   by reason) and, for kept rows, null/non-finite/clipped counts and mean/std of every dense
   feature, null/empty/truncated counts and list lengths of every sparse feature;
 - :func:`value_counts`: value counts by split of every vocab feature (the vocabulary is the
-  training split's part; the other splits' parts give their out-of-vocabulary rates).
+  training split's part; the other splits' parts give their out-of-vocabulary rates);
+- :func:`raw_id_counts`: after the write, distinct ids by split of every ``encoding: raw``
+  feature, read back from the written files (int64 columns: cheaper than parsing and hashing the
+  input again), and how many of valid's and test's never occur in train.
 
 Only aggregates come back to Python, never rows: memory is bounded by the number of distinct
 categorical values, whatever the input size.
@@ -19,7 +22,9 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
 
 import polars as pl
 
@@ -36,6 +41,7 @@ class PassStats:
     kept: pl.DataFrame              # one row per split: rows and '<feature>:<stat>' columns
     values: dict[str, pl.DataFrame]  # vocab feature -> __split, value, count
     reasons: list[DropReason]
+    raw_ids: dict[str, dict] = field(default_factory=dict)  # raw feature -> raw_id_counts(...)
 
     @property
     def rows_read(self) -> int:
@@ -110,6 +116,54 @@ def value_counts(frame: pl.LazyFrame, spec: IngestSpec) -> dict[str, pl.DataFram
             part = part.with_columns(pl.col("value").cast(pl.Int64))
         values[s.name] = part
     return values
+
+
+def raw_id_counts(out: Path, written: dict[str, list[tuple[str, int]]], spec: IngestSpec
+                  ) -> dict[str, dict]:
+    """Per ``encoding: raw`` feature: distinct ids by split and valid/test ids unseen in train.
+
+    Read from the written files (``written``: files relative to ``out`` by split), so the ids
+    counted are exactly those the trainer reads, id 0 (null, ``empty_list: oov``) included where
+    it occurs. Memory is bounded by the distinct ids, as for a vocabulary.
+
+    Returns:
+        ``{feature: {"distinct": {split: n}, "unseen_in_train": {"valid": n, "test": n}}}``;
+        ``None`` for a split without rows.
+    """
+    features = [s for s in spec.sparse if s.encoding is Encoding.RAW]
+    out_stats: dict[str, dict] = {}
+    for s in features:
+        def ids(split: str) -> Optional[pl.LazyFrame]:
+            files = [str(out / f) for f, rows in written.get(split, []) if rows]
+            if not files:
+                return None
+            frame = pl.scan_parquet(files).select(s.name)
+            if s.multi_hot:
+                frame = frame.explode(s.name)
+            return frame.drop_nulls().unique()
+
+        train = ids("train")
+        queries: dict[tuple[str, str], pl.LazyFrame] = {}
+        for split in SPLITS:
+            part = train if split == "train" else ids(split)
+            if part is None:
+                continue
+            queries[("distinct", split)] = part.select(pl.len())
+            if split != "train" and train is not None:
+                queries[("unseen_in_train", split)] = part.join(
+                    train, on=s.name, how="anti").select(pl.len())
+        counts = dict(zip(queries, pl.collect_all(list(queries.values()), engine="streaming")))
+        out_stats[s.name] = {
+            "distinct": {sp: _count(counts, "distinct", sp) for sp in SPLITS},
+            "unseen_in_train": {sp: _count(counts, "unseen_in_train", sp)
+                                for sp in SPLITS if sp != "train"},
+        }
+    return out_stats
+
+
+def _count(counts: dict[tuple[str, str], pl.DataFrame], kind: str, split: str) -> Optional[int]:
+    frame = counts.get((kind, split))
+    return None if frame is None else int(frame.item())
 
 
 def _aggregates(spec: IngestSpec) -> list[pl.Expr]:

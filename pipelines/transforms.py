@@ -29,6 +29,8 @@ from pipelines.spec import (
 SPLIT, DROP = "__split", "__drop"
 SPLITS = ("train", "valid", "test")
 SPLIT_DTYPE = pl.Enum(list(SPLITS))
+# encoding: raw ids lie in [0, RAW_ID_LIMIT); 2^63 - 1 itself marks the dynamic tables' empty rows
+RAW_ID_LIMIT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class DropReason:
     split by), ``split_value_not_listed`` (a column split's value in none of its lists),
     ``unparsable_value`` (text that is not a number/integer; dense features with ``cast`` and
     bucketized features are repaired instead), ``null_id`` and ``id_out_of_range`` (pre-encoded
-    ids). ``column`` is the input column.
+    ids), ``raw_id_out_of_range`` (an ``encoding: raw`` integer outside ``[0, 2^63 - 1)``).
+    ``column`` is the input column.
     """
 
     reason: str
@@ -141,7 +144,14 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
         if text and s.dtype is ValueType.INTEGER:
             bad = (p(s.name).list.eval(pl.element().is_null()).list.any() if s.multi_hot
                    else unparsable(s.name))
+            if s.encoding is Encoding.RAW and not s.multi_hot:  # blank is null (id 0) for raw
+                bad = bad & (pl.col(s.source).str.strip_chars() != "")
             conditions.append((bad, DropReason("unparsable_value", s.source)))
+        if s.encoding is Encoding.RAW and s.dtype is ValueType.INTEGER:
+            low, high = (p(s.name).list.min(), p(s.name).list.max()) if s.multi_hot else (
+                p(s.name), p(s.name))
+            conditions.append(((low < 0) | (high >= RAW_ID_LIMIT),
+                               DropReason("raw_id_out_of_range", s.source)))
         if s.encoding is Encoding.PRE_ENCODED:
             if not s.multi_hot:
                 conditions.append((p(s.name).is_null(), DropReason("null_id", s.source)))
@@ -283,7 +293,9 @@ def sparse_output(s: SparseSpec, vocab: Optional[Vocabulary],
             bucket = string_hash(v.cast(pl.String)) % pl.lit(s.hash_buckets - 1, pl.UInt64)
             return pl.when(v.is_null()).then(pl.lit(0, pl.Int64)).otherwise(
                 (bucket + 1).cast(pl.Int64))
-        return v.cast(pl.Int64)
+        if s.encoding is Encoding.RAW and s.dtype is not ValueType.INTEGER:
+            return raw_string_ids(v)
+        return v.cast(pl.Int64)  # pre_encoded and raw integers: checked by parse
 
     if not s.multi_hot:
         return encode(x).fill_null(0).alias(s.name)
@@ -296,22 +308,71 @@ def sparse_output(s: SparseSpec, vocab: Optional[Vocabulary],
     return ids.cast(pl.List(pl.Int64)).alias(s.name)
 
 
+def raw_string_ids(v: pl.Expr) -> pl.Expr:
+    """``encoding: raw`` ids of strings: the ``hash`` encoding's stable hash
+    (:func:`pipelines.hashing.string_hash`: FNV-1a of the UTF-8 bytes, then splitmix64) masked to
+    63 bits (:func:`raw_hash_ids`); 0 for null. With the finaliser, not FNV-1a alone: FNV-1a
+    leaves short strings' ids close together (``"x"`` and ``"y"`` share their top 16 bits), and
+    not every consumer of the ids mixes them as the dynamic tables do (``mix_ids``)."""
+    h = string_hash(v.cast(pl.String))
+    return pl.when(v.is_null()).then(pl.lit(0, pl.Int64)).otherwise(raw_hash_ids(h))
+
+
+def raw_hash_ids(h: pl.Expr) -> pl.Expr:
+    """A UInt64 hash as a raw id: ``h & (2^63 - 1)``, with the reserved ``2^63 - 1`` (the dynamic
+    tables' empty-row marker) moved to ``2^63 - 2``; Int64 in ``[0, 2^63 - 1)``."""
+    masked = h & pl.lit(RAW_ID_LIMIT, pl.UInt64)
+    return pl.when(masked == RAW_ID_LIMIT).then(pl.lit(RAW_ID_LIMIT - 1, pl.UInt64)).otherwise(
+        masked).cast(pl.Int64)
+
+
+def _raw_integer(x: pl.Expr) -> pl.Expr:
+    """A parquet integer (any width, signed or not) as Int64; a value beyond int64 (uint64 from
+    2^63) becomes ``RAW_ID_LIMIT``, so that parse drops it as out of range, never as null."""
+    n = x.cast(pl.Int64, strict=False)
+    return pl.when(x.is_not_null() & n.is_null()).then(pl.lit(RAW_ID_LIMIT, pl.Int64)).otherwise(n)
+
+
+def _parse_integer(x: pl.Expr, raw: bool) -> pl.Expr:
+    """Integer text as Int64, null when it does not parse. Raw features: integer text beyond
+    int64 becomes ``RAW_ID_LIMIT`` (out of range, not unparsable), and blank text null (id 0)."""
+    t = x.str.strip_chars()
+    n = t.cast(pl.Int64, strict=False)
+    if not raw:
+        return n
+    too_long = n.is_null() & t.str.contains(r"^[+-]?[0-9]+$")
+    return pl.when(too_long).then(pl.lit(RAW_ID_LIMIT, pl.Int64)).otherwise(n)
+
+
 def _number(name: str, text: bool) -> pl.Expr:
     col = pl.col(name)
     return col.str.strip_chars().cast(pl.Float64, strict=False) if text else col.cast(pl.Float64)
 
 
 def _categorical(s: SparseSpec, text: bool) -> pl.Expr:
+    """A categorical column's parsed values. Raw features: empty strings are null (id 0; skipped
+    in lists, as null elements are), parquet integers of any width become Int64."""
     col = pl.col(s.source)
     integer = s.dtype is ValueType.INTEGER
+    raw = s.encoding is Encoding.RAW
     if not text:
-        return col.list.drop_nulls() if s.multi_hot else col
+        if not raw:
+            return col.list.drop_nulls() if s.multi_hot else col
+        if integer:
+            return (col.list.drop_nulls().list.eval(_raw_integer(pl.element())) if s.multi_hot
+                    else _raw_integer(col))
+        return (col.list.eval(pl.element().filter(pl.element() != "")) if s.multi_hot
+                else pl.when(col != "").then(col))
     if s.multi_hot:
         items = col.str.split(s.separator).list.eval(pl.element().filter(pl.element() != ""))
         if integer:
-            items = items.list.eval(pl.element().str.strip_chars().cast(pl.Int64, strict=False))
+            if raw:  # blank elements are skipped, as empty ones are
+                items = items.list.eval(pl.element().filter(pl.element().str.strip_chars() != ""))
+            items = items.list.eval(_parse_integer(pl.element(), raw))
         return items
-    return col.str.strip_chars().cast(pl.Int64, strict=False) if integer else col
+    if integer:
+        return _parse_integer(col, raw)
+    return pl.when(col != "").then(col) if raw else col
 
 
 def _split_key(spec: IngestSpec, text: bool) -> pl.Expr:

@@ -305,6 +305,9 @@ def _validate_tokens(spec: XCIngestSpec, fail) -> None:
     enc = spec.token_encoding
     if t.column is not None and not t.column:
         fail("tokens.column", "must not be empty")
+    if enc is Encoding.RAW:
+        fail("tokens.encoding", "raw ids are for kind: ctr specs; XC tokens are vocab, hash "
+             "or pre_encoded (a dynamic table can still take pre_encoded token ids)")
     if enc is Encoding.HASH and (t.hash_buckets is None or t.hash_buckets < 2):
         fail("tokens.hash_buckets", f"hash encoding needs hash_buckets >= 2, got {t.hash_buckets}")
     if enc is not Encoding.HASH and t.hash_buckets is not None:
@@ -338,9 +341,9 @@ def _validate_labels(spec: XCIngestSpec, fail) -> None:
         fail("labels.column", "must not be empty")
     if lab.source == spec.tokens.source:
         fail("labels.column", f"{lab.source!r} is also the token column")
-    if enc is Encoding.HASH:
+    if enc in (Encoding.HASH, Encoding.RAW):
         fail("labels.encoding", "labels are vocab (ids by training frequency) or pre_encoded; "
-             "hashing would merge classes")
+             f"{'hashing would merge classes' if enc is Encoding.HASH else 'class ids index the head'}")
     if enc is Encoding.PRE_ENCODED:
         if lab.dtype is ValueType.STRING:
             fail("labels.dtype", "pre_encoded class ids must be dtype: integer (or left out)")

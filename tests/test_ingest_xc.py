@@ -411,6 +411,8 @@ def test_shipped_xc_specs_load(name):
      "not for format: xc_repository"),
     ("input: {format: csv}\ntokens: {column: t}", "tokens.separator", "give the separator"),
     ("input: {format: parquet}\nlabels: {encoding: hash}", "labels.encoding", "merge classes"),
+    ("input: {format: parquet}\nlabels: {encoding: raw}", "labels.encoding", "index the head"),
+    ("input: {format: parquet}\ntokens: {encoding: raw}", "tokens.encoding", "kind: ctr"),
     ("input: {format: parquet}\nlabels: {encoding: pre_encoded}", "labels.num_classes",
      "num_classes >= 2"),
     ("split: {method: time}", "split.method", "hash or files"),

@@ -160,17 +160,19 @@ def test_report_schema_is_stable():
         "pruned_by_bound", "improving_moves", "best_seed", "seed_ratings_ms"]
     assert list(report["tables"][0]) == [
         "name", "rows", "dim", "pooling_factor", "sharding_type", "compute_kernel", "ranks",
-        "weight_bytes", "optimizer_bytes", "perf_ms_all_shards", "slowest_shard_ms", "shards"]
+        "weight_bytes", "optimizer_bytes", "perf_ms_all_shards", "slowest_shard_ms", "shards",
+        "remap_bytes"]
     assert list(report["tables"][0]["shards"][0]) == ["rank", "offset", "size", "hbm_bytes",
                                                       "ddr_bytes", "perf_ms"]
     rank = report["ranks"][0]
     assert list(rank) == ["rank", "host", "memory", "time_ms"]
     assert list(rank["memory"]) == ["hbm", "ddr"]
     assert list(rank["memory"]["hbm"]) == [
-        "embedding_params", "embedding_optimizer", "io_and_cache", "dense_model",
+        "embedding_params", "embedding_optimizer", "embedding_remap", "io_and_cache", "dense_model",
         "dense_gradients", "dense_optimizer", "kjt_buffers", "reserved", "total", "capacity"]
     assert list(rank["memory"]["ddr"]) == [
-        "embedding_params", "embedding_optimizer", "io_and_cache", "total", "capacity"]
+        "embedding_params", "embedding_optimizer", "embedding_remap", "io_and_cache", "total",
+        "capacity"]
     assert list(rank["time_ms"]) == ["fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms",
                                      "prefetch", "embedding_total", "dense_allreduce", "total"]
 

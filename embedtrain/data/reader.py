@@ -413,7 +413,13 @@ def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
     if features.num_classes is None:
         _check_click_labels(table.column(features.label), features.label, unit)
     for feat in features.sparse:
-        _check_ids(table.column(feat.name), feat.name, feat.num_embeddings, unit)
+        # raw ids (encoding: raw) lie anywhere in [0, 2^63 - 1): the int64 range but the top
+        # value, which the dynamic tables keep for their empty rows
+        limit = RAW_ID_LIMIT if feat.raw else feat.num_embeddings
+        _check_ids(table.column(feat.name), feat.name, limit, unit)
+
+
+RAW_ID_LIMIT = 2**63 - 1  # raw ids lie in [0, RAW_ID_LIMIT)
 
 
 def _check_ids(column: pa.ChunkedArray, name: str, limit: int, unit: RowGroup,

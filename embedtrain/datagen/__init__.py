@@ -4,6 +4,9 @@
   oracle AUC / log loss (:func:`generate_ctr`);
 - :mod:`embedtrain.datagen.tsv`: the same CTR rows as raw Criteo-style TSV logs, what
   ``embedtrain ingest`` starts from (:func:`generate_ctr_tsv`);
+- :mod:`embedtrain.datagen.drift`: a drifting CTR data set with raw int64 ids that are born and
+  die over time periods, split by time, so that offline vocabularies go stale
+  (:func:`generate_ctr_drift`, ``embedtrain datagen ctr --drift``);
 - :mod:`embedtrain.datagen.xc`: extreme classification with the Bayes-optimal P@k
   (:func:`generate_xc`);
 - :mod:`embedtrain.datagen.graph`: a degree-corrected block model graph with the Bayes
@@ -18,9 +21,10 @@ Example:
 """
 
 from embedtrain.datagen.ctr import CTRDataSpec, generate_ctr
+from embedtrain.datagen.drift import DriftDataSpec, generate_ctr_drift
 from embedtrain.datagen.graph import GraphDataSpec, generate_graph
 from embedtrain.datagen.tsv import generate_ctr_tsv
 from embedtrain.datagen.xc import XCDataSpec, generate_xc
 
-__all__ = ["CTRDataSpec", "GraphDataSpec", "XCDataSpec", "generate_ctr", "generate_ctr_tsv",
-           "generate_graph", "generate_xc"]
+__all__ = ["CTRDataSpec", "DriftDataSpec", "GraphDataSpec", "XCDataSpec", "generate_ctr",
+           "generate_ctr_drift", "generate_ctr_tsv", "generate_graph", "generate_xc"]

@@ -15,9 +15,23 @@ What is written where is in :mod:`embedtrain.export.manifest`. How:
    exports on one process, and the memory it takes is at most one shard (one table for a
    1-rank checkpoint) over the process's baseline (:attr:`ExportResult.peak_over_baseline`).
    Parquet copies and quantized rows are made from the ``.npy`` in row blocks.
-4. Vocabularies of ingested features are copied next to the tables; the run's config and the
+4. Dynamic tables (:mod:`embedtrain.models.dynamic`: raw int64 ids remapped to rows) also get
+   their id -> row map, ``tables/<table>.ids.parquet`` (``id``: the raw id, ``row``: its row,
+   int64, sorted by id; only ids that own a row), read whole from the remapper's checkpointed
+   buffers (16 bytes a row: the sorted mixed ids, their rows; and the run's row-wise shard
+   starts, from which the manifest's ``segments`` and ``default_rows`` come). Serving maps an
+   id by binary search in ``id``, falling back to ``default_rows[shard of mix_ids(id)]``
+   (:func:`embedtrain.models.dynamic.mix_ids`, :func:`embedtrain.models.dynamic.
+   checkpoint_default_rows`): what training's evaluation looks up. The manifest's
+   ``features.sparse[i].encoding`` is ``raw`` for raw features (details:
+   :mod:`embedtrain.export.manifest`).
+5. Vocabularies of ingested features are copied next to the tables; the run's config and the
    data set's ``metadata.json`` are copied too; ``model.json`` says what each file is and what
    preprocessing rows need.
+
+Tables are listed in the model's own feature order (a model with dynamic tables keeps its static
+and dynamic tables in two collections, but its sparse arch stacks the pooled embeddings in the
+features' order): the order the dense program's ``pooled`` input takes them in.
 
 GNN runs export their node table (no dense program: GraphSAGE runs on sampled neighbourhoods,
 not on rows). XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``).
@@ -60,13 +74,18 @@ from embedtrain.export.manifest import (
     write_manifest,
 )
 from embedtrain.export.tables import (
+    ROWS_OF_IDS,
+    SORTED_IDS,
     NpyWriter,
+    checkpoint_id_map,
     checkpoint_tensors,
     load_tensors,
     quantize_npy,
     stream_tensor,
+    write_id_map,
     write_parquet,
 )
+from embedtrain.models.dynamic import MIX_VERSION, EmbeddingBags
 from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
 from embedtrain.utils import progress_bar
 
@@ -144,7 +163,10 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
     ckpt, info = _find_checkpoint(run_dir, checkpoint)
     saved = checkpoint_tensors(ckpt)
     tables, head = model.tables(), model.head_key()
-    for key, shape in [(t.key, (t.rows, t.dim)) for t in tables] + ([head] if head else []):
+    remapped = [(f"{t.remap}.{b}", (t.rows,)) for t in tables if t.remap
+                for b in (SORTED_IDS, ROWS_OF_IDS)]
+    for key, shape in ([(t.key, (t.rows, t.dim)) for t in tables] + ([head] if head else [])
+                       + remapped):
         if key not in saved:
             raise CheckpointError(f"{ckpt}: has no {key}; was it written by this run's model?")
         if tuple(saved[key]) != tuple(shape):
@@ -182,6 +204,8 @@ def _export(cfg: Config, model: "_Family", tables: list["_TableSpec"],
                 shards = stream_tensor(ckpt, t.key, t.shape, writer.write)
             if i < len(tables):
                 entries.append(_table_entry(tables[i], shards, out, quantize, formats))
+                if tables[i].remap:
+                    _add_id_map(entries[-1], tables[i], ckpt, out)
             else:
                 head_entry = model.head_entry(out, shards, formats)
             bar.update(t.shape[0])
@@ -275,6 +299,17 @@ def _table_entry(t: "_TableSpec", shards: list[Shard], out: Path, quantize: str,
                  shards=shards)
 
 
+def _add_id_map(entry: Table, t: "_TableSpec", ckpt: Path, out: Path) -> None:
+    """Writes a dynamic table's id -> row map and records it (with the default rows)."""
+    ids, rows, segments = checkpoint_id_map(ckpt, t.remap, t.rows)
+    write_id_map(out / "tables" / f"{t.name}.ids.parquet", ids, rows)
+    entry.id_map = f"tables/{t.name}.ids.parquet"
+    entry.segments = segments
+    entry.default_rows = [end - 1 for end in segments[1:]]
+    entry.ids_held = int(ids.numel())
+    entry.id_mix = MIX_VERSION
+
+
 def _reset_peak_rss() -> tuple[int, bool]:
     """Current resident bytes, and whether the peak (``VmHWM``) was reset to it."""
     try:
@@ -312,6 +347,7 @@ class _TableSpec:
     rows: int
     dim: int
     pooling: str
+    remap: Optional[str] = None  # dynamic tables: the checkpoint key of the remapper
 
 
 class _Family:
@@ -340,17 +376,39 @@ class _Family:
         return self.recipe.dataset
 
     def tables(self) -> list[_TableSpec]:
-        """Every ``EmbeddingBagCollection`` table of the model, with its checkpoint key."""
+        """Every ``EmbeddingBagCollection`` table of the model, with its checkpoint key (and,
+        for a dynamic table, its remapper's), in the model's feature order."""
         from torchrec.modules.embedding_modules import EmbeddingBagCollection
+        from torchrec.modules.mc_modules import MCHManagedCollisionModule
 
+        modules = dict(self.model.named_modules())
         out = []
-        for path, module in self.model.named_modules():
+        for path, module in modules.items():
             if not isinstance(module, EmbeddingBagCollection):
                 continue
+            # a ManagedCollisionEmbeddingBagCollection's tables: <owner>._embedding_module
+            owner = path[:-len("._embedding_module")] if path.endswith("._embedding_module") \
+                else None
             for c in module.embedding_bag_configs():
+                remap = None
+                if owner is not None:
+                    mcm = f"{owner}._managed_collision_collection._managed_collision_modules." \
+                          f"{c.name}"
+                    if isinstance(modules.get(mcm), MCHManagedCollisionModule):
+                        remap = f"model.{mcm}"
                 out.append(_TableSpec(c.name, f"model.{path}.embedding_bags.{c.name}.weight",
                                       list(c.feature_names), c.num_embeddings, c.embedding_dim,
-                                      c.pooling.name.lower()))
+                                      c.pooling.name.lower(), remap))
+        # EmbeddingBags holds static and dynamic tables in two collections, but pools (and the
+        # sparse arch stacks) them in its configs' order: list them in that order
+        for path, module in modules.items():
+            if isinstance(module, EmbeddingBags):
+                order = {c.name: i for i, c in enumerate(module.embedding_bag_configs())}
+                prefix = f"model.{path}."
+                places = [i for i, t in enumerate(out) if t.key.startswith(prefix)]
+                ordered = sorted((out[i] for i in places), key=lambda t: order[t.name])
+                for i, t in zip(places, ordered):
+                    out[i] = t
         return out
 
     def head_key(self) -> Optional[tuple[str, tuple[int, int]]]:
@@ -413,7 +471,9 @@ class _Family:
                                   f.max_length)
             given = sparse_spec.get(f.name, {})
             entry.column = given.get("column")
-            if f.name in vocab_files:
+            if f.raw:
+                entry.encoding = "raw"  # raw int64 ids: its dynamic table's id map finds rows
+            elif f.name in vocab_files:
                 entry.encoding, entry.vocab = "vocab", _copy_vocab(meta.root, vocab_files[f.name],
                                                                    out)
                 entry.min_frequency = given.get("min_frequency")
@@ -422,7 +482,7 @@ class _Family:
             elif f.name in buckets:
                 entry.encoding = "quantiles" if given.get("quantiles") else "bucketize"
                 entry.bucket_boundaries = [float(b) for b in buckets[f.name]]
-            if entry.encoding != "pre_encoded" and "null_id" in extra:
+            if entry.encoding not in ("pre_encoded", "raw") and "null_id" in extra:
                 entry.null_id = int(extra["null_id"])
             sparse.append(entry)
         return Features(spec.label, dense, sparse, spec.num_classes, spec.max_labels)

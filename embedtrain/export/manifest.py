@@ -8,7 +8,9 @@ An export (``embedtrain export RUN_DIR --out DIR``) is a directory::
     DIR/tables/<table>.int8.npy   or, quantized: uint8 [rows, dim + 4] fused rows (FBGEMM's
                                   layout: dim codes, then fp16 scale and fp16 bias; int4:
                                   dim / 2 bytes of codes)
-    DIR/tables/<table>.parquet    with --format parquet: id (int64), vector (list<float32>)
+    DIR/tables/<table>.parquet    with --format parquet: id (int64, the row), vector
+                                  (list<float32>)
+    DIR/tables/<table>.ids.parquet  dynamic tables: the id -> row map (see below)
     DIR/head/weight.npy           XC: the class head, float32 [classes, D] (row = class id)
     DIR/vocab/<feature>.parquet   ingested features' vocabularies (value, id, count), copied
     DIR/config.yaml               the run's resolved config, copied
@@ -22,7 +24,26 @@ synthetic Criteo counts), ``features.dense[i].ingest`` is what ``embedtrain inge
 raw column first (fill, clip, log1p, standardisation with the training split's mean and std);
 ``features.sparse[i].encoding`` is how raw values became ids (``pre_encoded``, ``vocab`` with its
 file, ``hash`` with its buckets, ``bucketize``/``quantiles`` with their boundaries; id 0 is the
-null/unknown bucket of ingested features).
+null/unknown bucket of ingested features; ``raw``: raw int64 ids in ``[0, 2^63 - 1)``, looked up
+through a dynamic table's id map).
+
+Dynamic tables (``tables: [{tables: [...], capacity: N}]`` in the training config,
+:mod:`embedtrain.models.dynamic`) are not indexed by id: their ``rows`` (the capacity) are owned
+by the ids training admitted and kept. Such a table's entry has ``id_map``, the file
+``tables/<table>.ids.parquet`` with columns ``id`` (int64, the raw id as the data holds it) and
+``row`` (int64, its row of the table), sorted by ``id``, one entry per id that owns a row
+(``ids_held`` of them; distinct ids, distinct rows, never a default row), read from the
+checkpoint's remapping state (the remapper keeps ids mixed by
+:func:`embedtrain.models.dynamic.mix_ids`; the file holds them unmixed). An id without a row
+-- never seen in training, or evicted -- looks up a default row, one per row-wise shard of the
+run: ``segments`` are the shards' first rows followed by the table's rows (``[0, rows]`` for a
+1-rank run), ``default_rows[i] = segments[i + 1] - 1`` (the last row of each shard). Serving
+maps an id exactly as training's evaluation did: binary search for it in ``id`` (found: its
+``row``), else ``default_rows[shard]`` with ``shard = mix_ids(id) // ceil((2^63 - 1) /
+len(default_rows))``, the shard whose block of the mixed id range holds it
+(:func:`embedtrain.models.dynamic.checkpoint_default_rows`, which :mod:`embedtrain.export.
+predict` calls). A dynamic table over a feature that is not raw (say, ``pre_encoded`` ids) keeps
+that feature's ``encoding`` and is mapped the same way.
 
 Example:
     >>> m = load_manifest("exports/demo")
@@ -89,6 +110,17 @@ class Table:
     checkpoint_key: str
     shards: list[Shard] = field(default_factory=list)
     vocab: Optional[str] = None  # the vocabulary of its feature (ingested data), if any
+    # Dynamic tables only (None: a static table, row = id); see the module docstring.
+    id_map: Optional[str] = None  # tables/<name>.ids.parquet: id, row (int64), sorted by id
+    segments: Optional[list[int]] = None  # the run's row-wise shards' first rows, then rows
+    default_rows: Optional[list[int]] = None  # per shard: segments[i + 1] - 1
+    ids_held: Optional[int] = None  # entries of the id map (ids that own a row)
+    id_mix: Optional[str] = None  # the version of mix_ids the shard of an id is found with
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether ids reach rows through :attr:`id_map` (a dynamic table)."""
+        return self.id_map is not None
 
 
 @dataclass
@@ -119,7 +151,7 @@ class SparseFeature:
     num_embeddings: int
     multi_hot: bool = False
     max_length: int = 1
-    encoding: str = "pre_encoded"  # pre_encoded | vocab | hash | bucketize | quantiles
+    encoding: str = "pre_encoded"  # pre_encoded | vocab | hash | bucketize | quantiles | raw
     column: Optional[str] = None  # the raw input column (ingest), when it is not ``name``
     vocab: Optional[str] = None  # vocab: the file (value, id, count) in the export
     min_frequency: Optional[int] = None

@@ -5,13 +5,23 @@ into TorchRec's ``EmbeddingBagCollection`` (float32 ``.npy`` files memory-mapped
 ``int8``/``int4`` exports, into TorchRec's quantized inference ``EmbeddingBagCollection``
 (FBGEMM's n-bit kernels); the dense program with ``torch.export.load``; an XC class head as a
 float32 matrix scored in blocks of classes (:func:`embedtrain.models.topk.blocked_topk`, the
-kernel evaluation uses).
+kernel evaluation uses); a dynamic table's id -> row map (``tables/<table>.ids.parquet``,
+:mod:`embedtrain.export.manifest`) as sorted int64 tensors.
+
+Dynamic tables take the data's ids (raw int64 ids, ``encoding: raw``), not rows: before the
+lookup, :meth:`ExportedModel.rows` maps each batch's ids of such a feature exactly as training's
+evaluation does -- a binary search in the map (``torch.searchsorted``); an id found gets its
+row, any other id the default row of the shard its mixed id falls in
+(:func:`embedtrain.models.dynamic.checkpoint_default_rows` of
+:func:`~embedtrain.models.dynamic.mix_ids`), so a run trained on N ranks scores the same
+unseen ids as its evaluation did. Static tables look ids up as rows, unchanged.
 
 :func:`predict` streams the input files (parquet rows in the data set's layout, e.g. its split
 files): one ``--batch-size`` of rows is read, checked (types, nulls, ids in range; the file,
-column and row of a bad value named), turned into a TorchRec batch exactly as training's reader
-does (same dense transform), scored and appended to the output parquet; memory is bounded by a
-batch and a row group, never the input. Output columns, one row per input row, in input order:
+column and row of a bad value named; ids of a dynamic table's feature lie in ``[0, 2^63 - 1)``,
+of a static one in ``[0, num_embeddings)``), turned into a TorchRec batch exactly as training's
+reader does (same dense transform), scored and appended to the output parquet; memory is bounded
+by a batch and a row group, never the input. Output columns, one row per input row, in input order:
 
 * CTR: ``logit`` and ``score`` (the click probability, ``sigmoid(logit)``), float32;
 * XC: ``top_ids`` (``list<int64>``, class ids, best first) and ``top_scores``
@@ -34,7 +44,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Container, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -51,13 +61,53 @@ from embedtrain.export.tables import (
     float_collection,
     quantized_collection,
     quantized_width,
+    read_id_map,
     read_table,
 )
 from embedtrain.features import DenseTransform, FeatureSpec, SparseFeature
+from embedtrain.models.dynamic import (
+    EMPTY_ID,
+    MIX_VERSION,
+    checkpoint_default_rows,
+    mix_ids,
+    unmix_ids,
+)
 from embedtrain.recipes.base import quiet_fx_tracing_warning
 from embedtrain.utils import natural_key, progress_bar
 
 _HEAD_BLOCK = 65_536  # classes scored at once (as evaluation does)
+RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)
+# mix_ids maps the one id whose image is EMPTY_ID onto EMPTY_ID - 1, another id's image: in
+# training both share a row, which the map records under the other id
+_MIXED_TO_EMPTY = int(unmix_ids(torch.tensor([EMPTY_ID]))[0])
+_SHARES_ITS_ROW = int(unmix_ids(torch.tensor([EMPTY_ID - 1]))[0])
+
+
+class IdMap:
+    """A dynamic table's id -> row map (its export's ``ids.parquet`` and default rows).
+
+    Args:
+        ids: the raw ids that own a row, int64, strictly ascending.
+        rows: their rows, int64.
+        segments: the run's row-wise shard starts, then the table's rows.
+    """
+
+    def __init__(self, ids: Tensor, rows: Tensor, segments: Sequence[int]) -> None:
+        self.ids, self.held = ids, rows
+        self.segments = torch.tensor(list(segments), dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    def rows(self, ids: Tensor) -> Tensor:
+        """The rows raw ``ids`` (int64, in ``[0, 2^63 - 1)``) look up: their own where they
+        hold one, else the default row of their shard (as training's evaluation remaps them)."""
+        ids = torch.where(ids == _MIXED_TO_EMPTY, _SHARES_ITS_ROW, ids)
+        default = checkpoint_default_rows(mix_ids(ids), self.segments)
+        if not len(self):
+            return default
+        at = torch.searchsorted(self.ids, ids).clamp_(max=len(self) - 1)
+        return torch.where(self.ids[at] == ids, self.held[at], default)
 
 
 class ExportedModel:
@@ -84,7 +134,8 @@ class ExportedModel:
         transform = f.dense[0].transform if f.dense else "none"
         self.spec = FeatureSpec(
             label=f.label, dense=tuple(d.name for d in f.dense),
-            sparse=tuple(SparseFeature(s.name, s.num_embeddings, s.multi_hot, s.max_length)
+            sparse=tuple(SparseFeature(s.name, s.num_embeddings, s.multi_hot, s.max_length,
+                                       raw=s.encoding == "raw")
                          for s in f.sparse),
             dense_transform=DenseTransform(transform), num_classes=f.num_classes,
             max_labels=f.max_labels)
@@ -100,6 +151,24 @@ class ExportedModel:
         self.tables = (quantized_collection(m.tables, arrays, m.quantize) if quantized
                        else float_collection(m.tables, arrays))
         self.feature_order = [name for t in m.tables for name in t.features]
+        # dynamic tables: feature -> its table's id map
+        self.id_maps: dict[str, IdMap] = {}
+        for t in m.tables:
+            if t.id_map is None:
+                continue
+            if t.id_mix != MIX_VERSION:
+                raise ExportError(f"{where}: tables: {t.name}: id_mix {t.id_mix!r}, this "
+                                  f"embedtrain maps ids with {MIX_VERSION!r}; predict with the "
+                                  f"version that exported it")
+            if not t.segments or t.segments[-1] != t.rows:
+                raise ExportError(f"{where}: tables: {t.name}: segments {t.segments} do not end "
+                                  f"at its {t.rows} rows")
+            try:
+                ids, rows = read_id_map(self.root / t.id_map, t.rows)
+            except ValueError as e:
+                raise ExportError(str(e)) from None
+            for name in t.features:
+                self.id_maps[name] = IdMap(ids, rows, t.segments)
         self.program = _load_program(self.root / m.dense_program.file, m.dense_program.format)
         self.head_weight: Optional[Tensor] = None
         if m.head is not None:
@@ -122,10 +191,30 @@ class ExportedModel:
                    for m in self.tables._emb_modules)  # one buffer of rows per kernel
 
     @torch.no_grad()
+    def rows(self, sparse):
+        """The ``KeyedJaggedTensor`` of the data's ids as the tables' rows: the ids of dynamic
+        tables' features mapped through their id maps (:meth:`IdMap.rows`), the others as
+        they are (a static table's id is its row)."""
+        if not self.id_maps:
+            return sparse
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        values = sparse.values().clone()
+        offsets = sparse.offset_per_key()
+        for i, key in enumerate(sparse.keys()):
+            if key in self.id_maps and offsets[i + 1] > offsets[i]:
+                span = slice(offsets[i], offsets[i + 1])
+                values[span] = self.id_maps[key].rows(values[span])
+        return KeyedJaggedTensor(keys=sparse.keys(), values=values, lengths=sparse.lengths(),
+                                 stride=sparse.stride(), length_per_key=sparse.length_per_key(),
+                                 offset_per_key=offsets)
+
+    @torch.no_grad()
     def pooled(self, sparse) -> list[Tensor]:
-        """The tables' pooled embeddings of a ``KeyedJaggedTensor``, ``[B, dim]`` per feature,
-        in the manifest's table order."""
-        by_key = self.tables(sparse).to_dict()
+        """The tables' pooled embeddings of a ``KeyedJaggedTensor`` of the data's ids (raw ids
+        for dynamic tables, mapped by :meth:`rows`), ``[B, dim]`` per feature, in the manifest's
+        table order (the model's feature order, which the dense program takes)."""
+        by_key = self.tables(self.rows(sparse)).to_dict()
         return [by_key[name] for name in self.feature_order]
 
     @torch.no_grad()
@@ -230,7 +319,8 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
     try:
         with progress_bar(total, "predict", disable=not progress) as bar:
             for path, schema in zip(files, schemas):
-                for batch, labels in _batches(path, schema, spec, batch_size, label_type):
+                for batch, labels in _batches(path, schema, spec, batch_size, label_type,
+                                              model.id_maps):
                     columns = _score(model, batch, k)
                     if label_type is not None:
                         columns[spec.label] = labels
@@ -289,8 +379,10 @@ def _label_type(files: list[Path], schemas: list[pa.Schema], spec: FeatureSpec
 
 
 def _batches(path: Path, schema: pa.Schema, spec: FeatureSpec, batch_size: int,
-             label_type: Optional[pa.DataType]) -> Iterator[tuple[object, Optional[pa.Array]]]:
-    """``(TorchRec batch, the rows' labels)`` of one file, ``batch_size`` rows at a time."""
+             label_type: Optional[pa.DataType], dynamic: Container[str] = ()
+             ) -> Iterator[tuple[object, Optional[pa.Array]]]:
+    """``(TorchRec batch, the rows' labels)`` of one file, ``batch_size`` rows at a time (the
+    ids as the data holds them: ``dynamic`` features' ids are mapped to rows at lookup)."""
     layout = SparseLayout(tuple(is_list_type(schema.field(f.name).type) for f in spec.sparse))
     has_label = spec.label in schema.names
     columns = [*spec.dense, *spec.sparse_names] + ([spec.label] if has_label else [])
@@ -301,7 +393,7 @@ def _batches(path: Path, schema: pa.Schema, spec: FeatureSpec, batch_size: int,
         for record_batch in source:
             table = pa.Table.from_batches([record_batch])
             n = table.num_rows
-            _check(table, spec, path, first)
+            _check(table, spec, path, first, dynamic)
             labels = None
             if label_type is not None:
                 labels = (table.column(spec.label).combine_chunks().cast(label_type) if has_label
@@ -316,8 +408,10 @@ def _batches(path: Path, schema: pa.Schema, spec: FeatureSpec, batch_size: int,
         raise DataError(f"{path}: cannot read rows {first:,}..: {e}") from None
 
 
-def _check(table: pa.Table, spec: FeatureSpec, path: Path, first: int) -> None:
-    """Types, nulls and id ranges of a batch; errors name the file, column and row."""
+def _check(table: pa.Table, spec: FeatureSpec, path: Path, first: int,
+           dynamic: Container[str] = ()) -> None:
+    """Types, nulls and id ranges of a batch; errors name the file, column and row. Features
+    in ``dynamic`` (their table has an id map) take any raw id in ``[0, 2^63 - 1)``."""
     for name in spec.dense:
         column = table.column(name)
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
@@ -337,16 +431,20 @@ def _check(table: pa.Table, spec: FeatureSpec, path: Path, first: int) -> None:
                             f"list")
         if len(values) == 0:
             continue
+        raw = feat.name in dynamic
+        limit = RAW_ID_LIMIT if raw else feat.num_embeddings
         bounds = pc.min_max(values)
         low, high = bounds["min"].as_py(), bounds["max"].as_py()
-        if low < 0 or high >= feat.num_embeddings:
-            bad = pc.or_(pc.less(values, 0), pc.greater_equal(values, feat.num_embeddings))
+        if low < 0 or high >= limit:
+            bad = pc.or_(pc.less(values, 0), pc.greater_equal(values, limit))
             position = _first(bad)
             row = _row_of(column, position) if is_list_type(column.type) else position
             value = values[position].as_py()
+            why = ("2^63 - 1): raw ids of a dynamic table, mapped to rows by its id map" if raw
+                   else f"{feat.num_embeddings}) (the export's table has "
+                        f"{feat.num_embeddings:,} rows)")
             raise DataError(f"{path}: column {feat.name}: row {first + row}: id {value} outside "
-                            f"[0, {feat.num_embeddings}) (the export's table has "
-                            f"{feat.num_embeddings:,} rows)")
+                            f"[0, {why}")
 
 
 def _first(mask) -> int:

@@ -14,6 +14,11 @@ Writing: :class:`NpyWriter` puts each shard at its rows (and columns) of a float
 own ``quantize_state_dict``, block by block: rowwise quantization of a block equals that of the
 table).
 
+Dynamic tables: :func:`checkpoint_id_map` reads a table's remapping state (its sorted mixed ids,
+their rows and the run's shard starts: 16 bytes a row, read whole) into the raw id -> row map
+that :func:`write_id_map` writes as ``tables/<table>.ids.parquet`` and :func:`read_id_map` reads
+back (what the files mean: :mod:`embedtrain.export.manifest`).
+
 Inference: :func:`float_collection` and :func:`quantized_collection` build TorchRec's
 ``EmbeddingBagCollection`` (the unsharded module training's tables come from) and its quantized
 inference version (``torchrec.quant``) from the exported files.
@@ -48,6 +53,7 @@ from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantColl
 from torchrec.quant.embedding_modules import quantize_state_dict
 
 from embedtrain.export.manifest import BITS, Shard
+from embedtrain.models.dynamic import EMPTY_ID, unmix_ids
 from embedtrain.train.checkpoint import CheckpointError, describe_error
 
 BLOCK_BYTES = 1 << 20  # rows are converted, written and quantized this many bytes at a time
@@ -220,6 +226,94 @@ def load_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> N
             raise
         raise CheckpointError(f"{path}: cannot read the dense parameters: "
                               f"{describe_error(e)}") from None
+
+
+# the remapper's buffers of a dynamic table, under its checkpoint key prefix
+SORTED_IDS, ROWS_OF_IDS, SEGMENTS = ("_mch_sorted_raw_ids", "_mch_remapped_ids_mapping",
+                                     "_output_segments_tensor")
+
+
+def checkpoint_id_map(path: str | os.PathLike, prefix: str, rows: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """A dynamic table's ``(raw ids, rows, segments)`` in a checkpoint: the ids that own a row
+    (ascending, unmixed by :func:`embedtrain.models.dynamic.unmix_ids`) and their rows, and the
+    run's row-wise shard starts followed by ``rows``.
+
+    ``prefix`` is the checkpoint key of the table's remapper (``model....
+    _managed_collision_modules.<table>``). The remapper's buffers hold, per row-wise shard, the
+    mixed ids that own a row, sorted, then ``EMPTY_ID`` for the free rows; each shard's last
+    entry stands for its default row and is never looked up.
+
+    Raises:
+        CheckpointError: a buffer is missing or unreadable, or the state is inconsistent (an
+            id held twice, a row outside the table or held twice, segments that do not end at
+            ``rows``).
+    """
+    tensors = {f"{prefix}.{SORTED_IDS}": torch.empty(rows, dtype=torch.int64),
+               f"{prefix}.{ROWS_OF_IDS}": torch.empty(rows, dtype=torch.int64),
+               f"{prefix}.{SEGMENTS}": torch.empty(1025, dtype=torch.int64)}
+    try:
+        dcp.load(tensors, checkpoint_id=path, no_dist=True,
+                 planner=DefaultLoadPlanner(allow_partial_load=True))
+    except BaseException as e:  # noqa: BLE001 - one line for DCP's many failure kinds
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise CheckpointError(f"{path}: cannot read the remapping state of {prefix}: "
+                              f"{describe_error(e)}") from None
+    mixed, mapped, padded = tensors.values()
+    segments = [int(v) for v in padded.tolist() if v >= 0]
+    where = f"{path}: {prefix}"
+    if (len(segments) < 2 or segments[0] != 0 or segments[-1] != rows
+            or any(a >= b for a, b in zip(segments, segments[1:]))):
+        raise CheckpointError(f"{where}.{SEGMENTS}: {segments} are not shard starts of a "
+                              f"{rows}-row table")
+    keep = mixed != EMPTY_ID
+    keep[torch.tensor(segments[1:]) - 1] = False  # each shard's default row
+    ids, held = unmix_ids(mixed[keep]), mapped[keep]
+    order = torch.argsort(ids)
+    ids, held = ids[order], held[order]
+    defaults = torch.tensor([s - 1 for s in segments[1:]])
+    if bool((ids[1:] == ids[:-1]).any()):
+        raise CheckpointError(f"{where}.{SORTED_IDS}: an id is held twice")
+    if held.numel() and (int(held.min()) < 0 or int(held.max()) >= rows
+                         or torch.unique(held).numel() != held.numel()
+                         or bool(torch.isin(held, defaults).any())):
+        raise CheckpointError(f"{where}.{ROWS_OF_IDS}: rows outside the table's {rows}, held "
+                              f"twice, or a default row")
+    return ids, held, segments
+
+
+def write_id_map(path: str | os.PathLike, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """``id`` and ``row`` (int64; ids ascending) as parquet (no dictionary: nothing repeats)."""
+    table = pa.table({"id": _arrow(ids.numpy().astype(np.int64, copy=False)),
+                      "row": _arrow(rows.numpy().astype(np.int64, copy=False))})
+    pq.write_table(table, path, use_dictionary=False)
+
+
+def read_id_map(path: str | os.PathLike, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An id map's ``(ids, rows)`` as int64 tensors, checked: ids strictly ascending, rows in
+    ``[0, rows)``.
+
+    Raises:
+        ValueError: unreadable, or not an id map of a ``rows``-row table (the file named).
+    """
+    try:
+        table = pq.read_table(path, columns=["id", "row"])
+    except (OSError, pa.ArrowException, KeyError) as e:
+        raise ValueError(f"{path}: unreadable: {e}") from None
+    out = []
+    for name in ("id", "row"):
+        column = table.column(name)
+        if column.type != pa.int64() or column.null_count:
+            raise ValueError(f"{path}: column {name}: expected int64 without nulls, got "
+                             f"{column.type}")
+        out.append(torch.from_numpy(column.to_numpy().copy()))
+    ids, held = out
+    if bool((ids[1:] <= ids[:-1]).any()):
+        raise ValueError(f"{path}: column id: not strictly ascending")
+    if held.numel() and (int(held.min()) < 0 or int(held.max()) >= rows):
+        raise ValueError(f"{path}: column row: rows outside [0, {rows})")
+    return ids, held
 
 
 class NpyWriter:

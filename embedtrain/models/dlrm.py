@@ -12,47 +12,37 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.mlp import Perceptron
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import PoolingType
 
 from embedtrain.features import FeatureSpec
-
-
-def table_name(feature: str) -> str:
-    """The embedding table of sparse feature ``feature``."""
-    return f"t_{feature}"
+from embedtrain.models.dynamic import feature_tables
+from embedtrain.models.options import DynamicTable
 
 
 def embedding_bag_collection(
-    spec: FeatureSpec, embedding_dim: int, device: Optional[torch.device] = None
-) -> EmbeddingBagCollection:
+    spec: FeatureSpec, embedding_dim: int, device: Optional[torch.device] = None,
+    dynamic: Optional[Mapping[str, DynamicTable]] = None,
+) -> nn.Module:
     """One table per sparse feature (``t_<name>``), sized by its vocabulary; lists are sum-pooled.
 
     Args:
         spec: the feature spec.
         embedding_dim: dimension of every table (DLRM's dot interaction needs one size).
         device: ``meta`` to build without memory, ``None`` for CPU.
+        dynamic: tables (by name) that remap raw ids collision-free, with their capacity and
+            eviction (:mod:`embedtrain.models.dynamic`).
 
     Returns:
-        The (unsharded) embedding bag collection.
+        The (unsharded) embedding bag collection, or :class:`~embedtrain.models.dynamic.
+        EmbeddingBags` when some tables are dynamic.
     """
-    tables = [
-        EmbeddingBagConfig(
-            name=table_name(feat.name),
-            embedding_dim=embedding_dim,
-            num_embeddings=feat.num_embeddings,
-            feature_names=[feat.name],
-            pooling=PoolingType.SUM,
-        )
-        for feat in spec.sparse
-    ]
-    return EmbeddingBagCollection(tables=tables, device=device)
+    return feature_tables(spec.sparse, embedding_dim, PoolingType.SUM, dynamic, device)
 
 
 def dlrm(
@@ -62,6 +52,7 @@ def dlrm(
     top_mlp: Sequence[int],
     device: Optional[torch.device] = None,
     dropout: float = 0.0,
+    dynamic: Optional[Mapping[str, DynamicTable]] = None,
 ) -> nn.Module:
     """DLRM with dot-product interaction.
 
@@ -74,13 +65,14 @@ def dlrm(
         dropout: probability of dropping each hidden unit of the bottom and top MLPs in
             training (after each layer's activation; not after the bottom MLP's output or the
             logit); 0: none.
+        dynamic: the dynamic tables by name (see :func:`embedding_bag_collection`).
 
     Returns:
         A module ``(dense [B, n_dense], KeyedJaggedTensor) -> logits [B, 1]``.
     """
     _check_sizes(embedding_dim, bottom_mlp, top_mlp)
     model = DLRM(
-        embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device),
+        embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device, dynamic),
         dense_in_features=len(spec.dense),
         dense_arch_layer_sizes=list(bottom_mlp),
         over_arch_layer_sizes=list(top_mlp),
@@ -97,6 +89,7 @@ def dcn(
     low_rank_dim: int = 64,
     device: Optional[torch.device] = None,
     dropout: float = 0.0,
+    dynamic: Optional[Mapping[str, DynamicTable]] = None,
 ) -> nn.Module:
     """DLRM with DCNv2 low-rank cross layers as the interaction (see :func:`dlrm` for the args).
 
@@ -106,7 +99,7 @@ def dcn(
     """
     _check_sizes(embedding_dim, bottom_mlp, top_mlp)
     model = DLRM_DCN(
-        embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device),
+        embedding_bag_collection=embedding_bag_collection(spec, embedding_dim, device, dynamic),
         dense_in_features=len(spec.dense),
         dense_arch_layer_sizes=list(bottom_mlp),
         over_arch_layer_sizes=list(top_mlp),

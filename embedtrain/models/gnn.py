@@ -23,12 +23,12 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.dependencies import import_optional
 from embedtrain.graph.sampler import SampledBlocks
-from embedtrain.models.options import Aggregation, GNNModel
+from embedtrain.models.dynamic import embedding_bags
+from embedtrain.models.options import Aggregation, DynamicTable, GNNModel
 
 NODE_TABLE = "t_node"
 NODE_FEATURE = "node"
@@ -49,12 +49,14 @@ class GraphSAGE(nn.Module):
         kind: :attr:`GNNModel.SAGE`, or :attr:`GNNModel.MLP` to make the layers plain linear ones
             on each seed node alone (an MLP on its id embedding and features): the baseline that
             shows what the graph adds.
+        dynamic: make the node-id table dynamic (:mod:`embedtrain.models.dynamic`): its
+            ``capacity`` rows for the nodes looked up most recently (or often), not one per node.
     """
 
     def __init__(self, num_nodes: int, num_features: int, embedding_dim: int,
                  hidden: Sequence[int], out_dim: int, aggr: Aggregation = Aggregation.MEAN,
                  dropout: float = 0.0, device: Optional[torch.device] = None,
-                 kind: GNNModel = GNNModel.SAGE) -> None:
+                 kind: GNNModel = GNNModel.SAGE, dynamic: Optional[DynamicTable] = None) -> None:
         super().__init__()
         SAGEConv = import_optional("torch_geometric.nn", "torch-geometric", "GNN models").SAGEConv
 
@@ -67,9 +69,11 @@ class GraphSAGE(nn.Module):
             raise ValueError("gnn: the graph has no node features, so a node-id table is needed")
         self.ebc = None
         if num_nodes > 0 and embedding_dim > 0:
-            self.ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
-                name=NODE_TABLE, embedding_dim=embedding_dim, num_embeddings=num_nodes,
-                feature_names=[NODE_FEATURE], pooling=PoolingType.SUM)], device=device)
+            rows = dynamic.capacity if dynamic is not None else num_nodes
+            self.ebc = embedding_bags([EmbeddingBagConfig(
+                name=NODE_TABLE, embedding_dim=embedding_dim, num_embeddings=rows,
+                feature_names=[NODE_FEATURE], pooling=PoolingType.SUM)],
+                {NODE_TABLE: dynamic} if dynamic is not None else None, device)
         width = num_features + (embedding_dim if self.ebc is not None else 0)
         convs = []
         for size in hidden:

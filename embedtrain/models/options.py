@@ -6,6 +6,7 @@ No torch import: the config loads these without building anything.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class Interaction(enum.Enum):
@@ -65,3 +66,38 @@ class Aggregation(enum.Enum):
     MEAN = "mean"
     MAX = "max"
     SUM = "sum"
+
+
+class TableKind(enum.Enum):
+    """How an embedding table maps a feature's ids to its rows."""
+
+    STATIC = "static"  # ids are rows: [0, num_embeddings) from the data set's vocabulary or hash
+    DYNAMIC = "dynamic"  # raw ids remapped collision-free to rows on the fly, with eviction
+
+
+class Eviction(enum.Enum):
+    """Which ids a full dynamic table gives up for new ones (all counted in training steps)."""
+
+    LRU = "lru"  # the least recently looked up
+    LFU = "lfu"  # the least often looked up (counts since admission); new ids must out-count them
+    TTL = "ttl"  # LRU, and any id not looked up for ttl_steps is freed even if nothing waits
+
+
+@dataclass(frozen=True)
+class DynamicTable:
+    """A dynamic table's size and policy (``tables`` entries of a training config).
+
+    Attributes:
+        capacity: rows of the whole table; each of its row-wise shards keeps its last row as
+            the default row, which ids without a row (never seen, or evicted) look up.
+        eviction: the policy of a full table.
+        eviction_interval: steps between admissions: the ids seen in that many steps are
+            admitted (and others evicted) together; until then a new id looks up the default
+            row. 1: every id has its row in the step it first appears.
+        ttl_steps: ``ttl`` only: steps without a lookup after which an id's row is freed.
+    """
+
+    capacity: int
+    eviction: Eviction = Eviction.LRU
+    eviction_interval: int = 1
+    ttl_steps: int = 0

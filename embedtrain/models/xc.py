@@ -20,19 +20,26 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.features import FeatureSpec
 from embedtrain.models.class_head import HardNegativeHead, PartialFCHead, ShardedSoftmaxHead
-from embedtrain.models.dlrm import table_name
-from embedtrain.models.options import HeadKind, HeadLoss, Margin, NegativeIndex, Pooling
+from embedtrain.models.dynamic import feature_tables
+from embedtrain.models.options import (
+    DynamicTable,
+    HeadKind,
+    HeadLoss,
+    Margin,
+    NegativeIndex,
+    Pooling,
+)
 
 HEAD_TABLE = "class_head"  # the head's name in plans and reports
 SHARDED_HEADS = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES)
@@ -43,7 +50,8 @@ class XCEncoder(nn.Module):
 
     def __init__(self, spec: FeatureSpec, embedding_dim: int, pooling: Pooling,
                  mlp: Sequence[int], device: Optional[torch.device] = None,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0,
+                 dynamic: Optional[Mapping[str, DynamicTable]] = None) -> None:
         super().__init__()
         if not mlp:
             raise ValueError("xc.mlp: needs at least one layer (its last size is the feature "
@@ -51,11 +59,7 @@ class XCEncoder(nn.Module):
         if not spec.sparse:
             raise ValueError("xc: the data set has no sparse (id) feature to encode")
         pool = PoolingType.MEAN if pooling is Pooling.MEAN else PoolingType.SUM
-        self.ebc = EmbeddingBagCollection(tables=[
-            EmbeddingBagConfig(name=table_name(f.name), embedding_dim=embedding_dim,
-                               num_embeddings=f.num_embeddings, feature_names=[f.name],
-                               pooling=pool)
-            for f in spec.sparse], device=device)
+        self.ebc = feature_tables(spec.sparse, embedding_dim, pool, dynamic, device)
         layers: list[nn.Module] = []
         width = embedding_dim * len(spec.sparse) + len(spec.dense)
         for i, size in enumerate(mlp):
@@ -84,13 +88,15 @@ class XCModel(nn.Module):
         head: the class head (:func:`build_head`); ``None`` builds the planning placeholder.
         device: device of the encoder (``meta`` to be materialised by the sharding wrapper).
         dropout: dropout after each hidden layer of the encoder's MLP in training (0: none).
+        dynamic: the encoder's dynamic token tables by name (:mod:`embedtrain.models.dynamic`).
     """
 
     def __init__(self, spec: FeatureSpec, embedding_dim: int, pooling: Pooling,
                  mlp: Sequence[int], head: Optional[nn.Module],
-                 device: Optional[torch.device] = None, dropout: float = 0.0) -> None:
+                 device: Optional[torch.device] = None, dropout: float = 0.0,
+                 dynamic: Optional[Mapping[str, DynamicTable]] = None) -> None:
         super().__init__()
-        self.encoder = XCEncoder(spec, embedding_dim, pooling, mlp, device, dropout)
+        self.encoder = XCEncoder(spec, embedding_dim, pooling, mlp, device, dropout, dynamic)
         if head is None:  # planning: the head as a row-wise table the planner can size
             head = EmbeddingCollection(tables=[EmbeddingConfig(
                 name=HEAD_TABLE, embedding_dim=self.encoder.dim, num_embeddings=spec.num_classes,

@@ -46,6 +46,7 @@ from embedtrain.config import (
     TableConstraint,
     check_world_size,
 )
+from embedtrain.models.dynamic import managed_tables, table_stats
 from embedtrain.sharding.measure import (
     measure_embedding_bytes,
     measure_head_bytes,
@@ -306,6 +307,7 @@ class Recipe:
                 o.lr_step_size, o.lr_gamma, o.min_lr_ratio),
             reference=self.reference(extra_summary, task.main_metric),
             batch_args=self.batch_args(),
+            model_stats=table_stats if any(True for _ in managed_tables(dmp)) else None,
         )
         test = reader("test", False) if "test" in info.splits else None
         return Run(trainer=trainer, recipe=self, test_data=test,
@@ -420,6 +422,11 @@ class Recipe:
         if self.oracle and self.oracle.key in summary:
             o = self.oracle
             lines.append(f"  {'oracle_' + o.metric:<12} {summary[o.key]:.4f}  ({o.what})")
+        for name, t in summary.get("tables", {}).items():
+            lines.append(f"  {name}: dynamic, {t['occupied']:,} of {t['capacity']:,} rows held "
+                         f"({t['occupancy']:.0%}), {t['ids_admitted']:,} ids admitted, "
+                         f"{t['evictions']:,} evicted; default row: {t['default_row_share']:.1%} "
+                         f"of training lookups, {t['eval_default_row_share']:.1%} of the test's")
         return lines
 
     def reference(self, summary: dict[str, Any], main_metric: str) -> Optional[float]:

@@ -28,12 +28,14 @@ class CTRRecipe(TabularRecipe):
         """``model``'s DLRM (``interaction: dot``) or DCNv2 (``dcn``) on ``meta``, tables fused."""
         m, features = self.cfg.model, self.dataset.features
         meta_device = torch.device("meta")
+        dynamic = self.feature_dynamic_tables()
         if m.interaction is Interaction.DCN:
             model = dcn(features, m.embedding_dim, m.bottom_mlp, m.top_mlp, m.dcn_num_layers,
-                        m.dcn_low_rank_dim, device=meta_device, dropout=m.dropout)
+                        m.dcn_low_rank_dim, device=meta_device, dropout=m.dropout,
+                        dynamic=dynamic)
         else:
             model = dlrm(features, m.embedding_dim, m.bottom_mlp, m.top_mlp, device=meta_device,
-                         dropout=m.dropout)
+                         dropout=m.dropout, dynamic=dynamic)
         return self.fuse_sparse(model)
 
     def task(self) -> CTRTask:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embedtrain.config import GNNModel
+from embedtrain.config import GNNModel, dynamic_tables
 from embedtrain.graph.loader import SeedBatches, link_loader, node_loader
 from embedtrain.graph.store import GraphData, load_graph
 from embedtrain.models.gnn import NODE_TABLE, GraphSAGE
@@ -45,9 +45,11 @@ class GraphRecipe(Recipe):
         if len(g.fanouts) != len(g.hidden):
             raise ValueError(f"gnn.fanouts ({len(g.fanouts)} hops) and gnn.hidden "
                              f"({len(g.hidden)} layers) must have the same length")
+        tables = [NODE_TABLE] if graph.num_nodes > 0 and g.embedding_dim > 0 else []
+        dynamic = dynamic_tables(self.cfg, tables).get(NODE_TABLE)
         model = GraphSAGE(graph.num_nodes, graph.num_features, g.embedding_dim, g.hidden, out,
                           aggr=g.aggr, dropout=g.dropout, device=torch.device("meta"),
-                          kind=g.model)
+                          kind=g.model, dynamic=dynamic)
         return self.fuse_sparse(model)
 
     def loader_arguments(self, train: bool, rank: int, world_size: int) -> dict[str, Any]:

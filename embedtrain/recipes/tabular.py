@@ -8,10 +8,12 @@ ranks (the last step padded with marked rows where the ranks' shares differ).
 
 from __future__ import annotations
 
+from embedtrain.config import dynamic_tables
 from embedtrain.data.reader import LastBatch, ParquetBatchReader
 from embedtrain.data.stats import measure_pooling_factors
 from embedtrain.features import DatasetMeta, load_dataset_meta
-from embedtrain.models.dlrm import table_name
+from embedtrain.models.dynamic import table_name
+from embedtrain.models.options import DynamicTable
 from embedtrain.recipes.base import DatasetInfo, Recipe
 
 
@@ -43,6 +45,10 @@ class TabularRecipe(Recipe):
             shuffle=d.shuffle and train, seed=self.cfg.train.seed, last_batch=last,
             shuffle_buffer_rows=d.shuffle_buffer_rows, rank=rank, world_size=world_size,
             num_workers=d.num_workers, prefetch_batches=d.prefetch_batches)
+
+    def feature_dynamic_tables(self) -> dict[str, DynamicTable]:
+        """The ``tables`` entries' dynamic tables among the features' (``t_<feature>``)."""
+        return dynamic_tables(self.cfg, [table_name(f.name) for f in self.dataset.features.sparse])
 
     def _measured_pooling(self) -> bool:
         return (self.cfg.sharding.pooling_factors_from_data

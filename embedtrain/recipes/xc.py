@@ -77,7 +77,8 @@ class XCRecipe(TabularRecipe):
     def _model(self, head: Optional[nn.Module]) -> XCModel:
         x = self.cfg.xc
         model = XCModel(self.dataset.features, x.embedding_dim, x.pooling, x.mlp, head,
-                        device=torch.device("meta"), dropout=x.dropout)
+                        device=torch.device("meta"), dropout=x.dropout,
+                        dynamic=self.feature_dynamic_tables())
         self.fuse_sparse(model.encoder)
         return model
 

@@ -54,7 +54,9 @@ from embedtrain.sharding.types import ClusterConfig, DenseAllReduce, MemoryTier,
 from embedtrain.utils import natural_key
 
 TIERS = (MemoryTier.HBM, MemoryTier.DDR)
-EMBEDDING_PARTS = ("embedding_params", "embedding_optimizer", "io_and_cache")
+EMBEDDING_PARTS = ("embedding_params", "embedding_optimizer", "embedding_remap", "io_and_cache")
+# A dynamic table's remapper buffers that are not per row (a shard's output ranges, its step).
+_REMAP_SCALARS = ("_output_segments_tensor", "_current_iter_tensor")
 
 
 class PlanError(ValueError):
@@ -75,6 +77,21 @@ class _Table:
     name: str
     param: torch.Tensor
     sharder: ModuleSharder[nn.Module]
+    remap_bytes_per_row: int = 0  # a dynamic table's id -> row state, per row
+
+
+def remap_bytes_per_row(module: nn.Module, table: str) -> int:
+    """Bytes per row of dynamic table ``table``'s checkpointed remapping state in ``module`` (a
+    managed-collision collection; 0 for a plain one): every per-row buffer of its remapper
+    (sorted ids, their rows, the eviction policy's counters, the statistics)."""
+    mcc = getattr(module, "_managed_collision_collection", None)
+    if mcc is None:
+        return 0
+    mcm = mcc._managed_collision_modules[table]
+    rows = mcm.output_size()
+    return sum(b.element_size() for n, b in mcm.named_buffers()
+               if n not in _REMAP_SCALARS and n not in mcm._non_persistent_buffers_set
+               and b.dim() == 1 and b.shape[0] == rows)
 
 
 def _tables(model: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> dict[str, _Table]:
@@ -85,8 +102,22 @@ def _tables(model: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> dict[
     for _, module in _shardable_modules(model, sharder_map):
         sharder = sharder_map[sharder_name(type(module))]
         for name, param in sharder.shardable_parameters(module).items():
-            out[name] = _Table(name, param, sharder)
+            out[name] = _Table(name, param, sharder, remap_bytes_per_row(module, name))
     return out
+
+
+def _add_remap_storage(options: list[ShardingOption], tables: dict[str, _Table],
+                       tier: MemoryTier) -> None:
+    """Adds each dynamic table shard's remapping state to its storage estimate (in the compute
+    device's memory, where TorchRec keeps it), so the search packs it with the rows."""
+    for option in options:
+        per_row = tables[option.name].remap_bytes_per_row
+        for shard in option.shards if per_row else ():
+            extra = shard.size[0] * per_row
+            if tier is MemoryTier.HBM:
+                shard.storage.hbm += extra
+            else:
+                shard.storage.ddr += extra
 
 
 def table_constraints(
@@ -212,6 +243,7 @@ def plan_sharding(
                         f"{tier_capacity(cluster, tier) / GIB:.2f} GiB a rank has")
     enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints)
     options = enum.enumerate(model, sharders)
+    _add_remap_storage(options, tables, tier)
     budget = sharding.search_budget if budget is None else budget
     result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier)
     offloaded = False
@@ -220,6 +252,7 @@ def plan_sharding(
         enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints,
                                  offload_tables=list(tables))
         options = enum.enumerate(model, sharders)
+        _add_remap_storage(options, tables, tier)
         result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier)
         offloaded = True
     if result.plan is None:
@@ -321,14 +354,15 @@ def _build_report(result: SearchResult, cluster: ClusterConfig, sharding: Planne
     usage = _RankUsage(cluster.world_size)
     table_plans = []
     for option in sorted(result.plan or [], key=lambda o: natural_key(o.name)):
-        param = tables[option.name].param
+        param, remap = tables[option.name].param, tables[option.name].remap_bytes_per_row
         # A data-parallel table is replicated and stepped by the dense optimizer (TorchRec's DP
         # lookup is a DDP module whose parameters carry no fused optimizer).
         dp = option.sharding_type == "data_parallel"
         slots = float(dense_slots) if dp else _optimizer_slots(param)
         offload = option.compute_kernel in OFFLOAD_KERNELS or tier is MemoryTier.DDR
-        table_plans.append(_table_plan(option, param, constraints[option.name], slots))
-        usage.add(option, param.element_size(), slots, MemoryTier.DDR if offload else MemoryTier.HBM)
+        table_plans.append(_table_plan(option, param, constraints[option.name], slots, remap))
+        usage.add(option, param.element_size(), slots, MemoryTier.DDR if offload else MemoryTier.HBM,
+                  remap, tier)
     wire, allreduce_ms = _dense_allreduce(reservation, sharding, cluster)
     ranks = _rank_loads(usage, reservation, cluster, allreduce_ms)
     summary = _summary(table_plans, ranks, reservation.breakdown["dense_model"], wire,
@@ -350,7 +384,7 @@ def _planner_info(result: SearchResult, seconds: float, num_options: int,
 
 
 def _table_plan(option: ShardingOption, param: torch.Tensor, constraint: ParameterConstraints,
-                slots: float) -> TablePlan:
+                slots: float, remap_per_row: int = 0) -> TablePlan:
     """One placed table: its shards (as placed), sizes and estimated times."""
     elem = param.element_size()
     shards = [ShardPlan(rank=s.rank, offset=list(s.offset), size=list(s.size),
@@ -369,6 +403,7 @@ def _table_plan(option: ShardingOption, param: torch.Tensor, constraint: Paramet
         perf_ms_all_shards=sum(s.perf.total for s in option.shards),
         slowest_shard_ms=max(s.perf.total for s in option.shards),
         shards=shards,
+        remap_bytes=int(param.shape[0]) * remap_per_row,
     )
 
 
@@ -379,17 +414,21 @@ class _RankUsage:
         self.memory = [{t: dict.fromkeys(EMBEDDING_PARTS, 0) for t in TIERS} for _ in range(world)]
         self.times = [RankTime() for _ in range(world)]
 
-    def add(self, option: ShardingOption, elem: int, slots: float, home: MemoryTier) -> None:
-        """Adds ``option``'s shards: weights and optimizer state in ``home``, the rest of each
-        shard's storage estimate (IO buffers, cache) as ``io_and_cache``."""
+    def add(self, option: ShardingOption, elem: int, slots: float, home: MemoryTier,
+            remap_per_row: int = 0, device_tier: MemoryTier = MemoryTier.HBM) -> None:
+        """Adds ``option``'s shards: weights and optimizer state in ``home``, a dynamic table's
+        remapping state in ``device_tier`` (``embedding_remap``), the rest of each shard's
+        storage estimate (IO buffers, cache) as ``io_and_cache``."""
         for s in option.shards:
             weights = math.prod(s.size) * elem
             opt = math.ceil(weights * slots)
+            remap = s.size[0] * remap_per_row
             mem = self.memory[s.rank]
             mem[home]["embedding_params"] += weights
             mem[home]["embedding_optimizer"] += opt
+            mem[device_tier]["embedding_remap"] += remap
             for t in TIERS:
-                own = weights + opt if t is home else 0
+                own = (weights + opt if t is home else 0) + (remap if t is device_tier else 0)
                 mem[t]["io_and_cache"] += max(0, getattr(s.storage, t.value) - own)
             p, tm = s.perf, self.times[s.rank]
             tm.fwd_compute += p.fwd_compute

@@ -33,7 +33,8 @@ FORMATS = ("json", "md", "html")
 # Stack order (bottom-up) and colours (Tableau 10). "reserved" is a safety margin rather than use,
 # so it is grey and on top, where it reads as "taken but not by us".
 MEMORY_PARTS = {
-    "embedding_params": "#4e79a7", "embedding_optimizer": "#a0cbe8", "io_and_cache": "#f28e2b",
+    "embedding_params": "#4e79a7", "embedding_optimizer": "#a0cbe8", "embedding_remap": "#76b7b2",
+    "io_and_cache": "#f28e2b",
     "dense_model": "#59a14f", "dense_gradients": "#8cd17d", "dense_optimizer": "#b6992d",
     "kjt_buffers": "#e15759", "reserved": "#cfcfcf",
 }
@@ -88,7 +89,8 @@ def _label(tier: MemoryTier) -> str:
 def _memory_parts(report: PlanReport) -> list[str]:
     """Device-tier components in stack order, then any unknown ones (shown, not dropped)."""
     tier = report.memory_tier
-    seen = {k for r in report.ranks for k in r.memory[tier].parts}
+    seen = {k for r in report.ranks for k, v in r.memory[tier].parts.items()
+            if v or k != "embedding_remap"}  # dynamic tables' state: shown where there is some
     return [k for k in MEMORY_PARTS if k in seen] + sorted(seen - set(MEMORY_PARTS))
 
 
@@ -125,11 +127,15 @@ def _summary_rows(report: PlanReport) -> list[tuple[str, str]]:
 
 
 def _table_rows(report: PlanReport) -> Rows:
+    # Dynamic tables' remapping state (id -> row, counters): a column only when a table has it.
+    remap = any(t.remap_bytes for t in report.tables)
     header = ["table", "sharding type", "kernel", "ranks", "rows", "dim", "pooling",
-              "weights GiB", "optimizer MiB", "slowest shard ms", "all shards ms"]
+              "weights GiB", "optimizer MiB", *(["remap MiB"] if remap else []),
+              "slowest shard ms", "all shards ms"]
     rows = [[t.name, t.sharding_type, t.compute_kernel, compress_ranks(t.ranks),
              f"{t.rows:,}", str(t.dim), _num(t.pooling_factor),
-             _num(t.weight_bytes / GIB), _num(t.optimizer_bytes / MIB), _num(t.slowest_shard_ms),
+             _num(t.weight_bytes / GIB), _num(t.optimizer_bytes / MIB),
+             *([_num(t.remap_bytes / MIB)] if remap else []), _num(t.slowest_shard_ms),
              _num(t.perf_ms_all_shards)]
             for t in report.tables]
     return header, rows

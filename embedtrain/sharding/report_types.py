@@ -59,6 +59,7 @@ class TablePlan:
     perf_ms_all_shards: float
     slowest_shard_ms: float
     shards: list[ShardPlan] = field(default_factory=list)
+    remap_bytes: int = 0  # a dynamic table's id -> row state (sorted ids, rows, counters)
 
 
 @dataclass
@@ -66,7 +67,7 @@ class TierMemory:
     """One rank's bytes in one memory tier, by component, with their total and the capacity.
 
     ``parts`` holds the embedding components (``embedding_params``, ``embedding_optimizer``,
-    ``io_and_cache``) and, in the tier the dense model lives in, the reservation's items
+    ``embedding_remap`` (dynamic tables' id -> row state), ``io_and_cache``) and, in the tier the dense model lives in, the reservation's items
     (``dense_model``, ..., any extra reservation such as ``class_head_logits``, ``reserved``).
     """
 

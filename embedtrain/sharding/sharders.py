@@ -82,12 +82,18 @@ def embedding_sharders(
             a config's ``sharding.forward_comm_precision`` / ``backward_comm_precision``).
 
     Returns:
-        An :class:`EmbeddingBagCollectionAllTypesSharder` and an
-        :class:`EmbeddingCollectionAllTypesSharder`, for the planner and for
-        ``DistributedModelParallel`` (which must get the same ones the plan was made with).
+        An :class:`EmbeddingBagCollectionAllTypesSharder`, an
+        :class:`EmbeddingCollectionAllTypesSharder` and, for dynamic tables, a
+        :class:`~embedtrain.sharding.dynamic.DynamicTablesSharder` (row-wise only), for the
+        planner and for ``DistributedModelParallel`` (which must get the same ones the plan was
+        made with).
     """
+    from embedtrain.sharding.dynamic import DynamicTablesSharder
+
     registry = qcomm_registry(forward_precision, backward_precision)
+    bags = EmbeddingBagCollectionAllTypesSharder(qcomm_codecs_registry=registry)
     return [
-        EmbeddingBagCollectionAllTypesSharder(qcomm_codecs_registry=registry),
+        bags,
         EmbeddingCollectionAllTypesSharder(qcomm_codecs_registry=registry),
+        DynamicTablesSharder(ebc_sharder=bags, qcomm_codecs_registry=registry),
     ]

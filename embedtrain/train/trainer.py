@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -120,6 +120,9 @@ class Trainer:
             drawn as a line in ``curves.png``.
         batch_args: a batch -> the model's forward arguments; needed by ``options.pipeline``
             other than ``none`` (:mod:`embedtrain.train.pipeline`).
+        model_stats: the model -> statistics recorded under ``tables`` with every evaluation in
+            ``metrics.jsonl`` and in ``summary.json`` (e.g. the dynamic tables' occupancy); a
+            collective, called on every rank.
 
     Every rank runs the loop; only rank 0 shows progress and writes records. Ranks must get
     the same number of training batches (``LastBatch.PAD``); evaluation copes with ranks holding
@@ -142,6 +145,7 @@ class Trainer:
         lr_scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
         reference: Optional[float] = None,
         batch_args: Optional[BatchArgs] = None,
+        model_stats: Optional[Callable[[nn.Module], dict[str, Any]]] = None,
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
@@ -149,6 +153,7 @@ class Trainer:
         self.dataset_name = dataset_name
         self.extra_summary = extra_summary or {}
         self.reference = reference
+        self.model_stats = model_stats
         self.checkpoints = CheckpointManager(run_dir.checkpoints, keep=options.keep_checkpoints)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -373,9 +378,12 @@ class Trainer:
         result = self.evaluate(self.valid_data, max_batches)
         train_loss = st.loss_sum / st.loss_steps if st.loss_steps else None
         st.loss_sum, st.loss_steps = 0.0, 0
+        stats = self.model_stats(self.model) if self.model_stats is not None else None
         if self.rank == 0:
             record = {"step": st.step, "examples": st.examples, "split": "valid",
                       "train_loss": train_loss, **result}
+            if stats:
+                record["tables"] = stats
             self.run_dir.log_metrics(record)
             main = result.get(self.task.main_metric, math.nan)
             tqdm.write(f"step {st.step}: valid loss {result['loss']:.4f} "
@@ -493,6 +501,7 @@ class Trainer:
     def _write_summary(self, test: dict, valid: dict, split: str, wall_s: float,
                        selected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         st = self.state
+        stats = self.model_stats(self.model) if self.model_stats is not None else None
         summary = {
             **test,
             "split": split,
@@ -515,6 +524,8 @@ class Trainer:
                          "pipelined_modules": self.pipelined.modules if self.pipelined else []},
             **self.extra_summary,
         }
+        if stats:
+            summary["tables"] = stats
         if self.rank == 0:
             self.run_dir.write_summary(summary)
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
