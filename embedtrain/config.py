@@ -263,6 +263,10 @@ class TableSpec:
                               f"rows, got {self.capacity}")
         if self.eviction is Eviction.TTL and self.ttl_steps <= 0:
             raise ConfigError(f"{where}.ttl_steps: eviction ttl needs ttl_steps > 0")
+        if self.eviction is Eviction.TTL and self.ttl_steps < self.eviction_interval:
+            raise ConfigError(f"{where}.ttl_steps: {self.ttl_steps} is shorter than the "
+                              f"eviction_interval ({self.eviction_interval}): ids would be "
+                              f"admitted and expire in the same round")
         if self.eviction is not Eviction.TTL and self.ttl_steps:
             raise ConfigError(f"{where}.ttl_steps: only for eviction: ttl (this entry is "
                               f"{self.eviction.value})")
@@ -314,14 +318,6 @@ def dynamic_tables(cfg: Config, names: list[str]) -> dict[str, DynamicTable]:
                 else:
                     out[name] = spec.dynamic_table(where)
     if out:
-        interval = {t.eviction_interval for t in out.values()}
-        every = cfg.train.checkpoint_every
-        for k in sorted(interval):
-            if every and every % k:
-                raise ConfigError(
-                    f"train.checkpoint_every: {every} is not a multiple of a dynamic table's "
-                    f"eviction_interval ({k}): a checkpoint between admissions would lose the "
-                    f"ids seen since the last one")
         if cfg.train.pipeline is not PipelineKind.NONE:
             raise ConfigError("train.pipeline: dynamic tables run in the plain loop only "
                               "(train.pipeline: none); TorchRec's pipelines have not been checked "
@@ -330,12 +326,24 @@ def dynamic_tables(cfg: Config, names: list[str]) -> dict[str, DynamicTable]:
 
 
 def check_world_size(cfg: Config, world_size: int, source: str = "") -> None:
-    """The global batches split evenly over ``world_size`` ranks (checked before launching).
+    """The global batches split evenly over ``world_size`` ranks, and every row-wise shard of a
+    dynamic table has a row for ids besides its default row (checked before launching).
 
     Raises:
         ConfigError: naming ``source`` (the config file, if given) and the key.
     """
     prefix = f"{source}: " if source else ""
+    for i, spec in enumerate(cfg.tables):
+        if spec.kind is TableKind.DYNAMIC and spec.capacity >= 2:
+            # row-wise: blocks of ceil(rows / ranks), the last shard what is left; every shard
+            # keeps its last row as the default row and needs one more for an id
+            block = -(-spec.capacity // world_size)
+            last = spec.capacity - block * (world_size - 1)
+            if min(block, last) < 2:
+                raise ConfigError(
+                    f"{prefix}tables[{i}].capacity: {spec.capacity} rows over {world_size} "
+                    f"ranks leave a shard of {min(block, last)} row(s) (each keeps one default "
+                    f"row); use at least {2 * world_size}, best a multiple of {world_size}")
     for key in ("batch_size", "eval_batch_size"):
         value = getattr(cfg.data, key)
         if value % world_size:

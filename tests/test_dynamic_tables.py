@@ -154,14 +154,25 @@ def test_config_tables_match_by_name_and_glob(tmp_path):
         (["tables=[{tables: [t_X], capacity: 10}]"], "tables[0].tables: 't_X' matches no table"),
         (["tables=[{tables: [t_C1]}]"], "tables[0].capacity: a dynamic table needs"),
         (["tables=[{tables: [t_C1], capacity: 9, eviction: ttl}]"], "tables[0].ttl_steps"),
-        (["tables=[{tables: [t_C1], capacity: 9, eviction_interval: 3}]",
-          "train.checkpoint_every=10"], "train.checkpoint_every: 10 is not a multiple"),
+        (["tables=[{tables: [t_C1], capacity: 9, eviction: ttl, ttl_steps: 2,"
+          " eviction_interval: 3}]"], "tables[0].ttl_steps: 2 is shorter than the"),
         (["tables=[{tables: [t_C1], capacity: 9}]", "train.pipeline=sparse_dist"],
          "train.pipeline: dynamic tables run in the plain loop only"),
     ]:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
             dynamic_tables(load_config(ROOT / "configs/dlrm_synthetic.yaml", overrides),
                            ["t_C1", "t_C2"])
+
+
+def test_every_shard_needs_a_row_besides_its_default_row():
+    from embedtrain.config import check_world_size
+
+    cfg = load_config(ROOT / "configs/dlrm_synthetic.yaml",
+                      ["tables=[{tables: ['t_*'], capacity: 9}]", "data.batch_size=2048"])
+    check_world_size(cfg, 2)  # 5 + 4 rows
+    with pytest.raises(ConfigError, match=r"tables\[0\].capacity: 9 rows over 4 ranks leave a "
+                                          r"shard of 0 row\(s\)"):
+        check_world_size(cfg, 4)  # blocks of 3: 3, 3, 3 and 0
 
 
 def test_a_raw_feature_needs_a_dynamic_table():
@@ -276,6 +287,7 @@ def test_two_ranks_equal_one_and_the_plan_counts_the_remapping_state():
         torch.testing.assert_close(got[i], v, rtol=1e-5, atol=1e-6)
     # nothing evicted, no default row below capacity; ids split over both shards
     assert all(int(r["counters"][4]) == 0 for r in two) and int(one["counters"][4]) == 0
+    assert all(int(r["counters"][2]) == int(r["counters"][1]) for r in [one, *two])
     assert all(int(r["counters"][1]) > 0 for r in two)
     # the planner's remapping state per rank is what each rank holds (36 bytes a row)
     for r in [one, *two]:
@@ -326,7 +338,11 @@ def _evicting_run(rank: int, world: int) -> dict:
     momentum_before = float(tbe.split_optimizer_states()[0][0][row11])
     step([14], [0.0])  # 14 takes 11's row; no gradient reaches it
     ids, rows = remapper.id_map()
+    # what 14's first vector must be: the hash of (table, 14), as on any number of ranks
+    expected = remapper.initial_vectors(torch.tensor([row11]), DIM, -configs[0].get_weight_init_max(),
+                                        configs[0].get_weight_init_max())[0]
     return {"ids": ids.tolist(), "row14": int(rows[ids.tolist().index(14)]), "row11": row11,
+            "expected": expected,
             "before": before, "after": tbe.split_embedding_weights()[0][row11].clone(),
             "momentum_before": momentum_before,
             "momentum_after": float(tbe.split_optimizer_states()[0][0][row11]),
@@ -340,6 +356,7 @@ def test_an_evicted_row_is_reset_on_cpu():
     assert r["momentum_before"] > 0 and r["momentum_after"] == 0  # optimizer state reset
     assert not torch.equal(r["before"], r["after"])  # fresh weights, from the initial range
     assert float(r["after"].abs().max()) <= r["bound"]
+    assert torch.equal(r["after"], r["expected"])  # 14's own first vector
 
 
 # -- through the CLI: raw ids in, resume, and a 2-rank checkpoint on 1 rank ---------------------
@@ -360,7 +377,7 @@ model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [16, 1]}}
 train: {{epochs: 2, eval_every: 8, checkpoint_every: 4, keep_checkpoints: 20, progress: false}}
 tables:
   - {{tables: ["t_*"], capacity: 120, eviction: lru}}
-  - {{tables: [t_C3], capacity: 40, eviction: ttl, ttl_steps: 6}}
+  - {{tables: [t_C3], capacity: 40, eviction: ttl, ttl_steps: 6, eviction_interval: 3}}
 """)
     return root, config
 
@@ -390,7 +407,8 @@ def test_raw_ids_train_resume_bit_identical_and_a_two_rank_checkpoint_evaluates_
     assert {t["name"]: t["remap_bytes"] for t in plan["tables"]} == {
         "t_C1": 120 * 36, "t_C2": 120 * 36, "t_C3": 40 * 36}
 
-    # killed after step 18, its last checkpoint at 16, then resumed: bit for bit the same run
+    # killed after step 18, its last checkpoint at 16 (between t_C3's admissions every 3 steps:
+    # the checkpoint admits what is pending), then resumed: bit for bit the same run
     part = tmp_path / "part"
     r = embedtrain("train", str(config), "--out", str(part), "--set", "train.max_steps=18")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -427,7 +445,7 @@ def test_a_checkpoint_loads_only_onto_shards_that_merge_its_own():
     state = {k: (v[:60] if v.dim() and v.shape[0] == 120 else v)
              for k, v in one.state_dict().items()}
     with pytest.raises(ValueError, match="a checkpoint of 1 row-wise shard.s. loads onto 2 "
-                                         "only when 2 divides 1"):
+                                         "only where each of these shards holds whole shards"):
         half.load_state_dict(state)
     # the other way: 2 shards' state, concatenated as DCP gives it, onto one shard
     lo = one.rebuild_with_output_id_range((0, 60), [0, 60, 120])
@@ -446,6 +464,30 @@ def test_a_checkpoint_loads_only_onto_shards_that_merge_its_own():
     unseen = mix_ids(torch.tensor([123456789]))
     assert rows[-1] == (59 if int(unseen) < -(-EMPTY_ID // 2) else 119)  # its old shard's default
     assert merged._output_segments_tensor[:2].tolist() == [0, 120]  # saves its own layout now
+
+
+def test_merged_shards_free_their_old_default_rows_for_training():
+    """2 LFU shards merged onto 1: the first shard's default row (protected by a count of
+    int64 max) becomes a free row like any other, and its lookups count as default lookups."""
+    lo = _table(8, Eviction.LFU).rebuild_with_output_id_range((0, 4), [0, 4, 8])
+    hi = _table(8, Eviction.LFU).rebuild_with_output_id_range((4, 8), [0, 4, 8])
+    g = torch.Generator().manual_seed(11)
+    block = -(-EMPTY_ID // 2)
+    pool = torch.randint(0, BIG, (200,), generator=g)
+    lows = [int(i) for i in pool if int(mix_ids(torch.tensor([int(i)]))) < block][:4]
+    highs = [int(i) for i in pool if int(mix_ids(torch.tensor([int(i)]))) >= block][:4]
+    _step(lo, lows[:3])  # shard 0 full (3 rows for ids)
+    _step(lo, [lows[3]])  # no room, a count of 1 does not win: shard 0's default row (3)
+    _step(hi, highs[:2])
+    merged = _table(8, Eviction.LFU)
+    merged.load_state_dict({k: (torch.cat([v, hi.state_dict()[k]]) if v.dim() and v.shape[0] == 4
+                                else v) for k, v in lo.state_dict().items()})
+    counts = merged.counters().tolist()
+    assert counts[1] == 5 and counts[4] == 1  # 5 ids held; shard 0's default lookup kept
+    assert int(merged.open_slots()) == 2  # rows 3 (shard 0's default) and one of shard 1's
+    _step(merged, [lows[3], highs[2]])
+    held = merged.id_map()[0].tolist()
+    assert len(held) == 7 and lows[3] in held and highs[2] in held  # every row used again
 
 
 @pytest.mark.parametrize("eviction", [Eviction.LRU, Eviction.LFU])

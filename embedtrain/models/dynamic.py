@@ -257,7 +257,7 @@ class ManagedTable(MCHManagedCollisionModule):
 
         Raises:
             ValueError: the checkpoint's shards do not merge into this module's (a table
-                resharded onto more ranks, or onto a number that does not divide them).
+                resharded onto more ranks, or onto shards whose rows or id blocks cut old ones).
         """
         saved = [int(v) for v in self._output_segments_tensor.tolist() if v >= 0]
         mine = [int(v) for v in self._layout.tolist() if v >= 0]
@@ -271,14 +271,34 @@ class ManagedTable(MCHManagedCollisionModule):
             if start not in saved or end not in saved or not merged:
                 raise ValueError(
                     f"dynamic table {self._name}: a checkpoint of {old} row-wise shard(s) loads "
-                    f"onto {new} only when {new} divides {old} (each shard holds the ids of one "
-                    f"block of the id range); load it on {old} rank(s) or a divisor of {old}")
+                    f"onto {new} only where each of these shards holds whole shards of the "
+                    f"checkpoint's, rows and id range alike (as 2 -> 1 does; each shard owns one "
+                    f"block of the id range); load it on {old} rank(s)")
         # TorchRec restores its construction-time segments, but that tensor is the buffer the
         # checkpoint was just loaded into: this module's own layout is put back from a copy
         self._output_segments_tensor.copy_(self._layout)
         super().validate_state()
         self._saved_segments = (torch.tensor(saved, dtype=torch.int64) if saved != mine
                                 else None)
+        if self._saved_segments is not None:
+            self._release_old_default_rows(saved)
+
+    @torch.no_grad()
+    def _release_old_default_rows(self, saved: list[int]) -> None:
+        """After a merge of shards: their default rows (all but this shard's last) become free
+        rows -- free-row metadata (the policy protected them as default rows) and their lookups
+        counted as this shard's default row's."""
+        start = self._output_global_offset
+        old = torch.tensor([end - 1 - start for end in saved[1:]
+                            if start <= end - 1 < start + self._zch_size - 1], dtype=torch.int64)
+        if old.numel():
+            lookups = self._stat_lookups
+            lookups[-1] += lookups[old.to(lookups.device)].sum()
+            lookups[old.to(lookups.device)] = 0
+        free = self._mch_sorted_raw_ids == EMPTY_ID
+        free[-1] = False
+        for buffer in self._mch_metadata.values():
+            buffer[free] = 0
 
     @torch.no_grad()
     def _update_and_evict(self, uniq_ids: Tensor, uniq_ids_counts: Tensor,
@@ -328,6 +348,16 @@ class ManagedTable(MCHManagedCollisionModule):
             meta["last_access_iter"][matched] = last[matching]
             meta["last_access_iter"][free] = last[~matching]
             meta["last_access_iter"][-1] = self._current_iter
+
+    @torch.no_grad()
+    def settle(self) -> None:
+        """Admits the ids seen since the last admission now (before a checkpoint): the id history
+        is not part of the state, so a checkpoint must fall on an admission boundary for a
+        resumed run to admit and evict exactly as the uninterrupted one. The rows handed out
+        still need their reset (``evict()``: the sharded module's ``settle`` does it)."""
+        if self._current_history_buffer_offset and self._current_iter >= 0:
+            self._coalesce_history()
+            self._last_eviction_iter = self._current_iter
 
     def _hand_out(self, positions: Tensor, block: bool = False) -> None:
         """Records that the ids now at ``positions`` (of the sorted list) got their rows: rows to
@@ -406,11 +436,11 @@ class ManagedTable(MCHManagedCollisionModule):
         ids = torch.full((rows.numel(),), EMPTY_ID, dtype=torch.int64, device=rows.device)
         if self._fresh_rows is not None:
             fresh_rows = self._fresh_rows - self._output_global_offset
-            order = torch.argsort(fresh_rows)
+            order = torch.argsort(fresh_rows, stable=True)
             fresh_rows, fresh_ids = fresh_rows[order], self._fresh_ids[order]
-            at = torch.searchsorted(fresh_rows, rows).clamp(max=fresh_rows.numel() - 1)
+            # a row handed out twice since the last evict(): its latest id (last in the record)
+            at = (torch.searchsorted(fresh_rows, rows, right=True) - 1).clamp(min=0)
             found = fresh_rows[at] == rows
-            # a row handed out twice in one round: its last id (the latest in the record)
             ids[found] = fresh_ids[at[found]]
         keys = _column_keys(dim, zlib.crc32(str(self._name).encode())).to(rows.device)
         hashed = mix_ids(ids[:, None] ^ keys[None, :])

@@ -52,6 +52,7 @@ from embedtrain.sharding.measure import (
     measure_head_bytes,
     plan_vs_measured,
 )
+from embedtrain.sharding.dynamic import settle_dynamic_tables
 from embedtrain.sharding.planner import PlanResult, plan_sharding
 from embedtrain.sharding.report import write_report
 from embedtrain.sharding.sharders import embedding_sharders
@@ -298,6 +299,7 @@ class Recipe:
                   "split.valid_fraction: 0.1) to have them", file=sys.stderr)
         task = self.task()
         self.check_selection(task)
+        dynamic = any(True for _ in managed_tables(dmp))
         extra_summary = self.summary_extra()
         trainer = Trainer(
             task, dmp, optimizer, train_data, valid_data, RunDir(out_dir),
@@ -307,7 +309,8 @@ class Recipe:
                 o.lr_step_size, o.lr_gamma, o.min_lr_ratio),
             reference=self.reference(extra_summary, task.main_metric),
             batch_args=self.batch_args(),
-            model_stats=table_stats if any(True for _ in managed_tables(dmp)) else None,
+            model_stats=table_stats if dynamic else None,
+            before_checkpoint=settle_dynamic_tables if dynamic else None,
         )
         test = reader("test", False) if "test" in info.splits else None
         return Run(trainer=trainer, recipe=self, test_data=test,

@@ -16,7 +16,7 @@ import zlib
 from typing import Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torchrec.distributed.mc_embeddingbag import (
     ManagedCollisionEmbeddingBagCollectionSharder,
     ShardedManagedCollisionEmbeddingBagCollection,
@@ -32,8 +32,8 @@ class ShardedDynamicTables(ShardedManagedCollisionEmbeddingBagCollection):
     given (a free one, or an evicted id's) starts from the table's initial uniform range, drawn
     by the remapper from a hash of the id (``ManagedTable.initial_vectors``), so an id starts
     alike on any number of ranks and in a resumed run; its optimizer state starts at zero. A
-    table with a cache (``fused_uvm_caching``) keeps TorchRec's reset, which also fixes the
-    cached copies.
+    table with a cache (``fused_uvm_caching``, GPU only) keeps TorchRec's reset (untested here:
+    no GPU; it draws fresh rows from the global RNG and resets only rowwise Adagrad's state).
     """
 
     def _evict(self, evictions_per_table: dict[str, Optional[Tensor]]) -> None:
@@ -74,6 +74,24 @@ class ShardedDynamicTables(ShardedManagedCollisionEmbeddingBagCollection):
         for state in states:
             if state.dim() and state.shape[0] == weights.shape[0]:
                 state[rows] = 0
+
+
+    def settle(self) -> None:
+        """Admits every table's pending ids and resets the rows they got (before a checkpoint:
+        see ``ManagedTable.settle``)."""
+        for module in self._managed_collision_collection._managed_collision_modules.values():
+            settle = getattr(module, "settle", None)
+            if settle is not None:
+                settle()
+        self._evict(self._managed_collision_collection.evict())
+
+
+def settle_dynamic_tables(model: nn.Module) -> None:
+    """:meth:`ShardedDynamicTables.settle` of every dynamic table of a sharded model (each rank
+    its own shards; no collective)."""
+    for module in model.modules():
+        if isinstance(module, ShardedDynamicTables):
+            module.settle()
 
 
 class DynamicTablesSharder(ManagedCollisionEmbeddingBagCollectionSharder):

@@ -123,6 +123,9 @@ class Trainer:
         model_stats: the model -> statistics recorded under ``tables`` with every evaluation in
             ``metrics.jsonl`` and in ``summary.json`` (e.g. the dynamic tables' occupancy); a
             collective, called on every rank.
+        before_checkpoint: called with the model on every rank before each checkpoint is
+            taken (e.g. dynamic tables admit their pending ids, so a checkpoint falls on an
+            admission boundary and a resume replays the run exactly).
 
     Every rank runs the loop; only rank 0 shows progress and writes records. Ranks must get
     the same number of training batches (``LastBatch.PAD``); evaluation copes with ranks holding
@@ -146,6 +149,7 @@ class Trainer:
         reference: Optional[float] = None,
         batch_args: Optional[BatchArgs] = None,
         model_stats: Optional[Callable[[nn.Module], dict[str, Any]]] = None,
+        before_checkpoint: Optional[Callable[[nn.Module], None]] = None,
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
@@ -154,6 +158,7 @@ class Trainer:
         self.extra_summary = extra_summary or {}
         self.reference = reference
         self.model_stats = model_stats
+        self.before_checkpoint = before_checkpoint
         self.checkpoints = CheckpointManager(run_dir.checkpoints, keep=options.keep_checkpoints)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -399,6 +404,8 @@ class Trainer:
 
     def save(self, final: bool = False) -> None:
         """Checkpoints the run; ``final``: the end of the schedule (``--resume`` has nothing to do)."""
+        if self.before_checkpoint is not None:
+            self.before_checkpoint(self.model)
         info = {**asdict(self.state), "world_size": self.world_size, "finished": final,
                 "total_steps": self.total_steps}
         self._saved_final = final
