@@ -603,7 +603,11 @@ def table_stats(model: nn.Module) -> dict[str, dict[str, float]]:
     names = sorted(tables)
     totals = torch.stack([torch.stack(tables[n]).sum(0) for n in names])
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # on the tables' device: a CUDA run's process group is NCCL, which reduces no CPU tensor
+        device = next(m for _, m in managed_tables(model))._mch_sorted_raw_ids.device
+        totals = totals.to(device)
         torch.distributed.all_reduce(totals)
+        totals = totals.cpu()
     out = {}
     for name, row in zip(names, totals.tolist()):
         c = dict(zip(_COUNTERS, row))

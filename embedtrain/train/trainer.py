@@ -353,7 +353,7 @@ class Trainer:
         metrics = self.task.new_metrics()
         loss_sum, count = 0.0, 0
         local = len(data) if max_batches is None else min(len(data), max_batches)
-        steps = _max_over_ranks(local) if self.world_size > 1 else local
+        steps = _max_over_ranks(local, self._device_type) if self.world_size > 1 else local
         last = None
         with _closing(data.iter_epoch(0)) as batches:
             for _ in range(steps):
@@ -370,7 +370,9 @@ class Trainer:
                     loss_sum += out.loss.item() * out.num_examples
                     count += out.num_examples
         if self.world_size > 1:
-            totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
+            # on the model's device: a CUDA run's process group is NCCL (no CPU tensors)
+            totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64,
+                                  device=self._device_type)
             dist.all_reduce(totals)
             loss_sum, count = float(totals[0]), int(totals[1])
         self.model.train(was_training)
@@ -578,7 +580,7 @@ def _peak_rss_gb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
 
-def _max_over_ranks(value: int) -> int:
-    t = torch.tensor([value], dtype=torch.int64)
+def _max_over_ranks(value: int, device: str = "cpu") -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
