@@ -12,6 +12,15 @@ Acceptance target (the pipelines issue): ingesting a raw TSV larger than 2 GB ho
 Usage:
     python benchmarks/bench_ingest.py --rows 7500000 --out /tmp/bench_ingest \\
         --json benchmarks/out/ingest.json [--cleanup]
+
+``--engine ray`` runs the same spec on ``--files`` input files with both engines, one after the
+other (``embedtrain ingest --engine ray --num-cpus N``, a local Ray instance), checks that they
+wrote the same rows per split, and prints rows/s and peak memory per worker of each (the ray
+engine's workers report their own ``VmHWM`` in ``ingest_report.json``), with a paper estimate
+for Criteo 1TB (4.4 billion rows) on N machines from the measured per-worker rates:
+
+    python benchmarks/bench_ingest.py --rows 4000000 --files 8 --engine ray --num-cpus 2 \\
+        --out /tmp/bench_ingest_ray --json benchmarks/out/ingest_ray.json
 """
 
 from __future__ import annotations
@@ -38,7 +47,13 @@ def main() -> None:
     parser.add_argument("--spec", default=str(ROOT / "configs/ingest/criteo_synthetic.yaml"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cleanup", action="store_true", help="delete raw/ and ingested/ after")
+    parser.add_argument("--engine", choices=["polars", "ray"], default="polars",
+                        help="ray: both engines side by side on --files files")
+    parser.add_argument("--files", type=int, default=8, help="--engine ray: input files")
+    parser.add_argument("--num-cpus", type=int, default=2, help="--engine ray: Ray workers")
     args = parser.parse_args()
+    if args.engine == "ray":
+        return compare_engines(args)
 
     out = Path(args.out)
     raw, ingested = out / "raw", out / "ingested"
@@ -99,6 +114,107 @@ def main() -> None:
 
         shutil.rmtree(raw, ignore_errors=True)
         shutil.rmtree(ingested, ignore_errors=True)
+
+
+def _run(cmd: list[str]) -> tuple[float, int]:
+    """Runs an ingest command; its wall time and the peak RSS of the process (KiB, polled)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=env)
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(line.rstrip() for line in child.stderr))
+    reader.start()
+    peak = 0
+    while child.poll() is None:
+        peak = max(peak, _status(child.pid).get("VmRSS", 0))
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    reader.join()
+    if child.returncode != 0:
+        sys.exit(f"ingest failed ({child.returncode}):\n" + "\n".join(log[-20:]))
+    return wall, peak
+
+
+def compare_engines(args) -> None:
+    """Both engines on the same ``--files`` files (see the module docstring)."""
+    import polars as pl
+
+    out = Path(args.out)
+    single = out / "raw"
+    datagen_s = _ensure_tsv(single, args.rows, args.seed)
+    raw = out / f"raw_{args.files}"
+    if not raw.is_dir() or len(list(raw.glob("*.tsv"))) != args.files:
+        raw.mkdir(parents=True, exist_ok=True)
+        lines = [line for f in sorted(single.glob("part-*.tsv"))
+                 for line in f.read_bytes().splitlines(keepends=True)]
+        per = -(-len(lines) // args.files)
+        for i in range(args.files):
+            (raw / f"day_{i:02d}.tsv").write_bytes(b"".join(lines[i * per:(i + 1) * per]))
+        del lines
+    files = sorted(raw.glob("*.tsv"))
+    input_bytes = sum(f.stat().st_size for f in files)
+    results = {}
+    for engine in ("polars", "ray"):
+        target = out / f"ingested_{engine}"
+        cmd = [sys.executable, "-m", "embedtrain", "ingest", args.spec, "--input",
+               str(raw / "*.tsv"), "--out", str(target), "--quiet", "--engine", engine]
+        if engine == "ray":
+            cmd += ["--num-cpus", str(args.num_cpus)]
+        wall, driver_kib = _run(cmd)
+        report = json.loads((target / "ingest_report.json").read_text())
+        workers = report["engine"].get("worker_peak_rss_bytes", {})
+        results[engine] = {
+            "wall_s": round(wall, 2), "rows": report["rows_read"],
+            "rows_per_s": round(report["rows_read"] / wall),
+            "driver_peak_rss_bytes": driver_kib * 1024,
+            "worker_peak_rss_bytes": sorted(workers.values()),
+            "phases": report["phases"], "rows_written": report["rows_written"],
+            "command": " ".join(cmd)}
+        print(f"{engine}: {wall:.1f} s", file=sys.stderr)
+    same = results["polars"]["rows_written"] == results["ray"]["rows_written"]
+    for split in results["polars"]["rows_written"]:
+        a = pl.read_parquet(out / "ingested_polars" / split).sort(pl.all())
+        b = pl.read_parquet(out / "ingested_ray" / split).sort(pl.all())
+        same = same and a.equals(b)
+    estimate = _criteo_1tb_estimate(results["ray"], args.num_cpus)
+    result = {"rows": args.rows, "input_files": len(files), "input_bytes": input_bytes,
+              "num_cpus": args.num_cpus, "datagen_s": datagen_s, "same_rows_per_split": same,
+              **results, "criteo_1tb_estimate": estimate,
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
+    gb = 1e9
+    print(f"{'engine':<8} {'wall s':>8} {'rows/s':>11} {'peak RSS (GB)':>32}")
+    for engine, r in results.items():
+        peak = (f"driver {r['driver_peak_rss_bytes'] / gb:.2f}" + (
+            ", workers " + " / ".join(f"{w / gb:.2f}" for w in r["worker_peak_rss_bytes"])
+            if r["worker_peak_rss_bytes"] else ""))
+        print(f"{engine:<8} {r['wall_s']:>8.1f} {r['rows_per_s']:>11,} {peak:>32}")
+        for p in r["phases"]:
+            rate = f", {p['rows_per_s']:,} rows/s" if p.get("rows_per_s") else ""
+            print(f"  {p['phase']:<16} {p['seconds']:.1f} s{rate}")
+    print(f"same rows per split: {same}")
+    print("Criteo 1TB (4.4e9 rows) on the ray engine, from the per-worker rates above:")
+    for e in estimate["machines"]:
+        print(f"  {e['machines']:>3} machine(s) x {estimate['cores_per_machine']} cores: "
+              f"{e['hours']:.2f} h")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _criteo_1tb_estimate(ray_result: dict, workers: int, rows: float = 4.4e9,
+                         cores: int = 16) -> dict:
+    """Hours for ``rows`` on N machines of ``cores`` workers: each per-file pass at the measured
+    rows/s per worker, the passes one after the other, perfect scaling (no shared-storage or
+    network limit: the estimate is an upper bound on speed)."""
+    per_worker = {p["phase"]: p["rows_per_s"] / workers for p in ray_result["phases"]
+                  if p.get("rows_per_s")}
+    seconds_per_row = sum(1 / r for r in per_worker.values())  # on one worker, all passes
+    machines = []
+    for n in (1, 4, 16, 64):
+        machines.append({"machines": n, "hours": rows * seconds_per_row / (n * cores) / 3600})
+    return {"rows": rows, "cores_per_machine": cores, "rows_per_s_per_worker": per_worker,
+            "machines": machines}
 
 
 def _ensure_tsv(raw: Path, rows: int, seed: int) -> float | None:

@@ -165,6 +165,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", dest="node_inputs", action="append", metavar="PATH_OR_GLOB",
                    help="graph specs (kind: graph) only: the node table (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--engine", choices=["polars", "ray"], default="polars",
+                   help="polars: one process (default); ray: the same passes as Ray tasks, file "
+                        "by file, with the same outputs (tabular specs)")
+    p.add_argument("--address", default=None,
+                   help="--engine ray: a running Ray cluster to join (ray start --head prints "
+                        "it); default: a local instance for the job")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="--engine ray, local instance: its CPUs (default: every core)")
     p.set_defaults(func=_ingest)
 
     p = sub.add_parser("datagen", help="generate a synthetic data set")
@@ -453,19 +461,25 @@ def _ingest(args: argparse.Namespace) -> int:
     from pipelines.spec import load_spec
     from pipelines.xc_spec import is_xc_spec
 
-    if is_graph_spec(args.spec):
+    graph, xc = is_graph_spec(args.spec), is_xc_spec(args.spec)
+    if args.engine != "polars" and (graph or xc):
+        raise UsageError(f"--engine {args.engine}: tabular specs only; kind: "
+                         f"{'graph' if graph else 'xc'} runs on the polars engine (see README, "
+                         f"Ingesting beyond one machine)")
+    if graph:
         return _ingest_graph(args)
     if args.node_inputs:
         raise UsageError("--nodes: only for graph specs (kind: graph)")
-    if is_xc_spec(args.spec):
+    if xc:
         return _ingest_xc(args)
     spec = load_spec(args.spec, args.overrides)
-    report = ingest(spec, args.inputs, args.out, progress=not args.quiet)
+    report = ingest(spec, args.inputs, args.out, progress=not args.quiet, engine=args.engine,
+                    address=args.address, num_cpus=args.num_cpus)
     written = ", ".join(f"{k} {v:,}" for k, v in report["rows_written"].items())
     dropped = ", ".join(f"{k} {v:,}" for k, v in report["rows_dropped"].items()) or "none"
     repaired = ", ".join(f"{k} {sum(v.values()):,}" for k, v in report["repairs"].items()) or "none"
     print(f"read {report['rows_read']:,} rows from {len(report['inputs'])} file(s) in "
-          f"{report['wall_seconds']:.1f} s")
+          f"{report['wall_seconds']:.1f} s ({args.engine} engine)")
     print(f"written: {written}")
     print(f"dropped: {dropped}")
     print(f"repaired values: {repaired}")
@@ -503,7 +517,7 @@ def _ingest_xc(args: argparse.Namespace) -> int:
     labels = report["labels"]
     removed = ", ".join(f"{k} {v:,}" for k, v in labels["labels_removed"].items()) or "none"
     print(f"read {report['rows_read']:,} rows from {len(report['inputs'])} file(s) in "
-          f"{report['wall_seconds']:.1f} s")
+          f"{report['wall_seconds']:.1f} s ({args.engine} engine)")
     print(f"written: {written}")
     print(f"dropped: {dropped}")
     print(f"labels: {labels['num_classes']:,} classes, {labels['labels_per_row'][0]}-"

@@ -38,7 +38,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -57,6 +57,7 @@ from pipelines.transforms import (
     sparse_output, time_to_seconds, time_value)
 
 METADATA_FILE, REPORT_FILE, VOCAB_DIR = "metadata.json", "ingest_report.json", "vocab"
+ENGINES = ("polars", "ray")
 
 
 class Phases:
@@ -86,7 +87,8 @@ class Phases:
 
 
 def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
-           progress: bool = True) -> dict:
+           progress: bool = True, engine: str = "polars", address: Optional[str] = None,
+           num_cpus: Optional[int] = None) -> dict:
     """Runs an ingestion job.
 
     Args:
@@ -97,6 +99,12 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
             (``ingest_report.json``), that output is replaced; any other non-empty folder is
             refused.
         progress: show a progress bar per phase (rows, rows/s) on stderr.
+        engine: ``polars`` (one process, Polars' streaming engine) or ``ray`` (the same passes
+            as Ray tasks, file by file, on a local Ray instance or the cluster at ``address``:
+            :mod:`pipelines.ray_engine`); the outputs are the same.
+        address: ``ray`` only: a running cluster's address (``ray start --head``); None starts
+            a local instance for the job (``num_cpus`` workers, default: every core).
+        num_cpus: ``ray`` only, local instance: its CPUs.
 
     Returns:
         The report written to ``ingest_report.json``.
@@ -110,11 +118,21 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
         >>> sorted(report["rows_written"])
         ['test', 'train', 'valid']
     """
+    if engine not in ENGINES:
+        raise IngestError(f"--engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    if engine == "polars" and (address is not None or num_cpus is not None):
+        raise IngestError("--address and --num-cpus are for --engine ray")
     started = time.perf_counter()
     files = resolve_inputs(inputs, spec)
     spec = check_inputs(files, spec)  # with each sparse dtype resolved from the input
-    check_row_limit(files, spec)
     out = Path(out_dir)
+    if engine == "ray":
+        from pipelines import ray_engine
+
+        with ray_engine.cluster(address, num_cpus):
+            check_out_dir(out)
+            return ray_engine.run(spec, files, inputs, out, Phases(progress), started)
+    check_row_limit(files, spec)
     check_out_dir(out)  # before the long passes, not after them
     log = Phases(progress)
     wrong_fields = None
@@ -144,6 +162,22 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
             stats.values = value_counts(frame, spec)
             rec["rows"] = stats.rows_read
 
+    def write(vocabs, dense_stats, boundaries):
+        with _reading(files, spec):
+            return _write_splits(frame, spec, vocabs, dense_stats, boundaries, out)
+
+    return finish(spec, files, out, stats, cutoffs, log, started, write)
+
+
+def finish(spec: IngestSpec, files: Sequence[Path], out: Path, stats: PassStats,
+           cutoffs: Optional[tuple[float, float]], log: Phases, started: float,
+           write: Callable[[dict, dict, dict], dict[str, list[tuple[str, int]]]],
+           engine: Optional[dict] = None) -> dict:
+    """What every engine does after the statistics: vocabularies and constants from the
+    training split, the write (``write(vocabs, dense_stats, boundaries)``: the engine's),
+    raw-id counts, the report, the rows read = written + dropped check, ``metadata.json``.
+    ``engine``: the report's ``engine`` section (filled in by the engine until the report is
+    written)."""
     clear_out_dir(out)
     vocabs: dict[str, Vocabulary] = {}
     (out / VOCAB_DIR).mkdir()
@@ -154,8 +188,8 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     dense_stats = dense_statistics(stats, spec)
     boundaries = bucket_boundaries(stats, spec)
 
-    with log.phase("write") as rec, _reading(files, spec):
-        written = _write_splits(frame, spec, vocabs, dense_stats, boundaries, out)
+    with log.phase("write") as rec:
+        written = write(vocabs, dense_stats, boundaries)
         rec["rows"] = sum(rows for part in written.values() for _, rows in part)
     if any(s.encoding is Encoding.RAW for s in spec.sparse):
         with log.phase("raw ids") as rec:
@@ -167,6 +201,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
         print(f"warning: {w}", file=sys.stderr)
     report = build_report(spec, files, stats, written, vocabs, dense_stats, cutoffs,
                           log.phases, time.perf_counter() - started, boundaries, warnings)
+    report["engine"] = engine or {"name": "polars"}
     # Nothing is lost silently: what the files' footers hold plus what was dropped is what was read.
     on_disk = {split: sum(pq.read_metadata(out / f).num_rows for f, _ in written[split])
                for split in SPLITS}
@@ -283,8 +318,8 @@ def _raise_first_invalid(files: Sequence[Path], spec: IngestSpec, reasons: list[
 
 
 def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocabulary],
-                  dense_stats: dict[str, dict], boundaries: dict[str, list[float]], out: Path
-                  ) -> dict[str, list[tuple[str, int]]]:
+                  dense_stats: dict[str, dict], boundaries: dict[str, list[float]], out: Path,
+                  prefix: str = "part") -> dict[str, list[tuple[str, int]]]:
     """Streams the kept rows into ``<split>/part-NNNNN.parquet``; returns (file, rows) by split.
 
     A valid or test split without rows gets no file (and no entry in metadata.json); train
@@ -295,17 +330,18 @@ def _write_splits(frame: pl.LazyFrame, spec: IngestSpec, vocabs: dict[str, Vocab
     columns += [sparse_output(s, vocabs.get(s.name), boundaries.get(s.name))
                 for s in spec.sparse]
     rows = frame.filter(pl.col(DROP).is_null()).select(*columns, SPLIT)
-    return sink_splits(rows, spec.output, out)
+    return sink_splits(rows, spec.output, out, prefix)
 
 
-def sink_splits(rows: pl.LazyFrame, output: OutputSpec, out: Path
+def sink_splits(rows: pl.LazyFrame, output: OutputSpec, out: Path, prefix: str = "part"
                 ) -> dict[str, list[tuple[str, int]]]:
     """Streams ``rows`` (output columns and ``__split``) into ``<split>/part-NNNNN.parquet`` files
     of at most ``output.rows_per_file`` rows; returns (file relative to ``out``, rows) by split,
-    sorted. Shared by the tabular and the XC job (:mod:`pipelines.xc`)."""
+    sorted. Shared by the tabular and the XC job (:mod:`pipelines.xc`); the Ray engine writes
+    each input file's rows under its own ``prefix`` (``part-<file>``)."""
 
     def file_path(args) -> str:
-        return f"{args.partition_keys.item(0, 0)}/part-{args.index_in_partition:05d}.parquet"
+        return f"{args.partition_keys.item(0, 0)}/{prefix}-{args.index_in_partition:05d}.parquet"
 
     sinked: list = []
     rows.sink_parquet(

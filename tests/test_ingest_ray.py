@@ -1,0 +1,209 @@
+"""``--engine ray`` gives what the one-process Polars engine gives, on the same inputs.
+
+One local Ray instance (2 CPUs) serves the module; each case runs both engines into their own
+directories and compares: vocabularies (values, ids, counts) byte for byte, every split's rows
+(as sets: the layout of part files differs, not their rows), the report's counts (read, written,
+dropped by reason and column, repairs) and the metadata; the dense standardisation constants,
+merged from per-file means and deviations, to 1e-12.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.ingest import ingest
+from pipelines.sources import IngestError
+from pipelines.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"POLARS_MAX_THREADS": "1"}})
+    yield
+    ray.shutdown()
+
+
+def _both(spec_path: Path, inputs: list[str], tmp_path: Path, overrides=None) -> tuple:
+    spec = load_spec(spec_path, overrides)
+    a = ingest(spec, inputs, tmp_path / "polars", progress=False)
+    b = ingest(spec, inputs, tmp_path / "ray", progress=False, engine="ray")
+    return a, b
+
+
+def _assert_same(tmp_path: Path, a: dict, b: dict) -> None:
+    pa_, ra = tmp_path / "polars", tmp_path / "ray"
+    for key in ("rows_read", "rows_written", "rows_written_total", "rows_dropped",
+                "rows_dropped_total", "rows_dropped_by_column", "repairs", "features"):
+        assert a.get(key) == b.get(key), key
+    vocab = sorted(p.name for p in (pa_ / "vocab").iterdir())
+    assert vocab == sorted(p.name for p in (ra / "vocab").iterdir())
+    for name in vocab:
+        assert pl.read_parquet(pa_ / "vocab" / name).equals(pl.read_parquet(ra / "vocab" / name))
+    ma, mb = (json.loads((d / "metadata.json").read_text()) for d in (pa_, ra))
+    assert ma.keys() == mb.keys()
+    for key in ma:
+        if key == "splits":
+            assert {s: e["rows"] for s, e in ma[key].items()} == \
+                {s: e["rows"] for s, e in mb[key].items()}
+        elif key == "dense_stats":
+            for feature, stats in ma[key].items():
+                for stat, value in stats.items():
+                    other = mb[key][feature][stat]
+                    if isinstance(value, float):
+                        assert other == pytest.approx(value, rel=1e-12, abs=1e-12), (feature, stat)
+                    else:
+                        assert other == value, (feature, stat)
+        elif key != "source":
+            assert ma[key] == mb[key], key
+    for split, entry in ma["splits"].items():
+        left = pl.concat([pl.read_parquet(pa_ / f) for f in entry["files"]])
+        right = pl.concat([pl.read_parquet(ra / f) for f in mb["splits"][split]["files"]])
+        assert left.schema == right.schema
+        cols = [c for c, t in left.schema.items() if not isinstance(t, pl.List)]
+        lists = [c for c in left.columns if c not in cols]
+        key = left.with_columns(*(pl.col(c).list.join(",", ignore_nulls=True)
+                                  if left.schema[c].inner == pl.String
+                                  else pl.col(c).cast(pl.List(pl.String)).list.join(",")
+                                  for c in lists)).sort(left.columns)
+        other = right.with_columns(*(pl.col(c).list.join(",", ignore_nulls=True)
+                                     if right.schema[c].inner == pl.String
+                                     else pl.col(c).cast(pl.List(pl.String)).list.join(",")
+                                     for c in lists)).sort(right.columns)
+        assert key.equals(other), split
+
+
+def test_criteo_tsv_with_malformed_lines_splits_by_row_position(tmp_path):
+    """4 TSV files (a hash split of each row's position across the files: global row numbers),
+    short and empty lines in the second, vocabularies with min_frequency."""
+    from embedtrain.datagen import CTRDataSpec, generate_ctr_tsv
+
+    raw = tmp_path / "raw"
+    info = generate_ctr_tsv(CTRDataSpec(rows=12_000, seed=3), raw)
+    source = raw / info["files"][0]
+    lines = source.read_text().splitlines(keepends=True)
+    source.unlink()
+    for i in range(4):
+        part = lines[i * 3000:(i + 1) * 3000]
+        if i == 1:
+            part[10:10] = ["not a criteo line\n", "\n", "1\t2\t3\n"]
+        (raw / f"day_{i}.tsv").write_text("".join(part))
+    a, b = _both(ROOT / "configs/ingest/criteo_synthetic.yaml", [str(raw / "*.tsv")], tmp_path)
+    assert a["rows_dropped"]["wrong_field_count"] == 3
+    _assert_same(tmp_path, a, b)
+    ray_files = sorted(p.name for p in (tmp_path / "ray" / "train").iterdir())
+    assert ray_files[0].startswith("part-00000-") and len({f[:10] for f in ray_files}) == 4
+
+
+def test_parquet_with_list_features_time_split_and_every_encoding(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        n = 2500
+        tags = [None if rng.random() < 0.05 else
+                [f"t{int(x)}" for x in rng.zipf(1.4, rng.integers(0, 5)) if x < 400]
+                for _ in range(n)]
+        table = pa.table({
+            "label": rng.integers(0, 2, n).astype(np.float64),
+            "price": np.where(rng.random(n) < 0.1, np.nan, rng.lognormal(1, 1, n)),
+            "user": pa.array([None if rng.random() < 0.02 else f"u{int(x)}"
+                              for x in rng.zipf(1.3, n)]),
+            "tags": pa.array(tags, pa.list_(pa.string())),
+            "item": np.where(rng.random(n) < 0.01, -1, rng.integers(0, 10**12, n)),
+            "ts": np.sort(rng.integers(i * 1000, (i + 1) * 1000 + 300, n)),
+        })
+        pq.write_table(table, tmp_path / f"log_{i}.parquet", row_group_size=700)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("""
+name: lists
+input: {format: parquet}
+label: label
+dense:
+  - {name: price, log1p: true, standardize: true, clip_max: 50}
+sparse:
+  - {name: user, min_frequency: 2}
+  - {name: tags, multi_hot: true, max_length: 3, max_vocab_size: 40, empty_list: oov}
+  - {name: item_hash, column: item, encoding: hash, hash_buckets: 97}
+  - {name: item_raw, column: item, encoding: raw}
+split: {method: time, column: ts, valid_fraction: 0.15, test_fraction: 0.15}
+""")
+    a, b = _both(spec, [str(tmp_path / "log_*.parquet")], tmp_path)
+    assert a["rows_dropped"].get("raw_id_out_of_range", 0) > 0  # negative items dropped
+    _assert_same(tmp_path, a, b)
+
+
+def test_each_stage_reports_rows_per_second(tmp_path):
+    from embedtrain.datagen import CTRDataSpec, generate_ctr_tsv
+
+    info = generate_ctr_tsv(CTRDataSpec(rows=3000, seed=1), tmp_path / "raw")
+    files = [str(tmp_path / "raw" / f) for f in info["files"]]
+    report = ingest(load_spec(ROOT / "configs/ingest/criteo_synthetic.yaml"), files,
+                    tmp_path / "out", progress=False, engine="ray")
+    phases = {p["phase"]: p for p in report["phases"]}
+    assert {"row counts", "statistics", "write"} <= phases.keys()
+    assert phases["statistics"]["rows"] == 3000 and phases["statistics"]["rows_per_s"] > 0
+
+
+def test_what_the_ray_engine_refuses_is_one_line(tmp_path, monkeypatch):
+    table = pa.table({"label": [0.0, 1.0] * 50, "x": list(range(100))})
+    pq.write_table(table, tmp_path / "a.parquet")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("input: {format: parquet}\nsparse:\n  - {name: x, quantiles: 4}\n")
+    with pytest.raises(IngestError, match=r"sparse\[0\].quantiles: not on --engine ray"):
+        ingest(load_spec(spec), [str(tmp_path / "a.parquet")], tmp_path / "o", progress=False,
+               engine="ray")
+    with pytest.raises(IngestError, match="--address and --num-cpus are for --engine ray"):
+        ingest(load_spec(spec), [str(tmp_path / "a.parquet")], tmp_path / "o", progress=False,
+               num_cpus=2)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(IngestError, match=r"--engine ray needs Ray: pip install "
+                                          r"'ray\[data\]==2.60.0'"):
+        ingest(load_spec(spec), [str(tmp_path / "a.parquet")], tmp_path / "o", progress=False,
+               engine="ray")
+
+
+def test_the_cli_runs_the_ray_engine(tmp_path):
+    """Through ``embedtrain ingest --engine ray`` (joining the running instance)."""
+    from embedtrain.cli import main
+    from embedtrain.datagen import CTRDataSpec, generate_ctr_tsv
+
+    info = generate_ctr_tsv(CTRDataSpec(rows=2000, seed=2), tmp_path / "raw")
+    assert main(["ingest", str(ROOT / "configs/ingest/criteo_synthetic.yaml"), "--input",
+                 str(tmp_path / "raw" / info["files"][0]), "--out", str(tmp_path / "out"), "--engine", "ray",
+                 "--quiet"]) == 0
+    assert json.loads((tmp_path / "out" / "ingest_report.json").read_text())["rows_read"] == 2000
+    assert main(["ingest", str(ROOT / "configs/ingest/graph_edges.yaml"), "--input", "x",
+                 "--out", str(tmp_path / "g"), "--engine", "ray"]) == 2
+
+
+def test_rows_are_numbered_past_2_to_the_32(tmp_path):
+    """A file's rows are numbered from the rows before it in int64: the hash split of a row at
+    position 2^33 + i is the one of that global position (Polars numbers each file in 32 bits)."""
+    from pipelines.hashing import splitmix64, unit_interval
+    from pipelines.ray_engine import _frame
+    from pipelines.sources import ROW
+    from pipelines.transforms import SPLIT
+
+    pq.write_table(pa.table({"label": [0.0, 1.0] * 500, "x": list(range(1000))}),
+                   tmp_path / "a.parquet")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("input: {format: parquet}\nsparse:\n  - {name: x}\n")
+    s = load_spec(spec)
+    frame = _frame(s, str(tmp_path / "a.parquet"), 2**33, None, None, None).select(
+        ROW, SPLIT).collect()
+    assert frame[ROW].dtype == pl.Int64 and frame[ROW].to_list() == [2**33 + i for i in range(1000)]
+    u = pl.select(unit_interval(splitmix64(pl.Series(ROW, frame[ROW]), s.split.seed)))
+    want = ["test" if v < s.split.test_fraction else
+            "valid" if v < s.split.test_fraction + s.split.valid_fraction else "train"
+            for v in u.to_series()]
+    assert frame[SPLIT].cast(pl.String).to_list() == want
