@@ -13,8 +13,9 @@ The same spec, the same Polars code and the same outputs as the one-process engi
    reason, dense statistics, categorical value counts); each file's value counts are cut into
    partitions by a hash of the value and every partition is summed by its own task over all
    files (a hash-partitioned reduce: no task holds every distinct value of every feature); row
-   statistics are merged exactly (counts summed; means and standard deviations combined from
-   the per-file ones), vocabularies ranked by the same function, ties broken the same way;
+   statistics are merged (counts summed, maxima taken; means and standard deviations combined
+   from the per-file ones, equal to the one-pass values to ~1e-14), vocabularies ranked by the
+   same function, ties broken the same way;
 4. *write*: a task per file encodes its kept rows and writes them by split, to
    ``<split>/part-<file>-<n>.parquet``;
 5. the raw-id counts, the report (rows read = written + dropped, checked against the written
@@ -43,11 +44,13 @@ from typing import Any, Iterator, Optional, Sequence
 import polars as pl
 import pyarrow.parquet as pq
 
-from pipelines.sources import ROW, IngestError, criteo_field_counts, scan_inputs
+from pipelines.hashing import string_hash
+from pipelines.sources import MAX_ROWS, ROW, IngestError, criteo_field_counts, scan_inputs
 from pipelines.spec import Encoding, IngestSpec, InputFormat, OnInvalid, SplitMethod
 from pipelines.stats import PassStats, row_statistics, value_counts
 from pipelines.transforms import (
     SPLIT,
+    SPLITS,
     assign_split,
     file_splits,
     parse,
@@ -84,9 +87,14 @@ def cluster(address: Optional[str], num_cpus: Optional[int]) -> Iterator[None]:
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
                      log_to_driver=False, configure_logging=False, runtime_env=env)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise IngestError(f"--address {address}: cannot join the Ray cluster: "
-                              f"{str(e).strip().splitlines()[0]}") from None
+            what = (f"--address {address}: cannot join the Ray cluster" if address else
+                    "cannot start a local Ray instance (RAY_ADDRESS set? it points ray.init at "
+                    "a cluster)")
+            raise IngestError(f"{what}: {str(e).strip().splitlines()[0]}") from None
         started = True
+    elif address is not None or num_cpus is not None:
+        raise IngestError("--address/--num-cpus: this process already runs Ray; the job uses "
+                          "that instance (leave them out)")
     try:
         yield
     finally:
@@ -118,7 +126,14 @@ def run(spec: IngestSpec, files: Sequence[Path], inputs: Sequence[Any], out: Pat
                               f"(exact training quantiles need every value in one task); use "
                               f"bucketize with boundaries, or --engine polars")
     files = list(files)
+    for f in files:  # per file, Polars numbers rows in 32 bits
+        if spec.input.format is InputFormat.PARQUET and pq.read_metadata(f).num_rows > MAX_ROWS:
+            raise IngestError(f"{f}: {pq.read_metadata(f).num_rows:,} rows in one file, over "
+                              f"the {MAX_ROWS:,} Polars can number; split the file")
     by_file = file_splits(files, spec) if spec.split.method is SplitMethod.FILES else None
+    # a 0-byte text file adds no rows (the one-process scan reads it as none): no task for it
+    given = files  # the report lists every input
+    files = [f for f in files if spec.input.format is InputFormat.PARQUET or f.stat().st_size]
     positional = spec.split.column is None and spec.split.method in (SplitMethod.HASH,
                                                                      SplitMethod.TIME)
     criteo = spec.input.format is InputFormat.CRITEO_TSV
@@ -174,12 +189,11 @@ def run(spec: IngestSpec, files: Sequence[Path], inputs: Sequence[Any], out: Pat
                    for k, name in enumerate(vocab_features)}
         counts = _unwrap([refs[0] for refs in per_file])
         kept = _unwrap([refs[1] for refs in per_file])
-        _, reasons = parse(time_to_seconds(scan_inputs(files[:1], spec, _empty_wrong()), spec),
-                           spec)
+        reasons = _reasons(spec, files)
         stats = PassStats(_merge_counts(counts), _merge_kept(kept), {}, reasons)
         rec["rows"] = stats.rows_read
         stats.values = {name: pl.concat(_unwrap(parts)) for name, parts in reduced.items()}
-    job._check_counts(stats, spec, files, inputs)
+    job._check_counts(stats, spec, given, inputs)
     if spec.on_invalid is OnInvalid.ERROR and stats.dropped():
         job._raise_first_invalid(files, spec, reasons)
 
@@ -195,18 +209,25 @@ def run(spec: IngestSpec, files: Sequence[Path], inputs: Sequence[Any], out: Pat
         parts = _unwrap([_file_write.remote(spec_ref, str(f), i, offsets[i], cutoffs, by_file,
                                             wrong[i], shared, str(out))
                          for i, f in enumerate(files)])
-        written: dict[str, list[tuple[str, int]]] = {}
+        written: dict[str, list[tuple[str, int]]] = {split: [] for split in SPLITS}
         for part, (pid, peak) in parts:
             peaks[str(pid)] = max(peaks.get(str(pid), 0), peak)
             for split, entries in part.items():
                 written.setdefault(split, []).extend(entries)
         return {split: sorted(entries) for split, entries in written.items()}
 
-    return job.finish(spec, files, out, stats, cutoffs, log, started, write, engine)
+    return job.finish(spec, given, out, stats, cutoffs, log, started, write, engine)
 
 
-def _empty_wrong() -> pl.DataFrame:
-    return pl.DataFrame(schema={ROW: pl.UInt32, "__fields": pl.UInt32})
+def _reasons(spec: IngestSpec, files: Sequence[Path]) -> list:
+    """The drop reasons of the spec (they depend on the spec alone), from a lazy parse."""
+    from pipelines.ingest import _reading
+
+    if not files:
+        return []
+    wrong = pl.DataFrame(schema={ROW: pl.UInt32, "__fields": pl.UInt32})
+    with _reading(files[:1], spec):
+        return parse(time_to_seconds(scan_inputs(files[:1], spec, wrong), spec), spec)[1]
 
 
 def _frame(spec: IngestSpec, file: str, offset: int, cutoffs, by_file,
@@ -253,8 +274,9 @@ def _file_stats_impl(spec: IngestSpec, file: str, offset: int, cutoffs, by_file,
         values = value_counts(frame, spec) if features else {}
     out: list[Any] = [counts, kept]
     for name in features:
+        # the project's own stable hash: every node (any Polars build) cuts a value alike
         part = values[name].with_columns(
-            (pl.col("value").hash(seed=0) % partitions).alias("__part"))
+            (string_hash(pl.col("value").cast(pl.String)) % partitions).alias("__part"))
         out += [part.filter(pl.col("__part") == p).drop("__part") for p in range(partitions)]
     return (*out, (os.getpid(), worker_peak_rss_bytes()))
 
@@ -304,12 +326,16 @@ _file_write = _Lazy(_file_write_impl)
 
 def _merge_counts(parts: list[pl.DataFrame]) -> pl.DataFrame:
     """Rows by (split, drop code), summed over the files."""
+    if not parts:  # every input empty: the job's "no rows to ingest"
+        return pl.DataFrame(schema={SPLIT: pl.String, "__drop": pl.Int32, "rows": pl.Int64})
     return pl.concat(parts).group_by(SPLIT, "__drop").agg(pl.col("rows").sum())
 
 
 def _merge_kept(parts: list[pl.DataFrame]) -> pl.DataFrame:
     """The kept rows' statistics by split over all files, as one pass over them gives them:
     counts summed, maxima taken, means and (population) standard deviations combined."""
+    if not parts:
+        return pl.DataFrame(schema={SPLIT: pl.String, "rows": pl.Int64})
     frame = pl.concat(parts, how="diagonal_relaxed")
     rows = []
     for split, group in frame.group_by(SPLIT):
@@ -337,6 +363,8 @@ def _merge_kept(parts: list[pl.DataFrame]) -> pl.DataFrame:
             else:
                 row[column] = values.sum()
         rows.append(row)
+    if not rows:  # no kept row anywhere: the job's "no training rows"
+        return frame.clear()
     return pl.DataFrame(rows).select(frame.columns)
 
 

@@ -42,14 +42,18 @@ FORMAT_VERSION = 1
 def dense_statistics(stats: PassStats, spec: IngestSpec) -> dict[str, dict]:
     """Per dense feature: the training split's mean/std of the filled, clipped, log1p'd value.
 
-    A constant feature (std 0) is standardised with std 1, so it becomes 0 rather than NaN.
+    A constant feature is standardised with std 1, so it becomes 0 rather than NaN or noise:
+    "constant" is a std within rounding of 0 (``<= 1e-12 * max(1, |mean|)``), which is what
+    summing a constant in floating point leaves (and the Ray engine's merge of per-file
+    deviations).
     """
     out = {}
     for d in spec.dense:
         mean = float(stats.stat("train", f"{d.name}:mean") or 0.0)
         std = float(stats.stat("train", f"{d.name}:std") or 0.0)
+        constant = std <= 1e-12 * max(1.0, abs(mean))
         out[d.name] = {
-            "mean": mean, "std": std if std > 0 else 1.0, "standardized": d.standardize,
+            "mean": mean, "std": 1.0 if constant else std, "standardized": d.standardize,
             "log1p": d.log1p, "clip_min": d.clip_min, "clip_max": d.clip_max,
             "fill_null": d.fill_null,
         }

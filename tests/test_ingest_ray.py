@@ -207,3 +207,36 @@ def test_rows_are_numbered_past_2_to_the_32(tmp_path):
             "valid" if v < s.split.test_fraction + s.split.valid_fraction else "train"
             for v in u.to_series()]
     assert frame[SPLIT].cast(pl.String).to_list() == want
+
+
+def test_csv_with_an_empty_file_and_a_split_without_rows(tmp_path):
+    """CSV inputs, one of them 0 bytes; a column split that lists no test values (no test
+    split: a warning, no folder); both engines alike. Then all rows invalid: one line on both."""
+    rng = np.random.default_rng(4)
+    for i in range(3):
+        n = 800
+        frame = pl.DataFrame({
+            "y": rng.integers(0, 2, n), "age": rng.integers(10, 80, n).astype(float),
+            "city": [f"c{int(x)}" for x in rng.zipf(1.5, n)],
+            "part": rng.choice(["a", "b", "c"], n)})
+        frame.write_csv(tmp_path / f"t_{i}.csv")
+    (tmp_path / "t_3.csv").write_text("")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("""
+input: {format: csv}
+label: y
+dense: [{name: age, standardize: true}]
+sparse: [{name: city, min_frequency: 2}]
+split: {method: column, column: part, values: {train: [a, b], valid: [c]}}
+""")
+    a, b = _both(spec, [str(tmp_path / "t_*.csv")], tmp_path)
+    assert a["rows_written"]["test"] == 0 and len(a["inputs"]) == 4
+    _assert_same(tmp_path, a, b)
+    assert not (tmp_path / "ray" / "test").exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("input: {format: csv}\nlabel: city\ndense: [{name: age}]\n"  # no label parses
+                   "split: {method: column, column: part, values: {train: [a, b]}}\n")
+    for engine in ("polars", "ray"):
+        with pytest.raises(IngestError, match="no training rows"):
+            ingest(load_spec(bad), [str(tmp_path / "t_*.csv")], tmp_path / f"bad_{engine}",
+                   progress=False, engine=engine)
