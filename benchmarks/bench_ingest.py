@@ -63,23 +63,7 @@ def main() -> None:
 
     cmd = [sys.executable, "-m", "embedtrain", "ingest", args.spec, "--input", str(raw / "*.tsv"),
            "--out", str(ingested)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    start = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env)
-    log: list[str] = []
-    reader = threading.Thread(target=lambda: log.extend(line.rstrip() for line in child.stderr))
-    reader.start()
-    peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
-    while child.poll() is None:
-        for key, kib in _status(child.pid).items():
-            peak[key] = max(peak[key], kib)
-        time.sleep(0.1)
-    wall = time.perf_counter() - start
-    reader.join()
-    stdout = child.stdout.read()
-    if child.returncode != 0:
-        sys.exit(f"ingest failed ({child.returncode}):\n" + "\n".join(log[-20:]))
+    wall, peak, stdout = _run(cmd)
     max_rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
 
     report = json.loads((ingested / "ingest_report.json").read_text())
@@ -116,24 +100,27 @@ def main() -> None:
         shutil.rmtree(ingested, ignore_errors=True)
 
 
-def _run(cmd: list[str]) -> tuple[float, int]:
-    """Runs an ingest command; its wall time and the peak RSS of the process (KiB, polled)."""
+def _run(cmd: list[str]) -> tuple[float, dict[str, int], str]:
+    """Runs an ingest command: its wall time, the process's peak resident memory polled every
+    0.1 s (KiB: total, anonymous, file-backed) and its stdout; a failure exits with its log."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=env)
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(line.rstrip() for line in child.stderr))
     reader.start()
-    peak = 0
+    peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
     while child.poll() is None:
-        peak = max(peak, _status(child.pid).get("VmRSS", 0))
+        for key, kib in _status(child.pid).items():
+            peak[key] = max(peak[key], kib)
         time.sleep(0.1)
     wall = time.perf_counter() - start
     reader.join()
+    stdout = child.stdout.read()
     if child.returncode != 0:
         sys.exit(f"ingest failed ({child.returncode}):\n" + "\n".join(log[-20:]))
-    return wall, peak
+    return wall, peak, stdout
 
 
 def compare_engines(args) -> None:
@@ -161,7 +148,8 @@ def compare_engines(args) -> None:
                str(raw / "*.tsv"), "--out", str(target), "--quiet", "--engine", engine]
         if engine == "ray":
             cmd += ["--num-cpus", str(args.num_cpus)]
-        wall, driver_kib = _run(cmd)
+        wall, peak, _ = _run(cmd)
+        driver_kib = peak["VmRSS"]
         report = json.loads((target / "ingest_report.json").read_text())
         workers = report["engine"].get("worker_peak_rss_bytes", {})
         results[engine] = {

@@ -44,7 +44,9 @@ from typing import Any, Iterator, Optional, Sequence
 import polars as pl
 import pyarrow.parquet as pq
 
+from pipelines import ingest as job
 from pipelines.hashing import string_hash
+from pipelines.ingest import _reading, _write_splits
 from pipelines.sources import MAX_ROWS, ROW, IngestError, criteo_field_counts, scan_inputs
 from pipelines.spec import Encoding, IngestSpec, InputFormat, OnInvalid, SplitMethod
 from pipelines.stats import PassStats, row_statistics, value_counts
@@ -117,8 +119,6 @@ def _unwrap(refs):
 def run(spec: IngestSpec, files: Sequence[Path], inputs: Sequence[Any], out: Path, log,
         started: float) -> dict:
     """The job on the Ray instance of :func:`cluster` (see the module docstring)."""
-    from pipelines import ingest as job
-
     ray = _ray()
     for s in spec.sparse:
         if s.quantiles is not None:
@@ -221,8 +221,6 @@ def run(spec: IngestSpec, files: Sequence[Path], inputs: Sequence[Any], out: Pat
 
 def _reasons(spec: IngestSpec, files: Sequence[Path]) -> list:
     """The drop reasons of the spec (they depend on the spec alone), from a lazy parse."""
-    from pipelines.ingest import _reading
-
     if not files:
         return []
     wrong = pl.DataFrame(schema={ROW: pl.UInt32, "__fields": pl.UInt32})
@@ -240,13 +238,7 @@ def _frame(spec: IngestSpec, file: str, offset: int, cutoffs, by_file,
     return assign_split(parsed, spec, cutoffs, by_file)
 
 
-def _remote(fn):
-    return _ray().remote(fn)
-
-
 def _count_rows_impl(spec: IngestSpec, file: str, criteo: bool):
-    from pipelines.ingest import _reading
-
     with _reading([Path(file)], spec):
         wrong = criteo_field_counts([Path(file)]) if criteo else None
         n = scan_inputs([Path(file)], spec, wrong).select(pl.len()).collect(
@@ -255,8 +247,6 @@ def _count_rows_impl(spec: IngestSpec, file: str, criteo: bool):
 
 
 def _time_counts_impl(spec: IngestSpec, file: str, wrong) -> pl.DataFrame:
-    from pipelines.ingest import _reading
-
     with _reading([Path(file)], spec):
         raw = time_to_seconds(scan_inputs([Path(file)], spec, wrong), spec)
         parsed, _ = parse(raw, spec)
@@ -266,8 +256,6 @@ def _time_counts_impl(spec: IngestSpec, file: str, wrong) -> pl.DataFrame:
 
 def _file_stats_impl(spec: IngestSpec, file: str, offset: int, cutoffs, by_file, wrong,
                      features: list[str], partitions: int):
-    from pipelines.ingest import _reading
-
     with _reading([Path(file)], spec):
         frame = _frame(spec, file, offset, cutoffs, by_file, wrong)
         counts, kept = row_statistics(frame, spec)
@@ -288,8 +276,6 @@ def _reduce_counts_impl(*parts: pl.DataFrame) -> pl.DataFrame:
 
 def _file_write_impl(spec: IngestSpec, file: str, index: int, offset: int, cutoffs, by_file,
                      wrong, shared, out: str) -> dict[str, list[tuple[str, int]]]:
-    from pipelines.ingest import _reading, _write_splits
-
     vocabs, dense_stats, boundaries = shared
     with _reading([Path(file)], spec):
         frame = _frame(spec, file, offset, cutoffs, by_file, wrong)
@@ -307,7 +293,7 @@ class _Lazy:
 
     def _get(self):
         if self.remote_fn is None:
-            self.remote_fn = _remote(self.fn)
+            self.remote_fn = _ray().remote(self.fn)
         return self.remote_fn
 
     def remote(self, *args):

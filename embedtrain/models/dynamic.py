@@ -518,11 +518,8 @@ class EmbeddingBags(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         if self.static is None:
             return self.dynamic(features)[0]
-        parts = {}
-        for keys, module in ((self._static_keys, self.static), (self._dynamic_keys, None)):
-            kjt = _select(features, keys)
-            out = module(kjt) if module is not None else self.dynamic(kjt)[0]
-            parts.update(out.to_dict())
+        parts = {**self.static(_select(features, self._static_keys)).to_dict(),
+                 **self.dynamic(_select(features, self._dynamic_keys))[0].to_dict()}
         values = torch.cat([parts[k] for k in self._keys], dim=1)
         return KeyedTensor(keys=self._keys, length_per_key=[parts[k].shape[1] for k in self._keys],
                            values=values)
