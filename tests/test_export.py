@@ -366,8 +366,10 @@ def test_two_rank_checkpoint_exports_on_one_process(tmp_path):
     and its predictions equal eval's (per-row logits, and `embedtrain eval`'s AUC)."""
     data = tiny_ctr_dataset(tmp_path / "data", rows=4000)
     run = tmp_path / "two"
+    # row_wise asked for: the planner would place these small tables whole (tiny_table_bytes)
     r = embedtrain("train", "configs/dlrm_synthetic.yaml", "--out", str(run), "--nproc", "2",
-                   *[a for s in [f"data.path={data}", *TINY] for a in ("--set", s)])
+                   *[a for s in [f"data.path={data}", *TINY, "sharding.sharding_types=[row_wise]"]
+                     for a in ("--set", s)])
     assert r.returncode == 0, r.stderr[-4000:]
     r = embedtrain("export", str(run), "--out", str(tmp_path / "out"), "--no-progress")
     assert r.returncode == 0, r.stderr[-4000:]

@@ -19,7 +19,7 @@ from embedtrain.sharding.report import (
     write_report,
 )
 from embedtrain.sharding.report_types import PlanReport
-from embedtrain.sharding.types import ClusterConfig, DeviceKind, MemoryTier
+from embedtrain.sharding.types import ClusterConfig, DeviceKind, MemoryTier, PlannerOptions
 
 
 def _plan(device: DeviceKind) -> PlanReport:
@@ -27,7 +27,8 @@ def _plan(device: DeviceKind) -> PlanReport:
                                  feature_names=[f"f{i}"]) for i in range(4)]
     model = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     cluster = ClusterConfig(name="test-2x4", hosts=2, devices_per_host=4, device=device, hbm_gb=16)
-    return plan_sharding(model, cluster).report
+    # small tables, spread on purpose (the tiny-table rule off): every rank has shards to draw
+    return plan_sharding(model, cluster, PlannerOptions(tiny_table_bytes=0)).report
 
 
 @pytest.fixture(scope="module")

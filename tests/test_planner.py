@@ -18,6 +18,7 @@ from embedtrain.config import load_cluster
 from embedtrain.sharding.cluster import topology
 from embedtrain.sharding.enumerator import CompactEnumerator
 from embedtrain.sharding.planner import PlanError, plan_sharding, table_constraints
+from embedtrain.sharding.report import render_markdown
 from embedtrain.sharding.report_types import PlanReport
 from embedtrain.sharding.types import (
     ClusterConfig,
@@ -79,7 +80,12 @@ def test_compact_estimates_equal_stock_enumerator():
     stock = {(o.fqn, o.sharding_type, o.compute_kernel): o
              for o in EmbeddingEnumerator(topology=topo, batch_size=512,
                                           constraints=everything).enumerate(m, sharders)}
-    assert len(compact) == len(stock)
+    # the one difference: a column_wise option of one block (the whole table) is left out,
+    # table_wise being the same placement said as what it is
+    kept = {(o.fqn, o.sharding_type, o.compute_kernel) for o in compact}
+    skipped = [o for k, o in stock.items() if k not in kept]
+    assert all(o.sharding_type == "column_wise" and len(o.shards) == 1 for o in skipped)
+    assert len(compact) + len(skipped) == len(stock) and skipped
     assert ours.num_estimated_shards < sum(len(o.shards) for o in stock.values())
     for option in compact:
         full = ours.expand(option)
@@ -143,11 +149,12 @@ def test_report_schema_is_stable():
     assert list(report["cluster"]) == [
         "name", "hosts", "devices_per_host", "device", "hbm_gb", "ddr_gb",
         "hbm_bandwidth_gb_per_s", "ddr_bandwidth_gb_per_s", "intra_host_gb_per_s",
-        "inter_host_gb_per_s", "batch_size_per_rank", "reserved_fraction", "world_size"]
+        "inter_host_gb_per_s", "batch_size_per_rank", "reserved_fraction", "sharding_group_ms",
+        "reduce_scatter_gb_per_s", "all_gather_gb_per_s", "world_size"]
     assert list(report["sharding"]) == [
         "sharding_types", "compute_kernels", "tables", "forward_comm_precision",
         "backward_comm_precision", "pooling_factors_from_data", "dense_allreduce",
-        "powersgd_rank", "search_budget"]
+        "powersgd_rank", "search_budget", "tiny_table_bytes"]
     assert list(report["summary"]) == [
         "tables", "embedding_weight_bytes", "embedding_optimizer_bytes", "dense_parameter_bytes",
         "dense_allreduce_bytes",
@@ -174,7 +181,8 @@ def test_report_schema_is_stable():
         "embedding_params", "embedding_optimizer", "embedding_remap", "io_and_cache", "total",
         "capacity"]
     assert list(rank["time_ms"]) == ["fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms",
-                                     "prefetch", "embedding_total", "dense_allreduce", "total"]
+                                     "prefetch", "embedding_total", "dense_allreduce", "total",
+                                     "sharding_groups"]
 
 
 def test_planner_options_mirror_the_config_section():
@@ -321,3 +329,163 @@ def test_data_parallel_only_where_listed():
     by = {t.name: t for t in plan_sharding(tiny, CPU2, listed).report.tables}
     assert by["t1"].sharding_type == "data_parallel" and by["t1"].ranks == [0, 1]
     assert by["t0"].sharding_type != "data_parallel"
+
+
+def test_tiny_tables_are_placed_whole_and_single_blocks_are_table_wise():
+    """A 3-row table is not spread over 8 ranks (unless its sharding types say so); a table of
+    one column block is reported table_wise, not column_wise."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    tables = [EmbeddingBagConfig(name="tiny", embedding_dim=16, num_embeddings=3,
+                                 feature_names=["a"]),
+              EmbeddingBagConfig(name="big", embedding_dim=64, num_embeddings=4_000_000,
+                                 feature_names=["b"])]
+    m = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    cluster = ClusterConfig(name="a-1x8", hosts=1, devices_per_host=8, hbm_gb=80)
+    plan = {t.name: t for t in plan_sharding(m, cluster).report.tables}
+    assert plan["tiny"].sharding_type == "table_wise" and len(plan["tiny"].ranks) == 1
+    forced = PlannerOptions(tables=[TableConstraint(tables=["tiny"],
+                                                    sharding_types=[ShardingType.ROW_WISE])])
+    spread = {t.name: t for t in plan_sharding(m, cluster, forced).report.tables}
+    assert spread["tiny"].sharding_type == "row_wise"
+    for t in plan_sharding(m, cluster, PlannerOptions(tiny_table_bytes=0)).report.tables:
+        assert not (t.sharding_type == "column_wise" and len(t.shards) == 1), t.name
+    # column_wise asked for by name, on a table of one block: planned so, and said so
+    one_block = PlannerOptions(tables=[TableConstraint(tables=["tiny"],
+                                                       sharding_types=[ShardingType.COLUMN_WISE])])
+    report = plan_sharding(m, cluster, one_block).report
+    assert report.table("tiny").sharding_type == "column_wise"
+    assert "column_wise (1 block: the whole table)" in render_markdown(report)
+
+
+def test_uneven_embedding_memory_is_a_warning():
+    """One table holding most of the memory on one rank: the plan says so."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    tables = [EmbeddingBagConfig(name="huge", embedding_dim=128, num_embeddings=30_000_000,
+                                 feature_names=["a"])] + [
+        EmbeddingBagConfig(name=f"s{i}", embedding_dim=128, num_embeddings=100_000,
+                           feature_names=[f"b{i}"]) for i in range(3)]
+    m = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    cluster = ClusterConfig(name="a-1x4", hosts=1, devices_per_host=4, hbm_gb=80)
+    report = plan_sharding(m, cluster, PlannerOptions(sharding_types=[ShardingType.TABLE_WISE])
+                           ).report
+    assert any(w.startswith("memory is uneven: rank") for w in report.warnings), report.warnings
+    # the same tables row-wise: even memory, no such warning
+    even = plan_sharding(m, cluster, PlannerOptions(sharding_types=[ShardingType.ROW_WISE])).report
+    assert not any("uneven" in w for w in even.warnings), even.warnings
+
+
+def test_uneven_time_is_a_warning():
+    """One table looked up 200 times per example, placed whole: its rank is the bottleneck."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=64, num_embeddings=1_000_000,
+                                 feature_names=[f"f{i}"]) for i in range(4)]
+    m = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    cluster = ClusterConfig(name="a-1x4", hosts=1, devices_per_host=4, hbm_gb=80)
+    whole = PlannerOptions(sharding_types=[ShardingType.TABLE_WISE])
+    hot = plan_sharding(m, cluster, whole, pooling_factors={"t0": 200.0}).report
+    assert hot.summary.imbalance > 1.5
+    assert any(w.startswith(f"rank {hot.summary.slowest_rank} is the bottleneck")
+               for w in hot.warnings), hot.warnings
+    flat = plan_sharding(m, cluster, whole).report
+    assert flat.summary.imbalance < 1.5 and not any("bottleneck" in w for w in flat.warnings)
+
+
+def test_plan_sweep_over_clusters_and_host_counts(tmp_path, capsys):
+    """``embedtrain plan CONFIG --cluster A --cluster B --hosts 1,2``: every candidate planned,
+    the smallest that fits named (exit 0); none fitting: exit 1."""
+    from embedtrain.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    config, a100, cpu = (str(root / p) for p in (
+        "configs/dlrm.yaml", "configs/clusters/a100-1x8.yaml", "configs/clusters/cpu-1x2.yaml"))
+    assert main(["plan", config, "--cluster", a100, "--cluster", cpu, "--hosts", "1,2",
+                 "--out", str(tmp_path / "s")]) == 0
+    sweep = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert [c["cluster"] for c in sweep["candidates"]] == [
+        "a100-1x8@1x8", "a100-1x8@2x8", "cpu-1x2@1x2", "cpu-1x2@2x2"]
+    assert [c["fits"] for c in sweep["candidates"]] == [True, True, False, False]
+    assert sweep["smallest_that_fits"] == "a100-1x8@1x8"
+    assert "does not fit" in sweep["candidates"][2]["why"]
+    assert "<- smallest that fits" in capsys.readouterr().out
+    assert 'class="best"' in (tmp_path / "s" / "sweep.html").read_text()
+    assert main(["plan", config, "--cluster", cpu, "--hosts", "1", "--out",
+                 str(tmp_path / "n")]) == 1
+    assert main(["plan", config, "--cluster", cpu, "--hosts", "0..2"]) == 2  # one-line usage error
+    # a constraint error is the config's (one line, exit 2), not "does not fit" on every row
+    assert main(["plan", config, "--cluster", a100, "--hosts", "1", "--set",
+                 "sharding.tables=[{tables: [nope], sharding_types: [row_wise]}]"]) == 2
+
+
+def test_fixed_cost_per_sharding_type_is_charged_and_avoided():
+    """``sharding_group_ms``: every rank pays it once per sharding type the plan uses, and a
+    large one makes the planner use a single type."""
+    import dataclasses
+
+    m = model(8, seed=1, log10_rows=(2, 7), dims=(32, 64, 128, 256))  # tiny ones: table_wise
+    free = plan_sharding(m, MULTI_HOST).report
+    assert len({t.sharding_type for t in free.tables}) > 1  # mixed when types cost nothing
+    costly = dataclasses.replace(MULTI_HOST, sharding_group_ms=50.0)
+    report = plan_sharding(m, costly).report
+    types = {t.sharding_type for t in report.tables}
+    assert len(types) == 1, types
+    assert all(r.time_ms.sharding_groups == 50.0 for r in report.ranks)
+    slowest = max(r.time_ms.embedding_total for r in report.ranks)
+    assert report.summary.embedding_max_rank_ms == pytest.approx(slowest)
+    assert slowest == pytest.approx(50.0 + max(
+        r.time_ms.fwd_compute + r.time_ms.fwd_comms + r.time_ms.bwd_compute
+        + r.time_ms.bwd_comms + r.time_ms.prefetch for r in report.ranks))
+
+
+def test_reduce_scatter_and_all_gather_rates_change_row_wise_only():
+    import dataclasses
+
+    m = model(4, seed=2)
+    rw, tw = (PlannerOptions(sharding_types=[t]) for t in (ShardingType.ROW_WISE,
+                                                           ShardingType.TABLE_WISE))
+    host = ClusterConfig(name="test-1x4", hosts=1, devices_per_host=4, hbm_gb=16)
+    slow = dataclasses.replace(host, reduce_scatter_gb_per_s=0.5, all_gather_gb_per_s=0.5)
+    base_rw, slow_rw = (plan_sharding(m, c, rw).report for c in (host, slow))
+    assert slow_rw.summary.embedding_max_rank_ms > 2 * base_rw.summary.embedding_max_rank_ms
+    base_tw, slow_tw = (plan_sharding(m, c, tw).report for c in (host, slow))
+    assert slow_tw.summary.embedding_max_rank_ms == base_tw.summary.embedding_max_rank_ms
+
+
+def test_plan_calibrate_usage_errors(capsys):
+    cpu = str(ROOT / "configs/clusters/cpu-1x2.yaml")
+    gpu = str(ROOT / "configs/clusters/a100-1x8.yaml")
+    assert main(["plan", "--calibrate", "--cluster", cpu, "--cluster", gpu]) == 2
+    assert main(["plan", "configs/dlrm.yaml", "--calibrate", "--cluster", cpu]) == 2
+    assert main(["plan", "--cluster", cpu]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all("Traceback" not in e for e in err), err
+
+
+@pytest.mark.slow
+def test_plan_calibrate_writes_a_loadable_cluster_file(tmp_path):
+    """``embedtrain plan --calibrate``: measured on this machine, written to --out (the
+    shipped file untouched), loadable, every measured field positive."""
+    src = ROOT / "configs/clusters/cpu-1x2.yaml"
+    before = src.read_text()
+    out = tmp_path / "cpu.yaml"
+    assert main(["plan", "--calibrate", "--cluster", str(src), "--out", str(out)]) == 0
+    assert src.read_text() == before
+    cal = load_cluster(out)
+    assert cal.name == "cpu-1x2" and cal.world_size == 2
+    for field in ("ddr_bandwidth_gb_per_s", "intra_host_gb_per_s", "sharding_group_ms",
+                  "reduce_scatter_gb_per_s", "all_gather_gb_per_s"):
+        assert 0 < getattr(cal, field) < 1e4, field
+    assert out.read_text().startswith(before.splitlines()[0])  # its comments kept
+
+
+def test_reduce_scatter_rate_is_a_within_host_rate():
+    """Measured between one host's ranks: a plan over 2 hosts charges the inter-host rate."""
+    import dataclasses
+
+    m = model(4, seed=2)
+    rw = PlannerOptions(sharding_types=[ShardingType.ROW_WISE])
+    slow = dataclasses.replace(MULTI_HOST, reduce_scatter_gb_per_s=0.5, all_gather_gb_per_s=0.5)
+    assert (plan_sharding(m, slow, rw).report.summary.embedding_max_rank_ms
+            == plan_sharding(m, MULTI_HOST, rw).report.summary.embedding_max_rank_ms)

@@ -48,9 +48,15 @@ from embedtrain.sharding.report_types import (
     TierMemory,
 )
 from embedtrain.sharding.reservation import ExplicitStorageReservation
-from embedtrain.sharding.search import SearchResult, search_plan
+from embedtrain.sharding.search import SearchResult, search_plan, sharding_groups
 from embedtrain.sharding.sharders import embedding_sharders
-from embedtrain.sharding.types import ClusterConfig, DenseAllReduce, MemoryTier, PlannerOptions
+from embedtrain.sharding.types import (
+    ClusterConfig,
+    DenseAllReduce,
+    MemoryTier,
+    PlannerOptions,
+    ShardingType,
+)
 from embedtrain.utils import natural_key
 
 TIERS = (MemoryTier.HBM, MemoryTier.DDR)
@@ -124,6 +130,7 @@ def table_constraints(
     tables: list[str],
     sharding: PlannerOptions,
     pooling_factors: Optional[dict[str, float]] = None,
+    tiny: Optional[set[str]] = None,
 ) -> dict[str, ParameterConstraints]:
     """TorchRec constraints per table from the planner's options.
 
@@ -134,6 +141,8 @@ def table_constraints(
         tables: the model's table names.
         sharding: the allowed sharding types and kernels, and the per-table constraints.
         pooling_factors: mean ids per example by table (default 1.0; a constraint's wins).
+        tiny: tables under ``sharding.tiny_table_bytes`` that can be table_wise: without
+            sharding types of their own (globally or per table) they get ``table_wise`` only.
 
     Returns:
         One :class:`ParameterConstraints` per table name.
@@ -159,6 +168,11 @@ def table_constraints(
                 kernels = [k.value for k in tc.compute_kernels] or kernels
                 pooling = tc.pooling_factor if tc.pooling_factor is not None else pooling
                 clf = tc.cache_load_factor if tc.cache_load_factor is not None else clf
+        explicit = bool(sharding.sharding_types) or any(
+            tc.sharding_types and any(fnmatch.fnmatchcase(name, p) for p in tc.tables)
+            for tc in sharding.tables)
+        if tiny and name in tiny and not explicit:
+            types = [ShardingType.TABLE_WISE.value]
         out[name] = ParameterConstraints(
             sharding_types=types or None,
             compute_kernels=kernels or None,
@@ -228,7 +242,10 @@ def plan_sharding(
     tables = _tables(model, sharders)
     if not tables:
         raise PlanError("the model has no embedding tables to shard")
-    constraints = table_constraints(list(tables), sharding, pooling_factors)
+    tiny = {n for n, t in tables.items()
+            if t.param.numel() * t.param.element_size() < sharding.tiny_table_bytes
+            and ShardingType.TABLE_WISE.value in t.sharder.sharding_types(topo.compute_device)}
+    constraints = table_constraints(list(tables), sharding, pooling_factors, tiny)
     _check_constraints(tables, constraints, topo.compute_device)
 
     reservation = ExplicitStorageReservation(cluster.reserved_fraction, dense_optimizer_slots,
@@ -245,7 +262,8 @@ def plan_sharding(
     options = enum.enumerate(model, sharders)
     _add_remap_storage(options, tables, tier)
     budget = sharding.search_budget if budget is None else budget
-    result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier)
+    result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier,
+                         runs=enum.runs, group_ms=cluster.sharding_group_ms)
     offloaded = False
     if result.plan is None and topo.compute_device == "cuda":
         # Allow host-memory kernels for every table and search again.
@@ -253,7 +271,8 @@ def plan_sharding(
                                  offload_tables=list(tables))
         options = enum.enumerate(model, sharders)
         _add_remap_storage(options, tables, tier)
-        result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier)
+        result = search_plan(options, enum.expand, enum.shard_counts, left, budget, tier,
+                             runs=enum.runs, group_ms=cluster.sharding_group_ms)
         offloaded = True
     if result.plan is None:
         raise PlanError(_no_fit_message(options, enum, left, cluster, tier, tables))
@@ -364,7 +383,8 @@ def _build_report(result: SearchResult, cluster: ClusterConfig, sharding: Planne
         usage.add(option, param.element_size(), slots, MemoryTier.DDR if offload else MemoryTier.HBM,
                   remap, tier)
     wire, allreduce_ms = _dense_allreduce(reservation, sharding, cluster)
-    ranks = _rank_loads(usage, reservation, cluster, allreduce_ms)
+    groups_ms = cluster.sharding_group_ms * sharding_groups(result.plan or [])
+    ranks = _rank_loads(usage, reservation, cluster, allreduce_ms, groups_ms)
     summary = _summary(table_plans, ranks, reservation.breakdown["dense_model"], wire,
                        allreduce_ms, tier_capacity(cluster, tier), tier)
     planned = dataclasses.replace(cluster, **({"hbm_gb": 0.0} if tier is MemoryTier.DDR else {}))
@@ -450,8 +470,10 @@ def _dense_allreduce(reservation: ExplicitStorageReservation, sharding: PlannerO
 
 
 def _rank_loads(usage: _RankUsage, reservation: ExplicitStorageReservation,
-                cluster: ClusterConfig, allreduce_ms: float) -> list[RankLoad]:
-    """Each rank's memory (the reservation's items in the dense model's tier) and time."""
+                cluster: ClusterConfig, allreduce_ms: float,
+                groups_ms: float = 0.0) -> list[RankLoad]:
+    """Each rank's memory (the reservation's items in the dense model's tier) and time (with
+    ``groups_ms``, the fixed cost of the plan's sharding groups, in its embedding time)."""
     cpu = device_memory_tier(cluster) is MemoryTier.DDR
     ranks = []
     for r in range(cluster.world_size):
@@ -463,8 +485,9 @@ def _rank_loads(usage: _RankUsage, reservation: ExplicitStorageReservation,
             capacity = 0 if (t is MemoryTier.HBM and cpu) else tier_capacity(cluster, t)
             memory[t] = TierMemory(parts, total=sum(parts.values()), capacity=capacity)
         tm = usage.times[r]
+        tm.sharding_groups = groups_ms
         tm.embedding_total = sum((tm.fwd_compute, tm.fwd_comms, tm.bwd_compute, tm.bwd_comms,
-                                  tm.prefetch))
+                                  tm.prefetch, tm.sharding_groups))
         tm.dense_allreduce = allreduce_ms
         tm.total = tm.embedding_total + allreduce_ms
         ranks.append(RankLoad(rank=r, host=r // cluster.devices_per_host, memory=memory,
@@ -516,10 +539,15 @@ def _warnings(s: PlanSummary, ranks: list[RankLoad], offloaded: bool) -> list[st
     if peak > 0.9 * capacity:
         warnings.append(f"peak {label} use is {peak / capacity:.0%} of capacity "
                         f"(rank {s.peak_memory_rank})")
-    mean_used = sum(r.memory[tier].total for r in ranks) / len(ranks)
-    if mean_used > 0 and peak / mean_used > 1.5 and peak > 0.25 * capacity:
-        warnings.append(f"memory is uneven: rank {s.peak_memory_rank} uses {peak / GIB:.1f} GiB "
-                        f"of {label}, the mean rank {mean_used / GIB:.1f} GiB")
+    # the embedding part of each rank's memory (the dense model and reserve are alike on all)
+    emb = [sum(r.memory[tier].get(p) for p in EMBEDDING_PARTS) for r in ranks]
+    mean_emb = sum(emb) / len(ranks)
+    # (a skew of a few MiB on a large device is noise: only above 1% of a rank's memory)
+    if mean_emb > 0 and max(emb) / mean_emb > 1.5 and max(emb) > 0.01 * capacity:
+        heavy = max(range(len(ranks)), key=lambda r: (emb[r], -r))
+        warnings.append(f"memory is uneven: rank {heavy} holds {max(emb) / GIB:.3g} GiB of "
+                        f"embeddings in {label}, {max(emb) / mean_emb:.1f}x the mean rank's "
+                        f"{mean_emb / GIB:.3g} GiB")
     if offloaded:
         warnings.append("the tables do not fit in device memory: host-memory (UVM) kernels "
                         "were allowed, which are slower")

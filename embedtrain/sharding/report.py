@@ -40,7 +40,8 @@ MEMORY_PARTS = {
 }
 TIME_PARTS = {
     "fwd_compute": "#4e79a7", "fwd_comms": "#f28e2b", "bwd_compute": "#a0cbe8",
-    "bwd_comms": "#ffbe7d", "prefetch": "#b07aa1", "dense_allreduce": "#59a14f",
+    "bwd_comms": "#ffbe7d", "prefetch": "#b07aa1", "sharding_groups": "#e15759",
+    "dense_allreduce": "#59a14f",
 }
 UNKNOWN_PART_COLOUR = "#9c755f"  # a component a later planner adds still gets drawn
 TABLE_TEXT_COLUMNS = 4  # name, sharding type, kernel, ranks; the later columns are numbers
@@ -126,13 +127,20 @@ def _summary_rows(report: PlanReport) -> list[tuple[str, str]]:
     ]
 
 
+def _sharding_label(t) -> str:
+    """The sharding type, said as what it is when a split has one block (the whole table)."""
+    if t.sharding_type in ("column_wise", "table_column_wise") and len(t.shards) == 1:
+        return f"{t.sharding_type} (1 block: the whole table)"
+    return t.sharding_type
+
+
 def _table_rows(report: PlanReport) -> Rows:
     # Dynamic tables' remapping state (id -> row, counters): a column only when a table has it.
     remap = any(t.remap_bytes for t in report.tables)
     header = ["table", "sharding type", "kernel", "ranks", "rows", "dim", "pooling",
               "weights GiB", "optimizer MiB", *(["remap MiB"] if remap else []),
               "slowest shard ms", "all shards ms"]
-    rows = [[t.name, t.sharding_type, t.compute_kernel, compress_ranks(t.ranks),
+    rows = [[t.name, _sharding_label(t), t.compute_kernel, compress_ranks(t.ranks),
              f"{t.rows:,}", str(t.dim), _num(t.pooling_factor),
              _num(t.weight_bytes / GIB), _num(t.optimizer_bytes / MIB),
              *([_num(t.remap_bytes / MIB)] if remap else []), _num(t.slowest_shard_ms),
@@ -151,7 +159,10 @@ def _rank_rows(report: PlanReport) -> Rows:
     header = (["rank", "host"] + [f"{p} GiB" for p in parts]
               + [f"total {_label(tier)} GiB", "% of capacity"]
               + ([f"{_label(other)} GiB"] if other else [])
-              + ["compute ms", "comms ms", "dense all-reduce ms", "total ms"])
+              + ["compute ms", "comms ms"]
+              + (["sharding groups ms"] if any(r.time_ms.sharding_groups for r in report.ranks)
+                 else [])
+              + ["dense all-reduce ms", "total ms"])
     rows = []
     for r in report.ranks:
         mem, t = r.memory[tier], r.time_ms
@@ -161,8 +172,9 @@ def _rank_rows(report: PlanReport) -> Rows:
                     + [_num(mem.total / GIB), share]
                     + ([_num(r.memory[other].total / GIB)] if other else [])
                     + [_num(t.fwd_compute + t.bwd_compute + t.prefetch),
-                       _num(t.fwd_comms + t.bwd_comms), _num(t.dense_allreduce),
-                       _num(t.total)])
+                       _num(t.fwd_comms + t.bwd_comms)]
+                    + ([_num(t.sharding_groups)] if "sharding groups ms" in header else [])
+                    + [_num(t.dense_allreduce), _num(t.total)])
     return header, rows
 
 

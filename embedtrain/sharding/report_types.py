@@ -92,8 +92,9 @@ class TierMemory:
 
 @dataclass
 class RankTime:
-    """One rank's estimated time per step, ms: the embedding phases, their sum, the dense
-    all-reduce, and the step total."""
+    """One rank's estimated time per step, ms: the embedding phases, the fixed cost of the
+    plan's sharding groups (``ClusterConfig.sharding_group_ms`` per sharding type), their sum,
+    the dense all-reduce, and the step total."""
 
     fwd_compute: float = 0.0
     fwd_comms: float = 0.0
@@ -103,6 +104,7 @@ class RankTime:
     embedding_total: float = 0.0
     dense_allreduce: float = 0.0
     total: float = 0.0
+    sharding_groups: float = 0.0  # (last: plan.json's earlier keys keep their order)
 
     def part(self, name: str) -> float:
         """The value of the component named ``name`` (0.0 for one it does not have)."""

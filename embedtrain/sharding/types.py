@@ -84,6 +84,14 @@ class ClusterConfig:
     inter_host_gb_per_s: float = 12.5  # between hosts, per device (network)
     batch_size_per_rank: int = 512
     reserved_fraction: float = 0.1  # device memory kept free: allocator, activations, context
+    # What TorchRec's time model has no term for (0: none; set by `embedtrain plan --calibrate`):
+    # the fixed time per step, on every rank, of each sharding type a plan uses (its input
+    # distribution, lookup call and output distribution, however small the batch), and the
+    # bandwidths of row-wise's reduce-scatter / all-gather within a host where they differ from
+    # the all-to-all's (across hosts: inter_host_gb_per_s).
+    sharding_group_ms: float = config_field(0.0, check=NON_NEGATIVE)
+    reduce_scatter_gb_per_s: float = config_field(0.0, check=NON_NEGATIVE)
+    all_gather_gb_per_s: float = config_field(0.0, check=NON_NEGATIVE)
 
     @property
     def world_size(self) -> int:
@@ -128,3 +136,6 @@ class PlannerOptions:
     powersgd_rank: int = config_field(2, check=POSITIVE)  # matrix rank of PowerSGD's approximation
     # extra partitions the planner's local search may try
     search_budget: int = config_field(48, check=NON_NEGATIVE)
+    # a table whose weights are smaller is placed whole on one rank (table_wise) unless its
+    # sharding types are given: spreading a few rows over many ranks only adds messages
+    tiny_table_bytes: int = config_field(1 << 20, check=NON_NEGATIVE)
