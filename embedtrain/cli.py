@@ -446,7 +446,6 @@ def _sweep(args: argparse.Namespace, cfg) -> int:
     """``embedtrain plan CONFIG --cluster A --cluster B [--hosts 1..16]``: every candidate
     planned; one table (stdout, ``sweep.json``, ``sweep.html``); exit 0 when one fits."""
     import dataclasses
-    import html
 
     from embedtrain.recipes import plan_model
     from embedtrain.sharding.planner import PlanError
@@ -491,17 +490,11 @@ def _sweep(args: argparse.Namespace, cfg) -> int:
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
     for cells, mark in lines:
         print("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + mark)
-    body = "".join(
-        "<tr" + (' class="best"' if mark else "") + ">" +
-        "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells, mark in lines)
-    (out / "sweep.html").write_text(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Sweep: "
-        f"{html.escape(str(args.config))}</title><style>body{{font-family:sans-serif}}"
-        "td,th{padding:2px 10px;text-align:left}.best{background:#d4f4d4}</style></head><body>"
-        f"<h1>Which cluster fits {html.escape(str(args.config))}</h1><table><tr>"
-        + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>{body}</table>"
-        f"<p>smallest that fits: {html.escape(smallest['cluster']) if smallest else 'none'}</p>"
-        "</body></html>\n")
+    from embedtrain.sharding.report import render_sweep_html
+
+    best = next((n for n, (_, mark) in enumerate(lines) if mark), None)
+    (out / "sweep.html").write_text(render_sweep_html(str(args.config), head,
+                                                      [c for c, _ in lines], best))
     print(f"smallest that fits: {smallest['cluster'] if smallest else 'none'}; "
           f"report: {out / 'sweep.html'}, {out / 'sweep.json'}")
     return 0 if smallest else 1

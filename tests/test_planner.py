@@ -1,8 +1,6 @@
 """The sharding planner on ``meta``, with no GPU: exact estimates, constraints, failures, CLI."""
 
 import json
-import logging
-import warnings
 from pathlib import Path
 
 import pytest
@@ -38,12 +36,7 @@ MULTI_HOST = ClusterConfig(name="test-2x4", hosts=2, devices_per_host=4, hbm_gb=
 CPU2 = ClusterConfig(name="test-cpu", hosts=1, devices_per_host=2, device=DeviceKind.CPU, ddr_gb=4)
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_torchrec")
 
 
 def model(n=6, seed=0, log10_rows=(3, 6), dims=(16, 32, 64)):

@@ -1,9 +1,7 @@
 """The planner's compact machinery against TorchRec's own: shard layouts and greedy placement."""
 
 import copy
-import logging
 import random
-import warnings
 
 import pytest
 import torch
@@ -24,12 +22,7 @@ TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_colum
          "data_parallel"]
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_torchrec")
 
 
 @pytest.mark.parametrize("sharding_type", TYPES)

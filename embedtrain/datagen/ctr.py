@@ -92,12 +92,8 @@ class CTRDataSpec:
     def validate(self) -> None:
         """Raise ``ValueError`` with a one-line message naming the first bad field."""
         checks = [
-            ("rows", is_int, lambda v: v >= 10, "an integer >= 10"),
-            ("seed", is_int, lambda v: v >= 0, "a non-negative integer"),
-            ("valid_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
-            ("test_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
-            ("rows_per_row_group", is_int, lambda v: v >= 1, "an integer >= 1"),
-            ("rows_per_file", is_int, lambda v: v >= 1, "an integer >= 1"),
+            *SIZE_CHECKS,
+            *SPLIT_FILE_CHECKS,
             ("zipf_exponent", is_real, lambda v: 0 < v < math.inf, "positive and finite"),
         ]
         check_fields(self, checks)
@@ -367,6 +363,19 @@ def check_fields(spec: Any, checks: list) -> None:
         v = getattr(spec, name)
         if not (type_ok(v) and value_ok(v)):
             raise ValueError(f"{type(spec).__name__}.{name} must be {want}, got {v!r}")
+
+
+# Field checks (name, type test, value test, what it must be) shared by the data set specs.
+SIZE_CHECKS = [
+    ("rows", is_int, lambda v: v >= 10, "an integer >= 10"),
+    ("seed", is_int, lambda v: v >= 0, "a non-negative integer"),
+]
+SPLIT_FILE_CHECKS = [
+    ("valid_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("test_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("rows_per_row_group", is_int, lambda v: v >= 1, "an integer >= 1"),
+    ("rows_per_file", is_int, lambda v: v >= 1, "an integer >= 1"),
+]
 
 
 def prepare_out_dir(out_dir: str | os.PathLike) -> Path:

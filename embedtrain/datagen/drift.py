@@ -60,7 +60,8 @@ import numpy as np
 import pyarrow as pa
 
 from embedtrain.datagen.ctr import (
-    SPLITS, SplitWriter, _sigmoid, check_fields, is_real, log_loss, prepare_out_dir, roc_auc)
+    SIZE_CHECKS, SPLIT_FILE_CHECKS, SPLITS, SplitWriter, _sigmoid, check_fields, is_real,
+    log_loss, prepare_out_dir, roc_auc)
 from embedtrain.utils import is_int, progress_bar
 
 _CHUNK_ROWS = 250_000
@@ -99,8 +100,7 @@ class DriftDataSpec:
     def validate(self) -> None:
         """Raise ``ValueError`` with a one-line message naming the first bad field."""
         checks = [
-            ("rows", is_int, lambda v: v >= 10, "an integer >= 10"),
-            ("seed", is_int, lambda v: v >= 0, "a non-negative integer"),
+            *SIZE_CHECKS,
             ("periods", is_int, lambda v: v >= 1, "an integer >= 1"),
             ("lifetime", is_int, lambda v: v >= 1, "an integer >= 1"),
             # ~40 bytes per id are kept in memory: up to 4 * 23 * 1e6 ids for the largest feature
@@ -109,10 +109,7 @@ class DriftDataSpec:
             ("dense_features", is_int, lambda v: v >= 0, "a non-negative integer"),
             ("sparse_features", is_int, lambda v: v >= 1, "an integer >= 1"),
             ("zipf_exponent", is_real, lambda v: 0 <= v < math.inf, "non-negative and finite"),
-            ("valid_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
-            ("test_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
-            ("rows_per_row_group", is_int, lambda v: v >= 1, "an integer >= 1"),
-            ("rows_per_file", is_int, lambda v: v >= 1, "an integer >= 1"),
+            *SPLIT_FILE_CHECKS,
         ]
         check_fields(self, checks)
         if self.rows < self.periods:

@@ -140,16 +140,25 @@ def _runs_of(sizes: list[list[int]]) -> Runs:
     return _merged([((s[0], s[1]), 1) for s in sizes])
 
 
+def _run_offsets(runs: Runs, sharding_type: str):
+    """Per run: its shard size, count, and the offset of its first shard (TorchRec's layout:
+    row splits stack rows, column splits stack columns, the others start at 0)."""
+    row = col = 0
+    for size, count in runs:
+        yield size, count, row, col
+        if sharding_type in _ROW_SPLIT:
+            row += size[0] * count
+        elif sharding_type in _COLUMN_SPLIT:
+            col += size[1] * count
+
+
 def shard_layout(runs: Runs, sharding_type: str) -> list[tuple[list[int], list[int]]]:
     """Every shard's ``(size, offset)`` from its runs, as TorchRec lays them out."""
-    out, row, col = [], 0, 0
-    for size, count in runs:
-        for _ in range(count):
-            out.append((list(size), [row, col]))
-            if sharding_type in _ROW_SPLIT:
-                row += size[0]
-            elif sharding_type in _COLUMN_SPLIT:
-                col += size[1]
+    out = []
+    for size, count, row, col in _run_offsets(runs, sharding_type):
+        dr = size[0] if sharding_type in _ROW_SPLIT else 0
+        dc = size[1] if sharding_type in _COLUMN_SPLIT else 0
+        out += [(list(size), [row + k * dr, col + k * dc]) for k in range(count)]
     return out
 
 
@@ -327,12 +336,8 @@ def _ordered(values: Iterable[str], order: list[str]) -> list[str]:
 
 
 def _distinct_shards(runs: Runs, sharding_type: str) -> list[Shard]:
+    """One shard per distinct size, at its first offset."""
     seen: dict[tuple[int, ...], Shard] = {}
-    row = col = 0
-    for size, count in runs:
+    for size, _, row, col in _run_offsets(runs, sharding_type):
         seen.setdefault(size, Shard(size=list(size), offset=[row, col]))
-        if sharding_type in _ROW_SPLIT:
-            row += size[0] * count
-        elif sharding_type in _COLUMN_SPLIT:
-            col += size[1] * count
     return list(seen.values())

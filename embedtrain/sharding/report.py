@@ -22,6 +22,7 @@ import json
 import math
 import pathlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import Optional
 
 from embedtrain.sharding.cluster import GIB
 from embedtrain.sharding.report_types import PlanReport, RankLoad
@@ -331,14 +332,18 @@ text{font-size:11px;fill:#555}.ytick{text-anchor:end}.xtick,.host,.axis{text-anc
 
 
 def _html_table(header: Sequence[str], rows: Iterable[Sequence[str]], text_columns: int,
-                cls: str = "") -> str:
+                cls: str = "", row_classes: Optional[dict[int, str]] = None) -> str:
     def cell(tag: str, i: int, text: str) -> str:
         return f'<{tag}{" class=n" if i >= text_columns else ""}>{html.escape(text)}</{tag}>'
 
+    def tr(n: int) -> str:
+        own = (row_classes or {}).get(n)
+        return f'<tr class="{own}">' if own else "<tr>"
+
     # Underscores become spaces so that long component names wrap instead of widening the table.
     head = "".join(cell("th", i, h.replace("_", " ")) for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>"
-                   for row in rows)
+    body = "".join(tr(n) + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>"
+                   for n, row in enumerate(rows))
     return (f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{body}</tbody></table></div>')
 
@@ -383,6 +388,24 @@ def render_html(report: PlanReport) -> str:
 <h2>Estimated time</h2>{time_chart}
 <h2>Tables</h2>{_html_table(*_table_rows(report), text_columns=TABLE_TEXT_COLUMNS)}
 <h2>Ranks</h2>{_html_table(*_rank_rows(report), text_columns=0)}
+</body></html>
+"""
+
+
+def render_sweep_html(config: str, header: Sequence[str], rows: Sequence[Sequence[str]],
+                      best: Optional[int]) -> str:
+    """``embedtrain plan --cluster A --cluster B [--hosts]``'s page (``sweep.html``): one row
+    per candidate cluster, the smallest that fits (row ``best``) marked."""
+    name = html.escape(rows[best][0]) if best is not None else "none"
+    table = _html_table(header, rows, text_columns=len(header),
+                        row_classes={best: "best"} if best is not None else None)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Sweep: {html.escape(config)}</title><style>{_CSS}tr.best td{{background:#d4f4d4}}</style>
+</head><body>
+<h1>Which cluster fits {html.escape(config)}</h1>{table}
+<p>smallest that fits: {name}</p>
 </body></html>
 """
 
