@@ -22,8 +22,13 @@ every id and the default row), in one process, alternating rounds on the same fr
 (the steps that follow a warm-up, so new ids keep arriving as in a first epoch); median step
 times and their ratio, for admission every step (``eviction_interval: 1``) and every 10.
 
+The dynamic tables remap all tables of a collection together (``ShardedDynamicCollection``);
+``--per-table`` times TorchRec's per-table remap instead (the reference the fused one is tested
+against), ``--speed-only`` skips part 1 (the JSON then has no ``auc``), ``--skip-speed`` part 2.
+
 Usage:
     python benchmarks/bench_dynamic_tables.py --json benchmarks/out/dynamic_tables.json
+    python benchmarks/bench_dynamic_tables.py --speed-only --json benchmarks/out/speed.json
 Prints both tables and writes the JSON (keys ``auc.dynamic``, ``auc.vocab``, ``auc.hashing``,
 ``ratios.step_time_dynamic_vs_static``, ...).
 """
@@ -146,8 +151,10 @@ def accuracy(args, out: Path) -> dict:
             "train_examples_per_s": {n: r["train_examples_per_s"] for n, r in results.items()}}
 
 
-def _timed_runs(data: Path, out: Path, interval: int, warmup: int, steps: int, rounds: int):
+def _timed_runs(data: Path, out: Path, interval: int, warmup: int, steps: int, rounds: int,
+                per_table: bool = False):
     from embedtrain.recipes import build_run
+    from embedtrain.sharding.dynamic import set_fused_remap
 
     meta = json.loads((data / "metadata.json").read_text())
     entries = ", ".join(f"{{tables: [t_{f['name']}], capacity: {f['num_embeddings'] + 1}, "
@@ -158,6 +165,8 @@ def _timed_runs(data: Path, out: Path, interval: int, warmup: int, steps: int, r
             f"data.path={data}", "train.checkpoint_every=0", "data.num_workers=0",
             "train.progress=false", *extra])
         run = build_run(cfg, out / f"speed_{name}_{interval}", progress=False)
+        if per_table:
+            set_fused_remap(run.trainer.model, False)
         batches = run.trainer.train_data.iter_epoch(0)
         runs[name] = (run.trainer, [next(batches) for _ in range(warmup + rounds * steps)])
     times = {n: [] for n in runs}
@@ -183,13 +192,15 @@ def speed(args, out: Path) -> dict:
             generate_ctr(CTRDataSpec(rows=400_000), data, progress=False)
     result = {}
     for interval in (1, 10):
-        ms = _timed_runs(data, out, interval, args.warmup, args.steps, args.rounds)
+        ms = _timed_runs(data, out, interval, args.warmup, args.steps, args.rounds,
+                         args.per_table)
         result[interval] = {"static_ms": ms["static"], "dynamic_ms": ms["dynamic"],
                             "ratio": ms["dynamic"] / ms["static"]}
         print(f"step time, admission every {interval}: static {ms['static']:.1f} ms, dynamic "
               f"{ms['dynamic']:.1f} ms ({ms['dynamic'] / ms['static']:.2f}x)", file=sys.stderr)
     return {"data": str(data), "warmup_steps": args.warmup, "steps_per_round": args.steps,
-            "rounds": args.rounds, "by_interval": result}
+            "rounds": args.rounds, "remap": "per_table" if args.per_table else "fused",
+            "by_interval": result}
 
 
 def main() -> None:
@@ -205,10 +216,16 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ctr-data", default="data/synthetic_ctr", help="the demo data (speed)")
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--steps", type=int, default=10, help="steps per round")
+    p.add_argument("--rounds", type=int, default=12,
+                   help="rounds, static and dynamic alternating")
+    p.add_argument("--skip-speed", action="store_true", help="no step times (part 2)")
+    p.add_argument("--speed-only", action="store_true", help="step times only (no part 1)")
+    p.add_argument("--per-table", action="store_true",
+                   help="time TorchRec's per-table remap (the reference) instead of the fused one")
     args = p.parse_args()
+    if args.skip_speed and args.speed_only:
+        p.error("--skip-speed and --speed-only leave nothing to run")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
@@ -216,21 +233,22 @@ def main() -> None:
     # speed first: six trainings fragment the heap (glibc page-faults big buffers), which would
     # slow the timed steps of whichever variant ran after them
     spd = None if args.skip_speed else speed(args, out)
-    acc = accuracy(args, out)
-    result = {**acc, "speed": spd,
+    acc = None if args.speed_only else accuracy(args, out)
+    result = {**(acc or {}), "speed": spd,
               "ratios": {"step_time_dynamic_vs_static": spd["by_interval"][1]["ratio"]
                          if spd else None,
                          "step_time_dynamic_vs_static_interval_10":
                              spd["by_interval"][10]["ratio"] if spd else None},
               "command": "python " + " ".join(sys.argv)}
-    print(f"\n{'tables':<20} {'test AUC':>9} {'log loss':>9} {'rows':>11} {'MiB':>8}")
-    for name in ("dynamic", "vocab", "hashing", "vocab_same_bytes", "hashing_same_bytes",
-                 "vocab_full"):
-        m = acc["memory"][name]
-        print(f"{name:<20} {acc['auc'][name]:>9.4f} {acc['logloss'][name]:>9.4f} "
-              f"{m['rows']:>11,} {m['bytes'] / 2**20:>8.1f}")
-    print(f"oracle test AUC {acc['data']['oracle_auc_test']:.4f}; test lookups unseen in train "
-          f"{acc['data']['unseen_in_train_share']['test']:.1%}")
+    if acc:
+        print(f"\n{'tables':<20} {'test AUC':>9} {'log loss':>9} {'rows':>11} {'MiB':>8}")
+        for name in ("dynamic", "vocab", "hashing", "vocab_same_bytes", "hashing_same_bytes",
+                     "vocab_full"):
+            m = acc["memory"][name]
+            print(f"{name:<20} {acc['auc'][name]:>9.4f} {acc['logloss'][name]:>9.4f} "
+                  f"{m['rows']:>11,} {m['bytes'] / 2**20:>8.1f}")
+        print(f"oracle test AUC {acc['data']['oracle_auc_test']:.4f}; test lookups unseen in "
+              f"train {acc['data']['unseen_in_train_share']['test']:.1%}")
     if spd:
         print(f"\n{'admission':<14} {'static ms':>10} {'dynamic ms':>11} {'ratio':>7}")
         for interval, r in spd["by_interval"].items():

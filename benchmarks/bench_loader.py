@@ -36,6 +36,11 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from embedtrain.runtime import tune_allocator
+
+# as every embedtrain process, before torch's first allocation (EMBEDTRAIN_MALLOC=default: not)
+tune_allocator()
+
 import numpy as np
 import pyarrow.parquet as pq
 import torch

@@ -8,20 +8,22 @@ checkpoint at the end, in a fresh run directory. The figure is ``summary.json``'
 planning, evaluation and the checkpoint are excluded; the first steps' warm-up is included).
 Configurations (``--one-rank-table-wise`` adds the last):
 
-- ``1 rank``: planner's choice, torch's default intra-op threads (what ``embedtrain train`` gets);
-- ``1 rank, 1 thread``: planner's choice with ``OMP_NUM_THREADS=1``, the per-rank thread count of
-  the 2-rank runs (torchrun sets ``OMP_NUM_THREADS=1`` for each rank when it is unset);
-- ``2 ranks``: planner's choice;
+- ``1 rank``: planner's choice, the default threads (cores / local ranks: all cores);
+- ``1 rank, 1 thread``: planner's choice with ``EMBEDTRAIN_THREADS=1``, the per-rank thread count
+  of the 2-rank runs;
+- ``2 ranks``: planner's choice, the default threads (cores / local ranks: one each here);
+- ``2 ranks, 2 threads each``: ``EMBEDTRAIN_THREADS=2``, both ranks on all cores (what a launcher
+  that leaves torch's default per process gets: the ranks fight for the cores);
 - ``2 ranks, row_wise`` / ``2 ranks, table_wise``: ``sharding.sharding_types`` forced;
 - ``1 rank, table_wise``: baseline for the forced types (the 1-rank planner already picks
   row_wise, so ``1 rank`` is the row_wise one).
 
-Threads: ``OMP_NUM_THREADS`` is left as the environment has it (normally unset), so ``1 rank`` uses
-torch's default (one per core) and each of the 2 ranks uses 1: both runs use all cores, which is
-the fair comparison of what a user gets; ``1 rank, 1 thread`` isolates the per-rank cost at equal
-threads. The thread counts each launch gets are measured by probes launched the same way
-(``torch.get_num_threads()``) and recorded. Loader threads (``data.num_workers``, per rank) come
-on top and are recorded too. On a machine shared with other jobs the default 2 threads of the
+Threads: each rank's torch intra-op threads are what embedtrain sets (``embedtrain.runtime``:
+cores / ranks on this machine unless ``EMBEDTRAIN_THREADS`` or ``train.threads_per_rank`` says
+otherwise), so ``1 rank`` uses every core and each of the 2 ranks half of them: both use all
+cores, the fair comparison of what a user gets; ``1 rank, 1 thread`` isolates the per-rank cost at
+equal threads. Each run's count is read from its ``summary.json`` (``threads_per_rank``). Loader
+threads (``data.num_workers``, per rank) come on top and are recorded too. On a machine shared with other jobs the default 2 threads of the
 1-rank run can collapse (seen here: 3-12k ex/s at load average 3-6, against 32-42k at ~2), while 1
 thread per process degrades gently; every run records the 1-minute load average before and after.
 
@@ -38,8 +40,8 @@ Usage:
         [--steps 300] [--rounds 2] [--one-rank-table-wise] [--data DIR] [--eval-rows 32768]
 
 Prints a table; JSON: ``examples_per_s`` (median per configuration), ``ratios`` (``two_vs_one``,
-``two_vs_one_thread``, ``row_wise_vs_table_wise``), ``sharding`` (types used, from each run's
-``plan.json``), ``threads``, ``cores``, ``runs`` (every run: rate, steps, times, load average),
+``two_vs_one_thread``, ``threads_cores_per_rank_vs_all_cores_each``, ``row_wise_vs_table_wise``),
+``sharding`` (types used, from each run's ``plan.json``), ``threads_per_rank``, ``cores``, ``runs`` (every run: rate, steps, times, load average),
 ``command``.
 """
 
@@ -53,7 +55,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import socket
 import time
 from pathlib import Path
 
@@ -64,52 +65,24 @@ DEMO_DATA = ROOT / "data/synthetic_ctr"
 GENERATED_DATA = Path("/tmp/bench_scaling_data")
 CONFIG = "configs/dlrm_synthetic.yaml"
 
-# name -> (ranks, forced sharding types or None, OMP_NUM_THREADS to set or None: leave as is)
+# name -> (ranks, forced sharding types or None, EMBEDTRAIN_THREADS to set or None: default)
 CONFIGS = {
     "1 rank": (1, None, None),
     "1 rank, 1 thread": (1, None, "1"),
     "2 ranks": (2, None, None),
+    "2 ranks, 2 threads each": (2, None, "2"),
     "2 ranks, row_wise": (2, "row_wise", None),
     "2 ranks, table_wise": (2, "table_wise", None),
 }
 ONE_RANK_TW = ("1 rank, table_wise", (1, "table_wise", None))
 
-PROBE = """import os, torch
-print(f"{torch.get_num_threads()} {torch.get_num_interop_threads()} "
-      f"{os.environ.get('OMP_NUM_THREADS', '-')}", flush=True)
-"""
 
-
-def _env(omp: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    if omp is not None:
-        env["OMP_NUM_THREADS"] = omp
+def _env(threads: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "EMBEDTRAIN_THREADS"}
+    if threads is not None:
+        env["EMBEDTRAIN_THREADS"] = threads
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def probe_threads(ranks: int, omp: str | None, tmp: Path) -> dict[str, object]:
-    """Intra-op/inter-op threads and OMP_NUM_THREADS a launch like ``train``'s gets (rank 0)."""
-    script = tmp / "thread_probe.py"
-    script.write_text(PROBE)
-    if ranks == 1:
-        cmd = [sys.executable, str(script)]
-    else:  # the same launcher line as embedtrain's --nproc
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script)]
-    out = subprocess.run(cmd, env=_env(omp), capture_output=True, text=True, timeout=120)
-    lines = [ln.split() for ln in out.stdout.splitlines() if ln.strip()]
-    if out.returncode or not lines:
-        return {"error": (out.stderr or out.stdout)[-500:]}
-    intra, interop, omp_seen = lines[0]
-    return {"intra_op": int(intra), "inter_op": int(interop), "OMP_NUM_THREADS": omp_seen,
-            "all_ranks_intra_op": sorted(int(ln[0]) for ln in lines)}
 
 
 def ensure_data(path: str | None) -> Path:
@@ -157,7 +130,7 @@ def eval_view(data: Path, rows: int, tmp: Path) -> Path:
 
 
 def train_once(name: str, spec: tuple, data: Path, steps: int, out: Path) -> dict[str, object]:
-    ranks, types, omp = spec
+    ranks, types, threads = spec
     cmd = [sys.executable, "-m", "embedtrain", "train", CONFIG,
            "--out", str(out), "--no-progress",
            "--set", f"data.path={data}",
@@ -171,7 +144,7 @@ def train_once(name: str, spec: tuple, data: Path, steps: int, out: Path) -> dic
         cmd += ["--nproc", str(ranks)]
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(omp), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(threads), capture_output=True, text=True)
     wall = time.perf_counter() - start
     record: dict[str, object] = {"config": name, "ranks": ranks, "wall_s": wall,
                                  "load_avg_1m_before": load_before,
@@ -185,7 +158,8 @@ def train_once(name: str, spec: tuple, data: Path, steps: int, out: Path) -> dic
     summary = json.loads(summary_path.read_text())
     plan = json.loads((out / "plan.json").read_text())
     record.update({k: summary.get(k) for k in ("train_examples_per_s", "train_time_s",
-                                                 "wall_time_s", "steps", "world_size", "auc")})
+                                                 "wall_time_s", "steps", "world_size", "auc",
+                                                 "threads_per_rank", "startup_s")})
     record["sharding_types"] = plan["summary"]["sharding_types"]
     return record
 
@@ -212,15 +186,8 @@ def main() -> int:
     try:
         run_data = eval_view(data, args.eval_rows, tmp) if args.eval_rows else data
         cfg = load_config(ROOT / CONFIG)
-        probes: dict[tuple, dict] = {}
-        for ranks, _, omp in configs.values():
-            if (ranks, omp) not in probes:
-                probes[ranks, omp] = probe_threads(ranks, omp, tmp)
-        threads = {name: probes[ranks, omp] for name, (ranks, _, omp) in configs.items()}
         print(f"cores: {os.cpu_count()}, data: {data} (eval rows: {args.eval_rows or 'all'}), "
               f"{args.steps} steps x {args.rounds} rounds", flush=True)
-        for name, t in threads.items():
-            print(f"  threads {name}: {t}", flush=True)
 
         runs: list[dict] = []
         names = list(configs)
@@ -246,19 +213,22 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    rates, sharding, steps = {}, {}, {}
+    rates, sharding, steps, threads = {}, {}, {}, {}
     for name in configs:
         ok = [x for x in runs if x["config"] == name and "error" not in x]
         if ok:
             rates[name] = statistics.median(x["train_examples_per_s"] for x in ok)
             sharding[name] = ok[-1]["sharding_types"]
             steps[name] = ok[-1]["steps"]
+            threads[name] = ok[-1]["threads_per_rank"]
 
     def ratio(a: str, b: str) -> float | None:
         return rates[a] / rates[b] if a in rates and b in rates else None
 
     ratios = {"two_vs_one": ratio("2 ranks", "1 rank"),
               "two_vs_one_thread": ratio("2 ranks", "1 rank, 1 thread"),
+              "threads_cores_per_rank_vs_all_cores_each": ratio("2 ranks",
+                                                                "2 ranks, 2 threads each"),
               "row_wise_vs_table_wise": ratio("2 ranks, row_wise", "2 ranks, table_wise")}
     if args.one_rank_table_wise:
         ratios["two_vs_one_table_wise"] = ratio("2 ranks, table_wise", "1 rank, table_wise")
@@ -271,7 +241,7 @@ def main() -> int:
         if name not in rates:
             print(f"{name:<22} {'failed':>12}")
             continue
-        t = threads[name].get("intra_op", "?")
+        t = threads.get(name, "?")
         kinds = ", ".join(f"{k} x{v}" for k, v in sharding[name].items())
         rel = f"{rates[name] / base:.2f}x" if base else "-"
         print(f"{name:<22} {rates[name]:>12,.0f} {rel:>10} {t!s:>13} {steps[name]:>6}  {kinds}")
@@ -285,9 +255,8 @@ def main() -> int:
         "sharding": sharding,
         "steps": steps,
         "cores": os.cpu_count(),
-        "threads": threads,
+        "threads_per_rank": threads,
         "loader_threads_per_rank": cfg.data.num_workers,
-        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "global_batch": cfg.data.batch_size,
         "steps_per_run": args.steps,
         "rounds": args.rounds,

@@ -10,7 +10,9 @@ data set, in one process, alternating rounds so machine noise hits both alike. T
   process there is no all-to-all to hide and no copy stream: expect no gain, only its overhead.
 
 Usage: python benchmarks/bench_train_loop.py [--data data/synthetic_ctr] [--steps 30] [--rounds 3]
-Prints a table and writes benchmarks/out/train_loop.json.
+    [--json benchmarks/out/train_loop.json] [--set data.num_workers=1 ...]
+Prints a table and writes the JSON (``rows[name].ratio``: the row's median examples/s over the
+hand-written loop's; ``rows[name].all``: every round).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+
+from embedtrain.runtime import tune_allocator
+
+# as every embedtrain process, before torch's first allocation (EMBEDTRAIN_MALLOC=default: not)
+tune_allocator()
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +46,13 @@ def main() -> None:
     parser.add_argument("--config", default="configs/dlrm_synthetic.yaml")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/out/train_loop.json")
+    parser.add_argument("--json", "--out", dest="out", default="benchmarks/out/train_loop.json",
+                        help="where to write the results")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="config override for every row (repeatable)")
     args = parser.parse_args()
 
-    cfg = load_config(args.config, [f"data.path={args.data}"])
+    cfg = load_config(args.config, [f"data.path={args.data}", *args.overrides])
     run = build_run(cfg, "/tmp/embedtrain_bench_run", progress=False)
     trainer, model, optimizer = run.trainer, run.trainer.model, run.trainer.optimizer
     batch_size = cfg.data.batch_size
@@ -78,7 +88,7 @@ def main() -> None:
         epoch[0] += 1
         return n * batch_size / (time.perf_counter() - start)
 
-    piped = build_run(load_config(args.config, [f"data.path={args.data}",
+    piped = build_run(load_config(args.config, [f"data.path={args.data}", *args.overrides,
                                                 "train.pipeline=sparse_dist"]),
                       "/tmp/embedtrain_bench_run_piped", progress=False).trainer
     piped_epoch = [1]

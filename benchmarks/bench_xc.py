@@ -63,6 +63,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from embedtrain.runtime import allocator_setting, tune_allocator
+
+# as every embedtrain process, before torch's first allocation (EMBEDTRAIN_MALLOC=default: not)
+tune_allocator()
+
 import torch
 from torch import Tensor, nn
 
@@ -376,7 +381,7 @@ def main() -> int:
     parser.add_argument("--skip-accuracy", action="store_true")
     args = parser.parse_args()
     out: dict[str, Any] = {
-        "date": datetime.date.today().isoformat(),
+        "date": datetime.date.today().isoformat(), "allocator": allocator_setting(),
         "classes": args.classes, "dim": args.dim, "batch": args.batch, "rate": args.rate,
         "hn_sample_rate": args.hn_sample_rate, "mach_repetitions": args.mach_repetitions,
         "steps": args.steps, "rounds": args.rounds, "threads": args.threads,

@@ -49,6 +49,8 @@ from embedtrain.config import (
     load_run_config,
 )
 from embedtrain.dependencies import MissingDependency
+from embedtrain.runtime import (
+    allocator_setting, mark, threads_per_rank, tune_allocator, usable_cores)
 from embedtrain.train.run_dir import RunDir
 
 
@@ -68,6 +70,7 @@ def entry() -> None:
 
         faulthandler.enable()
     code, clean = 1, False
+    tune_allocator()  # before anything allocates (see embedtrain.runtime)
     try:
         code = main()
         clean = code == 0
@@ -78,14 +81,14 @@ def entry() -> None:
         import traceback
 
         traceback.print_exc()
-    from embedtrain.train.dist import exit_process, joined_process_group
-
-    if joined_process_group():
-        exit_process(code, barrier=clean)
+    dist = sys.modules.get("embedtrain.train.dist")  # only a command that trains imports it
+    if dist is not None and dist.joined_process_group():
+        dist.exit_process(code, barrier=clean)
     sys.exit(code)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    mark("imports")  # start-up's first part: the interpreter and embedtrain's light modules
     parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -292,8 +295,9 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import subprocess
 
     env = dict(os.environ)
-    # torchrun sets 1 thread per rank (and warns) unless told: share this machine's cores.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    # torchrun sets 1 thread per rank (and warns) unless told: share this machine's cores (each
+    # rank then sets its own count, embedtrain.runtime.threads_per_rank).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // args.nproc)))
     return subprocess.call(cmd, env=env)
 
 
@@ -318,10 +322,15 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if not resume and RunDir(out, create=False).has_run() and _rank() == 0:
         RunDir(out).clear()  # --overwrite (checked above)
+    threads = _set_threads(cfg.train.threads_per_rank)
+    mark("torch")  # the config checked, torch imported
     from embedtrain.recipes import build_run  # heavy (torchrec): after input checks
 
+    mark("libraries")  # torchrec, fbgemm, torchmetrics, the recipes
     run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
+    mark("build")  # the model, its plan, sharding, optimizers, readers
     trainer = run.trainer
+    trainer.extra_summary["threads_per_rank"] = threads[0]
     if changes:
         trainer.resume_note = {"config_changes": {k: list(v) for k, v in changes.items()}}
     if resume:
@@ -330,6 +339,8 @@ def _train(args: argparse.Namespace) -> int:
         if not (resume and not changes and (out / "config.yaml").is_file()):
             dump_config(cfg, out / "config.yaml")
         print(_banner(run, trainer), file=sys.stderr)
+        print(f"threads: {threads[0]} per rank ({threads[1]}); allocator: {allocator_setting()}",
+              file=sys.stderr)
     summary = trainer.fit(test_data=run.test_data)
     if trainer.rank == 0:
         _print_summary(summary, out, run.recipe.summary_lines(summary))
@@ -338,6 +349,15 @@ def _train(args: argparse.Namespace) -> int:
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+def _set_threads(requested: Optional[int]) -> tuple[int, str]:
+    """Sets this rank's torch intra-op threads (:func:`embedtrain.runtime.threads_per_rank`)."""
+    threads, source = threads_per_rank(requested)
+    import torch
+
+    torch.set_num_threads(threads)
+    return threads, source
 
 
 def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[dict]:

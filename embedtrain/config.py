@@ -237,6 +237,9 @@ class TrainConfig:
     # the training step: none (the loop), sparse_dist (TorchRec's TrainPipelineSparseDist: the
     # next batch's input all-to-all overlaps this one's compute) or semi_sync (task ctr)
     pipeline: PipelineKind = PipelineKind.NONE
+    # torch intra-op threads of each rank (default: the cores this process may use divided by
+    # the ranks on this machine; env EMBEDTRAIN_THREADS also sets it; see embedtrain/runtime.py)
+    threads_per_rank: Optional[int] = config_field(None, check=POSITIVE)
 
 
 @dataclass
@@ -357,6 +360,7 @@ def check_world_size(cfg: Config, world_size: int, source: str = "") -> None:
 RESUME_SAFE_KEYS = frozenset({
     "train.epochs", "train.max_steps", "train.eval_every", "train.eval_max_batches",
     "train.checkpoint_every", "train.keep_checkpoints", "train.progress", "train.pipeline",
+    "train.threads_per_rank",
     "data.num_workers", "data.prefetch_batches", "data.eval_batch_size",
 })
 

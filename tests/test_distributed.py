@@ -49,6 +49,9 @@ train: {{epochs: 3, eval_every: 100, checkpoint_every: 10, keep_checkpoints: 50,
     two = root / "two"
     r = embedtrain("train", str(config), "--out", str(two), "--nproc", "2")
     assert r.returncode == 0, r.stderr[-4000:]
+    # two ranks on this machine share its cores (embedtrain.runtime.threads_per_rank)
+    cores = len(os.sched_getaffinity(0))
+    assert f"threads: {max(1, cores // 2)} per rank (cores / local ranks = {cores} / 2)" in r.stderr
     return root, config, two
 
 

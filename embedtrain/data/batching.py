@@ -2,16 +2,17 @@
 
 A row group becomes a :class:`Rows` block once, in a loader worker: Arrow buffers are gathered
 straight into NumPy (permuted on the way when shuffling, so the permutation costs no extra pass)
-and the dense transform is applied. Batches are then lists of contiguous slices of blocks (views),
+and the dense transform is applied. Batches are then lists of ``(block, start, stop)`` spans,
 written once into the KJT's ``values`` and ``lengths`` by :func:`to_batch`; nothing loops
 over rows in Python. Labels are float32 ``[n]``; with ``FeatureSpec.num_classes`` they are int64
 class ids, ``[n]``, or ``[n, max_labels]`` padded with -1 when the label column is a list.
 
 The shuffle buffer (:func:`cut_batches`) never gathers rows again: each block is already uniformly
 permuted, so a uniform permutation of the whole buffer, cut into batches, is equivalent to drawing
-how many rows each batch takes from each block (a multivariate hypergeometric draw) and taking those
-rows as the next slice of each block. Batches hold the same random sets of rows as with a full
-permutation; only the order inside a batch is grouped by block, which no loss depends on.
+how many rows each batch takes from each block (sequential multivariate hypergeometric draws,
+made for all of a buffer's batches at once by shuffling the buffer's block labels) and taking
+those rows as the next span of each block. Batches hold the same random sets of rows as with a
+full permutation; only the order inside a batch is grouped by block, which no loss depends on.
 
 Padding (:func:`pad_batch`): when the ranks' shares of a split differ by a row, the last batch of
 an epoch is topped up so that every rank's has the same size (TorchRec's row-wise all-to-all and
@@ -33,7 +34,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Generator, Iterable, Iterator, Optional
+from typing import Generator, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -221,16 +222,20 @@ class Rows:
                     np.concatenate([p.single for p in parts], axis=1), offsets, lengths, values)
 
 
-def to_batch(parts: list[Rows], layout: SparseLayout, keys: list[str]) -> Batch:
-    """A TorchRec ``Batch`` of ``parts``' rows, in order.
+Span = tuple["Rows", int, int]  # rows [start, stop) of a block: a part of a batch
 
-    The KJT's ``values`` and ``lengths`` are each allocated once and written key by key (lengths
-    come from the blocks' Arrow offsets); ``stride``, ``length_per_key`` and ``offset_per_key``
-    are passed too, which spares the training thread a device sync to compute them. ``offsets``
-    are left to the KJT (one fused cumsum, when a kernel needs them).
+
+def to_batch(parts: Sequence[Span], layout: SparseLayout, keys: list[str]) -> Batch:
+    """A TorchRec ``Batch`` of the rows of ``parts`` (``(block, start, stop)`` spans), in order.
+
+    The KJT's ``values`` and ``lengths`` are each allocated once and written a run of keys at a
+    time, one copy per span (lengths come from the blocks' Arrow offsets); ``stride``,
+    ``length_per_key`` and ``offset_per_key`` are passed too, which spares the training thread
+    a sync to compute them. ``offsets`` are left to the KJT (one fused cumsum, when a kernel
+    needs them).
 
     Args:
-        parts: slices of blocks making up the batch.
+        parts: spans of blocks making up the batch.
         layout: the blocks' sparse layout.
         keys: the sparse feature names, in the spec's order.
 
@@ -238,31 +243,45 @@ def to_batch(parts: list[Rows], layout: SparseLayout, keys: list[str]) -> Batch:
         The batch.
     """
     if len(parts) > _MAX_PARTS:
-        parts = [Rows.concat(parts)]
-    n = sum(p.num_rows for p in parts)
-    list_pieces = [[p.list_values[i][p.list_offsets[i][0] : p.list_offsets[i][-1]] for p in parts]
-                   for i in range(len(parts[0].list_values))]
-    list_sizes = [sum(len(piece) for piece in pieces) for pieces in list_pieces]
-    values = np.empty(n * parts[0].single.shape[0] + sum(list_sizes), np.int64)
+        block = Rows.concat([b.slice(lo, hi) for b, lo, hi in parts])
+        parts = [(block, 0, block.num_rows)]
+    n = sum(hi - lo for _, lo, hi in parts)
+    first = parts[0][0]
+    n_single = first.single.shape[0]
+    list_sizes = [sum(int(b.list_offsets[i][hi] - b.list_offsets[i][lo]) for b, lo, hi in parts)
+                  for i in range(len(first.list_values))]
+    values = np.empty(n * n_single + sum(list_sizes), np.int64)
     lengths = np.empty(n * len(keys), np.int32)
     length_per_key: list[int] = []
     pos = lpos = 0  # write positions in values and in lengths
-    for is_list, first, stop in layout.segments:  # one concatenate per run of keys, into place
+    for is_list, lo_key, hi_key in layout.segments:  # one copy per span and run of keys
         if is_list:
-            size = list_sizes[first]
-            np.concatenate(list_pieces[first], out=values[pos : pos + size])
-            np.concatenate([p.list_lengths[first] for p in parts], out=lengths[lpos : lpos + n])
-            pos, lpos = pos + size, lpos + n
-            length_per_key.append(size)
+            i = lo_key
+            for b, lo, hi in parts:
+                off = b.list_offsets[i]
+                a, z = int(off[lo]), int(off[hi])
+                values[pos : pos + z - a] = b.list_values[i][a:z]
+                lengths[lpos : lpos + hi - lo] = b.list_lengths[i][lo:hi]
+                pos, lpos = pos + z - a, lpos + hi - lo
+            length_per_key.append(list_sizes[i])
         else:
-            m = stop - first
-            np.concatenate([p.single[first:stop] for p in parts], axis=1,
-                           out=values[pos : pos + m * n].reshape(m, n))
+            m = hi_key - lo_key
+            out = values[pos : pos + m * n].reshape(m, n)
+            col = 0
+            for b, lo, hi in parts:
+                out[:, col : col + hi - lo] = b.single[lo_key:hi_key, lo:hi]
+                col += hi - lo
             lengths[lpos : lpos + m * n] = 1
             pos, lpos = pos + m * n, lpos + m * n
             length_per_key.extend([n] * m)
-    dense = np.empty((n, parts[0].dense.shape[0]), np.float32)  # row-major for the model
-    np.concatenate([p.dense.T for p in parts], out=dense)
+    # row-major for the model; labels (a matrix for multi-label) in one array
+    dense = np.empty((n, first.dense.shape[0]), np.float32)
+    labels = np.empty((n, *first.labels.shape[1:]), first.labels.dtype)
+    row = 0
+    for b, lo, hi in parts:
+        dense[row : row + hi - lo] = b.dense[:, lo:hi].T
+        labels[row : row + hi - lo] = b.labels[lo:hi]
+        row += hi - lo
     return Batch(
         dense_features=torch.from_numpy(dense),
         sparse_features=KeyedJaggedTensor(
@@ -273,7 +292,7 @@ def to_batch(parts: list[Rows], layout: SparseLayout, keys: list[str]) -> Batch:
             length_per_key=length_per_key,
             offset_per_key=[0, *itertools.accumulate(length_per_key)],
         ),
-        labels=torch.from_numpy(np.concatenate([p.labels for p in parts])),
+        labels=torch.from_numpy(labels),
     )
 
 
@@ -284,11 +303,11 @@ def cut_batches(
     rng: Optional[np.random.Generator],
     keep_partial: bool,
     skip: int = 0,
-) -> Iterator[list[Rows]]:
-    """Cuts a stream of blocks into batches (lists of block slices), shuffled through a buffer.
+) -> Iterator[list[Span]]:
+    """Cuts a stream of blocks into batches (lists of block spans), shuffled through a buffer.
 
     Shuffled (``rng`` given; blocks must be permuted already): blocks gather until
-    ``buffer_rows`` rows, then each full batch draws its rows from the buffer's blocks (see the
+    ``buffer_rows`` rows, then the buffer's full batches draw their rows from its blocks (see the
     module docstring); the rest (< ``batch_size`` rows) starts the next buffer, and at the end of
     the stream the rest is drawn likewise. In order (``rng=None``): consecutive rows. Memory: the
     buffer, i.e. about ``buffer_rows`` + one block.
@@ -302,68 +321,78 @@ def cut_batches(
         skip: batches to drop from the start (exact resume; the caller never assembles them).
 
     Returns:
-        An iterator of batches, each a list of views of blocks.
+        An iterator of batches, each a list of ``(block, start, stop)`` spans.
     """
     cut = (_cut_in_order(blocks, batch_size) if rng is None
            else _cut_shuffled(blocks, batch_size, max(buffer_rows, batch_size), rng))
     for i, parts in enumerate(cut):
-        if not keep_partial and sum(p.num_rows for p in parts) < batch_size:
+        if not keep_partial and sum(hi - lo for _, lo, hi in parts) < batch_size:
             return
         if i >= skip:
             yield parts
 
 
 def _cut_shuffled(blocks: Iterable[Rows], batch_size: int, buffer_rows: int,
-                  rng: np.random.Generator) -> Iterator[list[Rows]]:
-    pending: list[Rows] = []
+                  rng: np.random.Generator) -> Iterator[list[Span]]:
+    pending: list[Span] = []
     count = 0
     for block in blocks:
-        pending.append(block)
+        pending.append((block, 0, block.num_rows))
         count += block.num_rows
         if count >= buffer_rows:
             pending = yield from _draw(pending, count // batch_size, batch_size, rng)
-            count = sum(p.num_rows for p in pending)
+            count = sum(hi - lo for _, lo, hi in pending)
     if count:
         yield from _draw(pending, -(-count // batch_size), batch_size, rng)
 
 
-def _draw(pending: list[Rows], num_batches: int, batch_size: int,
-          rng: np.random.Generator) -> Generator[list[Rows], None, list[Rows]]:
-    """Yields ``num_batches`` random batches from uniformly permuted blocks; returns the rest."""
-    left = np.array([p.num_rows for p in pending], np.int64)
-    used = np.zeros_like(left)
-    for _ in range(num_batches):
-        total = int(left.sum())
-        if total <= batch_size:
-            counts = left.copy()
-        else:
-            counts = rng.multivariate_hypergeometric(left, batch_size)
-        yield [pending[i].slice(used[i], used[i] + c) for i, c in enumerate(counts.tolist()) if c]
-        used += counts
-        left -= counts
-    return [p.slice(u, p.num_rows) for p, u in zip(pending, used.tolist()) if u < p.num_rows]
+def _draw(pending: list[Span], num_batches: int, batch_size: int,
+          rng: np.random.Generator) -> Generator[list[Span], None, list[Span]]:
+    """Yields ``num_batches`` random batches from uniformly permuted blocks; returns the rest.
+
+    How many rows each batch takes from each block, for all of the buffer's batches at once:
+    the buffer's rows, labelled by block, in a uniformly random order, cut into batches (the
+    sequential multivariate hypergeometric draws, one vectorised shuffle and count).
+    """
+    sizes = np.array([hi - lo for _, lo, hi in pending], np.int64)
+    k = len(pending)
+    owner = np.repeat(np.arange(k, dtype=np.int32), sizes)
+    rng.shuffle(owner)
+    taken = min(len(owner), num_batches * batch_size)
+    batch_of = np.arange(taken, dtype=np.int64) // batch_size
+    counts = np.bincount(batch_of * k + owner[:taken], minlength=num_batches * k)
+    # each block's rows are taken from its start on: a batch's span of block i starts where
+    # the previous batches' spans of block i ended
+    ends = np.cumsum(counts.reshape(num_batches, k), axis=0) + [lo for _, lo, _ in pending]
+    starts = ends - counts.reshape(num_batches, k)
+    for b_starts, b_ends in zip(starts.tolist(), ends.tolist()):
+        yield [(pending[i][0], lo, hi) for i, (lo, hi) in enumerate(zip(b_starts, b_ends))
+               if hi > lo]
+    last = ends[-1].tolist() if num_batches else [lo for _, lo, _ in pending]
+    return [(block, lo, hi) for (block, _, hi), lo in zip(pending, last) if lo < hi]
 
 
-def _cut_in_order(blocks: Iterable[Rows], batch_size: int) -> Iterator[list[Rows]]:
-    pending: list[Rows] = []  # the first one may be partly used: `used` rows of it
-    used = count = 0
+def _cut_in_order(blocks: Iterable[Rows], batch_size: int) -> Iterator[list[Span]]:
+    pending: list[Span] = []  # the first one may be partly used
+    count = 0
     for block in blocks:
-        pending.append(block)
+        pending.append((block, 0, block.num_rows))
         count += block.num_rows
         while count >= batch_size:
             parts, need = [], batch_size
             while need:
-                head = pending[0]
-                n = min(need, head.num_rows - used)
-                parts.append(head.slice(used, used + n))
-                used, need = used + n, need - n
-                if used == head.num_rows:
+                head, lo, hi = pending[0]
+                take = min(need, hi - lo)
+                parts.append((head, lo, lo + take))
+                need -= take
+                if lo + take == hi:
                     pending.pop(0)
-                    used = 0
+                else:
+                    pending[0] = (head, lo + take, hi)
             count -= batch_size
             yield parts
     if count:
-        yield [pending[0].slice(used, pending[0].num_rows), *pending[1:]]
+        yield pending
 
 
 def _gather_into(out: np.ndarray, source: np.ndarray, order: Optional[np.ndarray]) -> None:

@@ -402,7 +402,7 @@ def _batches(path: Path, schema: pa.Schema, spec: FeatureSpec, batch_size: int,
             features = table.select([*spec.dense, *spec.sparse_names]).append_column(
                 spec.label, pa.array(np.zeros(n, dummy.to_pandas_dtype()), dummy))
             rows = Rows.from_table(features, spec, layout)
-            yield to_batch([rows], layout, spec.sparse_names), labels
+            yield to_batch([(rows, 0, n)], layout, spec.sparse_names), labels
             first += n
     except pa.ArrowException as e:
         raise DataError(f"{path}: cannot read rows {first:,}..: {e}") from None

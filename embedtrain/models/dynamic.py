@@ -23,7 +23,11 @@ the id range into equal blocks, and the mix spreads ids given in any pattern (sm
 timestamps) evenly over them. :func:`unmix_ids` inverts it (the exported id -> row map).
 
 Sharding: row-wise only, by :class:`embedtrain.sharding.dynamic.DynamicTablesSharder` (which also
-resets evicted rows on CPU, where FBGEMM has no kernel for it).
+resets evicted rows on CPU, where FBGEMM has no kernel for it). Sharded, a collection's tables
+are remapped together (:meth:`ManagedTable.fuse`, :mod:`embedtrain.models.dynamic_fused`: one
+sort, search and admission for all tables, the same rows as table by table); this module's
+per-table path stays TorchRec's loop, the reference. The id mix lives in
+:mod:`embedtrain.models.dynamic_ids` (re-exported here).
 
 Example:
     >>> bags = embedding_bags(configs, {"t_user": DynamicTable(capacity=1_000_000)})
@@ -32,9 +36,8 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import zlib
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -51,67 +54,23 @@ from torchrec.modules.mc_modules import (
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 from embedtrain.features import SparseFeature
+from embedtrain.models.dynamic_ids import (  # noqa: F401  (re-exported: the ids' module)
+    EMPTY_ID,
+    MIX_VERSION,
+    checkpoint_default_rows,
+    column_keys,
+    mix_ids,
+    unmix_ids,
+)
 from embedtrain.models.options import DynamicTable, Eviction
+
+if TYPE_CHECKING:
+    from embedtrain.models.dynamic_fused import FusedTables
+
 
 def table_name(feature: str) -> str:
     """The embedding table of sparse feature ``feature``."""
     return f"t_{feature}"
-
-
-EMPTY_ID = 2**63 - 1  # MCH's marker of a row no id owns (and of the default row)
-_MASK = 2**63 - 1
-_LOW, _HIGH = 2**32 - 1, 2**31 - 1  # an id's two halves: 32 low bits, 31 high bits
-# Feistel round keys (odd, below 2^31: a 32-bit half times one stays below 2^63, no overflow)
-_KEYS = (0x5BD1E995, 0x3C6EF372 | 1, 0x1B873593, 0x68E31DA5)
-
-
-# What a stored (sorted) id is: mix_ids of the raw one. Recorded with an export's id maps so a
-# change of the mix can never be applied to a checkpoint or export written under another.
-MIX_VERSION = "feistel4-v1"
-
-
-def _round(half: Tensor, key: int, mask: int) -> Tensor:
-    """A Feistel round function: the middle bits of ``half * key`` (no int64 overflow)."""
-    return ((half * key) >> 15) & mask
-
-
-def mix_ids(ids: Tensor, input_hash_size: int = 0) -> Tensor:
-    """A bijection of ``[0, 2^63)`` that spreads ids over the row-wise shards' id blocks.
-
-    A four-round unbalanced Feistel network over the ids' 31 high and 32 low bits: invertible
-    whatever its round function (:func:`unmix_ids`), every output bit depends on every input bit,
-    and no intermediate exceeds int64 (signed overflow is not defined behaviour). ``EMPTY_ID``
-    (2^63 - 1, MCH's empty-row marker) is never returned: the one id mapped to it takes
-    ``EMPTY_ID - 1`` instead (it then shares that id's row: one pair in 2^63).
-    ``input_hash_size`` is TorchRec's hash-function argument, unused.
-    """
-    x = ids & _MASK
-    high, low = x >> 32, x & _LOW
-    for i, key in enumerate(_KEYS):
-        if i % 2 == 0:
-            high = high ^ _round(low, key, _HIGH)
-        else:
-            low = low ^ _round(high, key, _LOW)
-    x = (high << 32) | low
-    return torch.where(x == EMPTY_ID, torch.full_like(x, EMPTY_ID - 1), x)
-
-
-def unmix_ids(mixed: Tensor) -> Tensor:
-    """The ids :func:`mix_ids` maps to ``mixed`` (its inverse)."""
-    x = mixed & _MASK
-    high, low = x >> 32, x & _LOW
-    for i in reversed(range(len(_KEYS))):
-        if i % 2 == 0:
-            high = high ^ _round(low, _KEYS[i], _HIGH)
-        else:
-            low = low ^ _round(high, _KEYS[i], _LOW)
-    return (high << 32) | low
-
-
-@functools.lru_cache(maxsize=256)
-def _column_keys(dim: int, salt: int) -> Tensor:
-    """``dim`` distinct 63-bit keys of a table's columns (for :meth:`ManagedTable.initial_vectors`)."""
-    return mix_ids(torch.arange(dim, dtype=torch.int64) * 0x9E3779B9 + (salt << 20))
 
 
 class _SelectByKth:
@@ -191,6 +150,17 @@ class ManagedTable(MCHManagedCollisionModule):
         # (row, id) pairs handed out since the last evict(): what initial_vectors draws from
         self._fresh_rows: Optional[Tensor] = None
         self._fresh_ids: Optional[Tensor] = None
+
+    @classmethod
+    def fuse(cls, tables: Sequence["ManagedTable"]) -> Optional["FusedTables"]:
+        """The remap of ``tables`` (one collection's, in its feature order) together
+        (:class:`~embedtrain.models.dynamic_fused.FusedTables`: the same rows, admissions and
+        counters as each table's own path, in a few ops for all), or None when they cannot be
+        fused (another policy, a threshold filter: :func:`~embedtrain.models.dynamic_fused.
+        unfusable`). The sharding layer calls it by name."""
+        from embedtrain.models.dynamic_fused import FusedTables, unfusable
+
+        return None if unfusable(tables) else FusedTables(tables)
 
     @property
     def default_row(self) -> int:
@@ -442,7 +412,7 @@ class ManagedTable(MCHManagedCollisionModule):
             at = (torch.searchsorted(fresh_rows, rows, right=True) - 1).clamp(min=0)
             found = fresh_rows[at] == rows
             ids[found] = fresh_ids[at[found]]
-        keys = _column_keys(dim, zlib.crc32(str(self._name).encode())).to(rows.device)
+        keys = column_keys(dim, zlib.crc32(str(self._name).encode())).to(rows.device)
         hashed = mix_ids(ids[:, None] ^ keys[None, :])
         unit = (hashed >> 39).to(torch.float32) / 2**24  # the top 24 bits, in [0, 1)
         return low + (high - low) * unit
@@ -466,15 +436,6 @@ class ManagedTable(MCHManagedCollisionModule):
         rows = self._mch_remapped_ids_mapping[keep]
         order = torch.argsort(ids)
         return ids[order], rows[order]
-
-
-def checkpoint_default_rows(mixed_ids: Tensor, segments: Tensor) -> Tensor:
-    """The default row each (mixed) id looked up in a run whose row-wise shards start at
-    ``segments`` (``[0, s1, ..., rows]``): the last row of the shard of its block of the id
-    range, as TorchRec's row-wise input distribution assigns it."""
-    shards = segments.numel() - 1
-    block = -(-EMPTY_ID // shards)
-    return segments.to(mixed_ids.device)[mixed_ids // block + 1] - 1
 
 
 def managed_table(name: str, table: DynamicTable, device: Optional[torch.device] = None

@@ -482,8 +482,12 @@ def local_cluster(world_size: int, device: torch.device, batch_size_per_rank: in
         batch_size_per_rank=batch_size_per_rank,
     )
     if not cuda:  # processes on one host talk through gloo over loopback, not NVLink
+        # sharding_group_ms: each sharding type a plan uses costs a CPU step its own input dist,
+        # TBE calls and output dist: ~2 ms in a world of one (a tiny 2-table sharded EBC step on
+        # the 2-core dev VM; 4.4 ms calibrated for 2 ranks, cpu-1x2.yaml). At 0, the planner split
+        # the demo's tables table_wise + row_wise on one rank: +5 ms a step (bench_roofline.py).
         cluster = dataclasses.replace(cluster, ddr_bandwidth_gb_per_s=8.0, intra_host_gb_per_s=4.0,
-                                      inter_host_gb_per_s=4.0)
+                                      inter_host_gb_per_s=4.0, sharding_group_ms=2.0)
     return cluster
 
 

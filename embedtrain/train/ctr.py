@@ -17,10 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import SumMetric
-from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
-from torchrec.metrics.ne import compute_ne
 
 from embedtrain.data.batching import num_padding
 from embedtrain.train.task import StepOutput
@@ -32,6 +29,11 @@ class CTRMetrics:
     """AUC, NE, log loss and calibration over the batches given to :meth:`update`."""
 
     def __init__(self) -> None:
+        # torchmetrics (and torchrec.metrics, which imports it) cost ~1.5 s to import: at the
+        # first evaluation, not before the first training step
+        from torchmetrics import SumMetric
+        from torchmetrics.classification import BinaryAUROC
+
         self.auc = BinaryAUROC(thresholds=None)  # exact: keeps all predictions of the pass
         self.sums = {k: SumMetric() for k in ("ce", "count", "positives", "predicted")}
 
@@ -48,6 +50,8 @@ class CTRMetrics:
 
     def compute(self) -> dict[str, float]:
         """``auc``, ``ne``, ``logloss``, ``calibration``, ``ctr`` over all ranks' batches."""
+        from torchrec.metrics.ne import compute_ne
+
         s = {k: m.compute().double() for k, m in self.sums.items()}
         if s["count"] == 0:
             return {}

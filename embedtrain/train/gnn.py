@@ -24,8 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import SumMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.graph.batch import GraphBatch
@@ -71,6 +69,8 @@ class NodeMetrics:
     """Accuracy and macro-F1 of the seeds' predicted classes (synced across ranks)."""
 
     def __init__(self, num_classes: int) -> None:
+        from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
         self.accuracy = MulticlassAccuracy(num_classes, average="micro")
         self.f1 = MulticlassF1Score(num_classes, average="macro")
 
@@ -112,6 +112,8 @@ class LinkMetrics:
 
     def __init__(self, ks: Sequence[int] = (1, 3, 10)) -> None:
         self.ks = tuple(ks)
+        from torchmetrics import SumMetric
+
         self.sums = {name: SumMetric() for name in ("rr", "count", *(f"hits@{k}" for k in ks))}
 
     def update(self, output: StepOutput, batch: GraphBatch) -> None:

@@ -28,6 +28,7 @@ from torch import nn
 from torchrec.optim.keyed import KeyedOptimizer
 from tqdm import tqdm
 
+from embedtrain.runtime import startup_record
 from embedtrain.train.checkpoint import (
     CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok, init_optimizer_state)
 from embedtrain.train.run_dir import RunDir
@@ -167,6 +168,7 @@ class Trainer:
         self.resume_note: dict[str, Any] = {}  # e.g. config keys changed on resume, for the record
         self._saved_step: Optional[int] = None
         self._saved_final = False
+        self._first_step_at: Optional[float] = None  # time.time() of this process's first step
         param = next(model.parameters(), None)
         self._device_type = param.device.type if param is not None else "cpu"
         self.select_metric = options.select_metric or task.main_metric
@@ -306,6 +308,8 @@ class Trainer:
             return
         while True:
             start = time.perf_counter()
+            if self._first_step_at is None:  # the pipeline fetches its first batches in step()
+                self._first_step_at = time.time()
             out = self.pipelined.step(batches)  # forward and backward, the next batch fetched
             if out is None:
                 return
@@ -314,6 +318,8 @@ class Trainer:
 
     def _train_step(self, batch: Any) -> None:
         start = time.perf_counter()
+        if self._first_step_at is None:
+            self._first_step_at = time.time()
         accumulate = self.options.grad_accumulation
         # Every micro-batch's dense gradients are all-reduced (DDP's no_sync trips an internal
         # assert with TorchRec's data-parallel table lookups); the sum is the same.
@@ -528,6 +534,9 @@ class Trainer:
             "wall_time_s": wall_s,
             "world_size": self.world_size,
             "peak_rss_gb_per_rank": _peak_rss_gb_per_rank(),
+            # process start to this process's first training step, and where it went
+            **(startup_record(self._first_step_at) if self._first_step_at is not None
+               else {"startup_s": None, "startup": {}}),
             "valid": valid,
             "pipeline": {"kind": self.options.pipeline.value,
                          "pipelined_modules": self.pipelined.modules if self.pipelined else []},

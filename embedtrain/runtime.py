@@ -1,0 +1,167 @@
+"""Process-level settings of a training process: intra-op threads per rank, the allocator, start time.
+
+Imports nothing heavy (no torch at import): the CLI calls :func:`tune_allocator` before anything
+allocates, and ``--help``, ``ingest`` and ``datagen`` stay torch-free.
+
+**Threads.** Each rank's torch intra-op threads default to the cores this process may run on
+(``os.sched_getaffinity``) divided by the ranks on this machine (torchrun's
+``LOCAL_WORLD_SIZE``): two ranks on two cores get one thread each instead of two each fighting for
+both. ``train.threads_per_rank`` in the config, else the environment variable
+``EMBEDTRAIN_THREADS``, overrides it (:func:`threads_per_rank`).
+
+**The allocator.** glibc serves allocations above a dynamic threshold (128 KiB at first, up to
+32 MiB) with fresh ``mmap`` regions and gives them back on ``free``; the next allocation of the same
+size then page-faults every page again, and the kernel zeroes each one. A training step allocates
+and frees the same large buffers every step (a batch's KJT, pooled embeddings, gathered class
+rows, activations), so that cost recurs each step: a step whose pooled output is over 32 MiB
+faults all of its pages every step. :func:`tune_allocator` serves every block from the heap
+(``M_MMAP_MAX`` 0), keeps the heap's free top mapped (``M_TRIM_THRESHOLD`` 2 GiB), both through
+``mallopt`` (what the ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` variables do at start-up,
+applied in-process so that every ``embedtrain`` process, each torchrun rank included, gets it),
+and asks torch's CPU allocator for transparent huge pages on blocks of 2 MiB or more
+(``THP_MEM_ALLOC_ENABLE=1``, read at torch's first allocation: set before torch is imported), so
+that random rows of a large table miss the TLB less. Peak memory is unchanged (the blocks are
+the same); resident memory stays at the peak instead of shrinking between steps (an explicit
+``malloc_trim``, as the exporter calls between tables, still returns it). ``EMBEDTRAIN_MALLOC=
+default`` keeps glibc's and torch's defaults; ``MALLOC_*`` / ``GLIBC_TUNABLES`` / ``LD_PRELOAD``
+set by the user win. Figures: ``benchmarks/bench_allocator.py``, ``benchmarks/bench_roofline.py``.
+
+Example:
+    >>> tune_allocator()
+    'glibc: no mmap per block, heap kept (trim threshold 2 GiB); torch: huge pages ...'
+    >>> threads_per_rank(None)  # 2 cores, 2 ranks on this machine
+    (1, 'cores / local ranks = 2 / 2')
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import time
+from typing import Optional
+
+_IMPORTED_AT = time.time()
+_MARKS: dict[str, float] = {}
+_SETTINGS: dict[str, str] = {}
+
+TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: the largest, 2 GiB of free heap top kept
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
+_USER_MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_",
+                     "MALLOC_TOP_PAD_", "GLIBC_TUNABLES", "LD_PRELOAD")
+
+
+def tune_allocator() -> str:
+    """Keeps glibc's large blocks in the heap (module docstring); says what it did.
+
+    Returns:
+        One line for the run's banner: the settings, or why none were made (also kept for
+        :func:`allocator_setting`).
+    """
+    _SETTINGS["allocator"] = _tune_allocator()
+    return _SETTINGS["allocator"]
+
+
+def allocator_setting() -> str:
+    """What :func:`tune_allocator` did in this process (``"unchanged"`` if it never ran)."""
+    return _SETTINGS.get("allocator", "unchanged")
+
+
+def _tune_allocator() -> str:
+    if os.environ.get("EMBEDTRAIN_MALLOC", "").lower() in ("default", "off", "0"):
+        return "glibc defaults (EMBEDTRAIN_MALLOC=default)"
+    user = [v for v in _USER_MALLOC_VARS if os.environ.get(v)]
+    if user:
+        return f"as set by {', '.join(user)}"
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # torch reads it at its first allocation
+    huge = "torch: huge pages for blocks >= 2 MiB"
+    libc = _glibc()
+    if libc is None:
+        return f"not glibc: unchanged; {huge}"
+    if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        return f"glibc refused mallopt: unchanged; {huge}"
+    return (f"glibc: no mmap per block, heap kept (trim threshold 2 GiB); {huge} "
+            f"(EMBEDTRAIN_MALLOC=default: the defaults)")
+
+
+def _glibc() -> Optional[ctypes.CDLL]:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version  # only glibc has it (musl, macOS: no mallopt of these)
+    except (OSError, AttributeError):
+        return None
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return libc
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask; ``os.cpu_count()`` where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def local_ranks() -> int:
+    """Ranks on this machine (torchrun's ``LOCAL_WORLD_SIZE``; 1 when launched plainly)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def threads_per_rank(requested: Optional[int] = None) -> tuple[int, str]:
+    """The intra-op threads of this rank and where the number comes from.
+
+    Args:
+        requested: ``train.threads_per_rank`` of the config (None: not set).
+
+    Returns:
+        ``(threads, source)``; ``source`` says why, for the banner.
+
+    Raises:
+        ValueError: ``EMBEDTRAIN_THREADS`` is not a positive integer.
+    """
+    if requested is not None:
+        return requested, "train.threads_per_rank"
+    env = os.environ.get("EMBEDTRAIN_THREADS")
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"EMBEDTRAIN_THREADS: expected a positive integer, got {env!r}")
+        return int(env), "EMBEDTRAIN_THREADS"
+    cores, ranks = usable_cores(), local_ranks()
+    return max(1, cores // ranks), f"cores / local ranks = {cores} / {ranks}"
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch; from /proc, else this module's import)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return _IMPORTED_AT
+
+
+def mark(name: str) -> None:
+    """Records that start-up reached ``name`` now (see :func:`startup_record`)."""
+    _MARKS.setdefault(name, time.time())
+
+
+def startup_record(first_step: float) -> dict[str, object]:
+    """``startup_s`` (process start to ``first_step``, a ``time.time()``) and its parts.
+
+    The parts are the seconds between consecutive marks (:func:`mark`), in order, the last one
+    ending at ``first_step``: e.g. ``{"imports_s": 0.3, "build_s": 4.1, "first_batch_s": 0.2}``
+    when the CLI marked ``imports`` and ``build`` and the trainer ``first_batch``.
+    """
+    start = process_start_time()
+    parts, previous = {}, start
+    for name, at in sorted(_MARKS.items(), key=lambda item: item[1]):
+        if at <= first_step:
+            parts[f"{name}_s"] = round(at - previous, 3)
+            previous = at
+    parts["first_batch_s"] = round(first_step - previous, 3)
+    return {"startup_s": round(first_step - start, 3), "startup": parts}
