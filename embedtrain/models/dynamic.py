@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import zlib
 from typing import TYPE_CHECKING, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -59,7 +58,9 @@ from embedtrain.models.dynamic_ids import (  # noqa: F401  (re-exported: the ids
     MIX_VERSION,
     checkpoint_default_rows,
     column_keys,
+    id_uniforms,
     mix_ids,
+    table_salt,
     unmix_ids,
 )
 from embedtrain.models.options import DynamicTable, Eviction
@@ -412,10 +413,8 @@ class ManagedTable(MCHManagedCollisionModule):
             at = (torch.searchsorted(fresh_rows, rows, right=True) - 1).clamp(min=0)
             found = fresh_rows[at] == rows
             ids[found] = fresh_ids[at[found]]
-        keys = column_keys(dim, zlib.crc32(str(self._name).encode())).to(rows.device)
-        hashed = mix_ids(ids[:, None] ^ keys[None, :])
-        unit = (hashed >> 39).to(torch.float32) / 2**24  # the top 24 bits, in [0, 1)
-        return low + (high - low) * unit
+        keys = column_keys(dim, table_salt(self._name)).to(rows.device)
+        return low + (high - low) * id_uniforms(ids[:, None], keys[None, :])
 
     def counters(self) -> Tensor:
         """``[capacity, occupied, admitted, lookups, default lookups, eval lookups, eval default

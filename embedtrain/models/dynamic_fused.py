@@ -39,18 +39,18 @@ Example:
 
 from __future__ import annotations
 
-import zlib
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from embedtrain.models.dynamic_ids import EMPTY_ID, column_keys, mix_ids
+from embedtrain.models.dynamic_ids import EMPTY_ID, column_keys, id_uniforms, table_salt
 from embedtrain.models.dynamic_sorted import (
     distinct_pairs,
     exclusive_sums,
     insert_sorted,
     merge_runs,
+    pair_runs,
     search_pairs,
 )
 
@@ -338,11 +338,7 @@ class FusedTables:
         by_id = torch.argsort(ids, stable=True)
         order = by_id[torch.argsort(tables[by_id], stable=True)]  # by (table, id)
         ids, tables = ids[order], tables[order]
-        head = torch.ones(ids.numel(), dtype=torch.bool, device=self.device)
-        torch.ne(ids[1:], ids[:-1], out=head[1:])
-        head[1:] |= tables[1:] != tables[:-1]
-        group = head.to(torch.int64).cumsum_(0).sub_(1)
-        first = head.nonzero().squeeze(1)
+        group, first = pair_runs(ids, tables)
         total = torch.zeros(first.numel(), dtype=counts.dtype, device=self.device)
         last = torch.zeros_like(total).scatter_reduce_(0, group, steps[order], reduce="amax",
                                                        include_self=False)
@@ -560,11 +556,10 @@ class FusedTables:
         """
         keys = self._keys_by_dim.get(dim)
         if keys is None:
-            keys = torch.stack([column_keys(dim, zlib.crc32(str(t._name).encode()))
+            keys = torch.stack([column_keys(dim, table_salt(t._name))
                                 for t in self.tables]).to(self.device)
             self._keys_by_dim[dim] = keys
-        hashed = mix_ids(ids[:, None] ^ keys[tables])
-        unit = (hashed >> 39).to(torch.float32) / 2**24
+        unit = id_uniforms(ids[:, None], keys[tables])
         # as the per-table method computes it: float32 low + float32 (high - low) * unit
         ranges = self._ranges.get((tuple(low), tuple(high)))
         if ranges is None:

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import zlib
 
 import torch
 from torch import Tensor
@@ -71,6 +72,18 @@ def unmix_ids(mixed: Tensor) -> Tensor:
 def column_keys(dim: int, salt: int) -> Tensor:
     """``dim`` distinct 63-bit keys of a table's columns (for ``ManagedTable.initial_vectors``)."""
     return mix_ids(torch.arange(dim, dtype=torch.int64) * 0x9E3779B9 + (salt << 20))
+
+
+def table_salt(name: str) -> int:
+    """A table's salt for :func:`column_keys` (from its name: the same on every rank)."""
+    return zlib.crc32(str(name).encode())
+
+
+def id_uniforms(ids: Tensor, keys: Tensor) -> Tensor:
+    """Uniforms in ``[0, 1)`` from a hash of each id with each column key (broadcast: ids
+    ``[n, 1]``, keys ``[1, dim]`` or ``[n, dim]``): the top 24 bits of the mixed pair, float32
+    (what a fresh row of a dynamic table starts from, ``ManagedTable.initial_vectors``)."""
+    return (mix_ids(ids ^ keys) >> 39).to(torch.float32) / 2**24
 
 
 def checkpoint_default_rows(mixed_ids: Tensor, segments: Tensor) -> Tensor:

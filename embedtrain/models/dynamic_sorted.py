@@ -49,6 +49,15 @@ def search_pairs(sorted_keys: Tensor, sorted_ids: Tensor, keys: Tensor, ids: Ten
     return pos, found
 
 
+def pair_runs(ids: Tensor, tables: Tensor) -> tuple[Tensor, Tensor]:
+    """For ``(table, id)`` pairs ordered so that equal ones are neighbours: each pair's run of
+    equal pairs (0, 1, ...) and where each run starts."""
+    head = torch.ones(ids.numel(), dtype=torch.bool, device=ids.device)
+    torch.ne(ids[1:], ids[:-1], out=head[1:])
+    head[1:] |= tables[1:] != tables[:-1]
+    return head.to(torch.int64).cumsum_(0).sub_(1), head.nonzero().squeeze(1)
+
+
 def distinct_pairs(ids: Tensor, tables: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The distinct ``(table, id)`` pairs of a batch.
 
@@ -63,12 +72,8 @@ def distinct_pairs(ids: Tensor, tables: Tensor) -> tuple[Tensor, Tensor, Tensor,
     n = ids.numel()
     sorted_ids, order = torch.sort(ids, stable=True)
     sorted_tables = tables.index_select(0, order)
-    head = torch.ones(n, dtype=torch.bool, device=ids.device)
-    torch.ne(sorted_ids[1:], sorted_ids[:-1], out=head[1:])
-    head[1:] |= sorted_tables[1:] != sorted_tables[:-1]
-    starts = head.nonzero().squeeze(1)
+    group, starts = pair_runs(sorted_ids, sorted_tables)
     counts = torch.diff(starts, append=torch.tensor([n], device=ids.device))
-    group = head.to(torch.int64).cumsum_(0).sub_(1)
     return (sorted_ids.index_select(0, starts), sorted_tables.index_select(0, starts), counts,
             group, order)
 

@@ -159,11 +159,8 @@ class ShardedDynamicCollection(ShardedManagedCollisionCollection):
         """Admits every table's pending ids (before a checkpoint: ``ManagedTable.settle``)."""
         if self._fusing():
             self.fused_tables.settle()
-            return
-        for module in self._managed_collision_modules.values():
-            settle = getattr(module, "settle", None)
-            if settle is not None:
-                settle()
+        else:
+            _settle_each(self._managed_collision_modules.values())
 
 
 class DynamicCollectionSharder(ManagedCollisionCollectionSharder):
@@ -337,11 +334,16 @@ class ShardedDynamicTables(ShardedManagedCollisionEmbeddingBagCollection):
         if isinstance(mcc, ShardedDynamicCollection):
             mcc.settle()
         else:
-            for module in mcc._managed_collision_modules.values():
-                settle = getattr(module, "settle", None)
-                if settle is not None:
-                    settle()
+            _settle_each(mcc._managed_collision_modules.values())
         self._evict(mcc.evict())
+
+
+def _settle_each(modules) -> None:
+    """``settle()`` of each remapper that has one (embedtrain's ``ManagedTable``)."""
+    for module in modules:
+        settle = getattr(module, "settle", None)
+        if settle is not None:
+            settle()
 
 
 # a table batch's tensors that hold rows (a new one of them: the kept row layout is stale)
