@@ -78,8 +78,8 @@ def _write_spec(path: Path, features: list[str], encoding: str, rows: dict[str, 
 
 
 def _ingest(raw: Path, out: Path, spec: Path) -> None:
-    from pipelines.ingest import ingest
-    from pipelines.spec import load_spec
+    from pipelines.tabular.passes import ingest
+    from pipelines.tabular.spec import load_spec
 
     files = [str(raw / f) for s in ("train", "valid", "test")
              for f in json.loads((raw / "metadata.json").read_text())["splits"][s]["files"]]

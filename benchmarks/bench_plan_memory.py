@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     from embedtrain.config import load_cluster
-    from embedtrain.train.dist import free_port
+    from embedtrain.processes import free_port
 
     world = load_cluster(args.cluster).world_size
     with tempfile.TemporaryDirectory() as out:

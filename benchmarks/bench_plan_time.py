@@ -408,7 +408,7 @@ def main() -> int:
     args = parser.parse_args()
     from embedtrain.config import load_cluster
     from embedtrain.config_io import ConfigError, to_dict
-    from embedtrain.testing.dist import spawn
+    from embedtrain.processes import spawn
 
     try:
         cluster = load_cluster(args.cluster)
@@ -416,7 +416,8 @@ def main() -> int:
         raise SystemExit(f"bench_plan_time: {e}") from None
     calibration = None
     if args.calibrate:
-        from embedtrain.sharding.calibrate import calibrate, write_cluster_yaml
+        from embedtrain.sharding.calibrate import calibrate
+        from embedtrain.sharding.calibrate_file import write_cluster_yaml
 
         start = time.perf_counter()
         cal = calibrate(cluster)

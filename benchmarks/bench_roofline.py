@@ -590,7 +590,7 @@ def main() -> int:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **glibc_env})
     if args.threads:
         torch.set_num_threads(args.threads)
-    from embedtrain.train.dist import exit_process
+    from embedtrain.processes import exit_process
 
     other = None
     if args.memory == "both":  # before this process holds any tables: one set in memory

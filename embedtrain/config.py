@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -293,6 +294,10 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     tables: list[TableSpec] = field(default_factory=list)  # static (default) or dynamic tables
+    # A user's own recipe by import path, ``package.module:Class`` (a Recipe subclass, e.g. of
+    # CTRRecipe): it replaces the task's built-in recipe (embedtrain.recipes.recipe_for) and is
+    # imported only from a config (never from a data file); None: the built-in recipe.
+    recipe: Optional[str] = None
 
 
 def dynamic_tables(cfg: Config, names: list[str]) -> dict[str, DynamicTable]:
@@ -393,8 +398,9 @@ RETIRED_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 def load_run_config(path: str | os.PathLike) -> Config:
     """A run directory's saved ``config.yaml``, also one written by an earlier version (its
     :data:`RETIRED_KEYS` values are left out)."""
-    return load_dataclass(path, Config,
-                          drop_keys={k: test for k, (_, test) in RETIRED_KEYS.items()})
+    cfg = load_dataclass(path, Config,
+                         drop_keys={k: test for k, (_, test) in RETIRED_KEYS.items()})
+    return _check_recipe_path(cfg, path)
 
 
 def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Config:
@@ -411,4 +417,16 @@ def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
     """
-    return load_dataclass(path, Config, overrides)
+    return _check_recipe_path(load_dataclass(path, Config, overrides), path)
+
+
+RECIPE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+def _check_recipe_path(cfg: Config, path: str | os.PathLike) -> Config:
+    """``recipe``, if set, is an import path ``package.module:Class`` (imported only when the
+    recipe is built, see :func:`embedtrain.recipes.recipe_for`)."""
+    if cfg.recipe is not None and not RECIPE_PATH.match(cfg.recipe):
+        raise ConfigError(f"{path}: recipe: expected an import path package.module:Class "
+                          f"(a Recipe subclass), got {cfg.recipe!r}")
+    return cfg

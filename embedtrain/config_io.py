@@ -1,10 +1,11 @@
 """YAML files onto typed dataclasses: the generic loader behind every config-like file.
 
-Training configs (:mod:`embedtrain.config`), cluster files, ingestion specs (:mod:`pipelines.spec`)
-and the data sets' ``metadata.json`` all load through :func:`load_dataclass` / :func:`from_dict`:
-``yaml`` safe loading only (a file can never execute code), unknown keys, wrong types and values
-out of range reported as one :class:`ConfigError` line naming the file and the dotted key path,
-e.g. ``configs/dlrm.yaml: train.batch_sise: unknown key (did you mean 'batch_size'?)``.
+Training configs (:mod:`embedtrain.config`), cluster files, ingestion specs
+(:mod:`pipelines.tabular.spec` and the other families') and the data sets' ``metadata.json`` all
+load through :func:`load_dataclass` / :func:`from_dict`: ``yaml`` safe loading only (a file can
+never execute code), unknown keys, wrong types and values out of range reported as one
+:class:`ConfigError` line naming the file and the dotted key path, e.g.
+``configs/dlrm.yaml: train.batch_sise: unknown key (did you mean 'batch_size'?)``.
 
 A dataclass field declares its check and whether it is a path with :func:`config_field`; the
 check runs where a file or ``--set`` gives the value. Numbers follow YAML 1.2: ``1e-3`` and

@@ -1,20 +1,104 @@
-"""Offline data jobs (Arrow/Polars): raw logs to clean, sharded parquet with metadata and reports.
+"""Offline data jobs (Arrow/Polars): raw inputs to clean, sharded data sets with reports.
 
-Nothing here runs during training. ``embedtrain ingest SPEC --input ... --out DIR`` runs
-:func:`pipelines.ingest.ingest` with a spec from :func:`pipelines.spec.load_spec`:
+Nothing here runs during training. ``embedtrain ingest SPEC --input ... --out DIR`` calls
+:func:`run_ingest`, which reads the spec's ``kind`` (:func:`kind_of`) and runs that family's job
+on the engine ``--engine`` names. One folder per family, each with the same roles:
 
-- :mod:`pipelines.spec`: the typed YAML spec (input format, label, dense/sparse features, split);
-- :mod:`pipelines.sources`: input files, their cheap checks, one lazy multi-file scan;
-- :mod:`pipelines.transforms`: parse, drop reasons, split, encodings (Polars expressions);
-- :mod:`pipelines.stats`: the streaming statistics passes and vocabularies;
-- :mod:`pipelines.report`: ``metadata.json`` and ``ingest_report.json``;
-- :mod:`pipelines.hashing`: stable hashes for splits and hash buckets;
-- :mod:`pipelines.graph`: the graph job (``kind: graph`` specs): edge lists and node tables to a
-  memory-mapped CSR with node arrays and splits;
-- :mod:`pipelines.xc`: the extreme-classification job (``kind: xc`` specs,
-  :mod:`pipelines.xc_spec`, inputs in :mod:`pipelines.xc_sources`): Extreme Classification
-  Repository files or parquet/CSV token and label columns to the data set ``task: xc`` trains on.
+- :mod:`pipelines.tabular` (no ``kind``): click logs (Criteo TSV, CSV, parquet) to split parquet
+  with vocabularies;
+- :mod:`pipelines.xc` (``kind: xc``): multi-label text/ids (the Extreme Classification
+  Repository format, parquet, CSV) to the data set ``task: xc`` trains on;
+- :mod:`pipelines.graph` (``kind: graph``): edge lists and a node table to a memory-mapped CSR
+  with node arrays and splits.
+
+Each holds ``spec.py`` (the typed YAML spec and its checks), ``read.py`` (its input layouts:
+their checks, the Polars scans), ``passes.py`` (the job: passes over shards of the input, see
+:mod:`pipelines.engines.base`) and ``report.py`` (``ingest_report.json``, ``metadata.json``, the
+summary lines). :mod:`pipelines.core` is what they share (errors, the shared spec fields, input
+resolution and cheap file checks, stable hashes, encoders, statistics, the report's accounting
+rules, the split writer, the output folder's rules), and no family imports another;
+:mod:`pipelines.engines` runs the passes: ``polars`` (one process,
+:mod:`pipelines.engines.local`) or ``ray`` (Ray Core tasks, one per input file,
+:mod:`pipelines.engines.ray`), with the same outputs. A new kind is one more folder like these
+(importing :mod:`pipelines.core` and :mod:`pipelines.engines.base`) and one entry in
+:data:`FAMILIES`.
+
+Importing this package imports no Polars: the families load on first use.
 
 The synthetic generators live in ``embedtrain.datagen`` (torch-free): ``embedtrain.datagen.ctr``
 (parquet) and ``embedtrain.datagen.tsv`` (the same rows as raw TSV).
+
+Example:
+    >>> report, lines = run_ingest("configs/ingest/criteo_synthetic.yaml",
+    ...                            ["data/raw_ctr/*.tsv"], "data/ctr")  # doctest: +SKIP
+    >>> print("\\n".join(lines))  # doctest: +SKIP
 """
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Optional, Sequence
+
+# kind -> the family's package; each has spec.load_spec, passes.ingest and report.summary_lines
+FAMILIES = {"tabular": "pipelines.tabular", "xc": "pipelines.xc", "graph": "pipelines.graph"}
+
+
+def kind_of(spec_path: str | os.PathLike) -> str:
+    """The spec's family: its top-level ``kind`` (``xc``, ``graph``), ``tabular`` without one.
+
+    Raises:
+        ConfigError: an unknown ``kind``.
+    """
+    import yaml
+
+    from embedtrain.config_io import ConfigError
+
+    try:
+        with open(spec_path) as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return "tabular"  # the tabular loader reports the file's problem in its own words
+    kind = data.get("kind", "tabular") if isinstance(data, dict) else "tabular"
+    if kind not in FAMILIES:
+        raise ConfigError(f"{spec_path}: kind: {kind!r} is not one of "
+                          f"{', '.join(k for k in FAMILIES if k != 'tabular')} (or no kind: a "
+                          "tabular spec)")
+    return kind
+
+
+def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike],
+               out: str | os.PathLike, *, overrides: Sequence[str] = (),
+               nodes: Sequence[str | os.PathLike] = (), engine: str = "polars",
+               address: Optional[str] = None, num_cpus: Optional[int] = None,
+               progress: bool = True) -> tuple[dict, list[str]]:
+    """Loads the spec, runs its family's job on the named engine; returns the report and the
+    summary lines to print.
+
+    Args:
+        spec_path: the YAML spec (``configs/ingest/``).
+        inputs: files, directories or globs (``--input``).
+        out: the output folder (``--out``).
+        overrides: ``KEY=VALUE`` spec overrides (``--set``).
+        nodes: graph specs only: the node table (``--nodes``).
+        engine, address, num_cpus: :func:`pipelines.engines.open_engine`.
+        progress: progress bars on stderr.
+
+    Raises:
+        IngestError: bad input, or ``--nodes`` with a spec that is not a graph spec.
+        ConfigError: a bad spec.
+    """
+    from pipelines.core.errors import IngestError
+    from pipelines.engines import open_engine
+
+    kind = kind_of(spec_path)
+    if nodes and kind != "graph":
+        raise IngestError("--nodes: only for graph specs (kind: graph)")
+    family = FAMILIES[kind]
+    spec = importlib.import_module(f"{family}.spec").load_spec(spec_path, list(overrides))
+    job = importlib.import_module(f"{family}.passes")
+    extra = {"nodes": list(nodes)} if kind == "graph" else {}
+    with open_engine(engine, address, num_cpus) as eng:
+        report = job.ingest(spec, list(inputs), out, progress=progress, engine=eng, **extra)
+    lines = importlib.import_module(f"{family}.report").summary_lines(report, out, engine)
+    return report, lines

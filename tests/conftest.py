@@ -3,7 +3,7 @@
 
 ``build_run`` joins a process group (a world of one, as ``embedtrain train`` does); destroying it
 before pytest exits keeps gloo's threads from outliving the interpreter's finalization (see
-``embedtrain.train.dist``).
+``embedtrain.processes``).
 """
 
 import logging
@@ -23,6 +23,6 @@ def quiet_torchrec():
 @pytest.fixture(autouse=True, scope="session")
 def _close_process_group():
     yield
-    from embedtrain.train.dist import destroy_process_group
+    from embedtrain.processes import destroy_process_group
 
     destroy_process_group()

@@ -10,24 +10,25 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
 from embedtrain.config import load_cluster
 from embedtrain.sharding.calibrate import (
-    GIB,
     GROUP_SHARDING_TYPES,
     HEADER,
-    TINY_BATCH,
     Calibration,
     CalibrationError,
+    _spawn_ranks,
+    calibrate,
+)
+from embedtrain.sharding.calibrate_file import cluster_yaml, measured_fields, write_cluster_yaml
+from embedtrain.sharding.calibrate_measure import (
+    GIB,
+    TINY_BATCH,
     CommTiming,
     GroupTiming,
     LookupTiming,
-    _calibrated,
-    _group_cluster,
-    _group_timing,
-    _tiny_model,
-    calibrate,
-    cluster_yaml,
+    calibrated,
     estimator_lookup_bytes,
-    measured_fields,
-    write_cluster_yaml,
+    group_cluster,
+    group_timing,
+    tiny_model,
 )
 from embedtrain.sharding.planner import plan_sharding
 from embedtrain.sharding.types import ClusterConfig, DeviceKind, PlannerOptions, ShardingType
@@ -171,7 +172,7 @@ def test_calibrated_fills_the_row_wise_collective_rates():
                 zipf_exponent=None, message_bytes=16384, row_wise_bytes=32768)
     rank = dict(threads=1, forward_ms=0.1, backward_ms=0.3, tiny_call_ms=0.05, latency_ms=0.1,
                 all_to_all_ms=0.2, reduce_scatter_ms=0.5, all_gather_ms=0.25)
-    cluster, lookup, comms = _calibrated(base, spec, [rank, {**rank, "all_to_all_ms": 0.4}])
+    cluster, lookup, comms = calibrated(base, spec, [rank, {**rank, "all_to_all_ms": 0.4}])
     assert comms.all_to_all_ms == pytest.approx(0.3)  # averaged over ranks
     assert cluster.intra_host_gb_per_s == pytest.approx(16384 / 0.3e-3 / GIB, rel=5e-3)
     assert cluster.reduce_scatter_gb_per_s == pytest.approx(32768 / 0.5e-3 / GIB, rel=5e-3)
@@ -190,7 +191,7 @@ def test_group_timing_is_the_median_fixed_cost_over_sharding_types():
              {"table_wise": {"ms": 4.2, "estimated_ms": 0.03},
               "row_wise": {"ms": 5.4, "estimated_ms": 0.02},
               "column_wise": {"ms": 3.6, "estimated_ms": 0.01}}]
-    g = _group_timing(ranks, 16)
+    g = group_timing(ranks, 16)
     assert (g.ranks, g.tables, g.batch_size) == (2, 2, TINY_BATCH)
     assert g.fixed_ms == pytest.approx({"table_wise": 4.08, "row_wise": 5.18,
                                         "column_wise": 3.29})
@@ -202,11 +203,11 @@ def test_tiny_group_plans_give_every_rank_a_shard_and_cost_nearly_nothing(kind):
     """What sharding_group_ms subtracts: the planner's estimate of the tiny model the ranks time,
     planned without any group cost (a file calibrated before must not count itself in), tiny
     next to the few ms measured; and the plan gives every rank a lookup."""
-    cluster = _group_cluster(_cpu(devices=2, sharding_group_ms=4.0, reduce_scatter_gb_per_s=0.7,
+    cluster = group_cluster(_cpu(devices=2, sharding_group_ms=4.0, reduce_scatter_gb_per_s=0.7,
                                   all_gather_gb_per_s=1.1), world=2)
     assert (cluster.world_size, cluster.batch_size_per_rank, cluster.sharding_group_ms) == (
         2, TINY_BATCH, 0)
-    plan = plan_sharding(_tiny_model(2, 16, torch.device("meta")), cluster,
+    plan = plan_sharding(tiny_model(2, 16, torch.device("meta")), cluster,
                          PlannerOptions(sharding_types=[ShardingType(kind)]))
     assert {o.sharding_type for o in plan.options} == {kind}
     assert {s.rank for o in plan.options for s in o.shards} == {0, 1}
@@ -251,3 +252,10 @@ def test_calibrate_two_ranks_measures_collectives_and_sharding_groups(tmp_path):
     path = tmp_path / "cal.yaml"
     write_cluster_yaml(cal, path)
     assert load_cluster(path) == cal.cluster
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_a_one_line_calibration_error():
+    """A spawned rank that raises ends the calibration with one line: which rank, and why."""
+    with pytest.raises(CalibrationError, match=r"^calibrate: rank [01] failed: KeyError: 'steps'$"):
+        _spawn_ranks(2, {}, timeout=120)

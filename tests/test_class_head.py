@@ -16,8 +16,8 @@ from embedtrain.models.class_head import (
     ShardedSoftmaxHead,
     shard_range,
 )
-from embedtrain.testing.dist import spawn
 from embedtrain.models.topk import blocked_topk
+from embedtrain.processes import spawn
 
 C, D, B = 37, 8, 6  # an odd class count: uneven slices
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from embedtrain.processes import free_port
 from embedtrain.testing import tiny_ctr_dataset
-from embedtrain.train.dist import free_port
 from embedtrain.train.run_dir import RunDir
 from test_train_cli import _assert_equal, _params
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from embedtrain.models.options import DynamicTable, Eviction
-from embedtrain.testing.dist import spawn
+from embedtrain.processes import spawn
 
 DIM, LOCAL, STEPS = 4, 24, 14
 BIG = 2**62

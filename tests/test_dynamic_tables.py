@@ -20,7 +20,7 @@ import torch
 from embedtrain.config import ConfigError, dynamic_tables, load_config
 from embedtrain.models.dynamic import EMPTY_ID, ManagedTable, managed_table, mix_ids, unmix_ids
 from embedtrain.models.options import DynamicTable, Eviction
-from embedtrain.testing.dist import spawn
+from embedtrain.processes import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = 2**62  # raw ids from all over the 63-bit range

@@ -8,6 +8,7 @@ metrics are compared with ``Trainer.evaluate`` (what ``eval`` writes) or ``embed
 file.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,7 +26,8 @@ from embedtrain.config import dump_config, load_config, load_run_config
 from embedtrain.data.batching import num_padding
 from embedtrain.export.export import export_run
 from embedtrain.export.manifest import load_manifest
-from embedtrain.export.predict import predict
+from embedtrain.export.predict import ExportedModel, predict
+from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.testing import tiny_ctr_dataset, tiny_xc_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,6 +158,37 @@ def test_fp32_predictions_equal_eval(ctr, ctr_export, tmp_path):
     assert np.array_equal(preds.column("label").to_numpy(), labels)
     assert round(_auc(preds), 5) == round(metrics["auc"], 5)
     assert round(result.metrics["auc"], 5) == round(metrics["auc"], 5)
+
+
+class TowersRecipe(CTRRecipe):
+    """A user's recipe (``recipe: test_export:TowersRecipe``): CTR with its own
+    ``planning_model``, exporting and predicting through the methods it inherits."""
+
+    built: list["TowersRecipe"] = []
+
+    def planning_model(self):
+        TowersRecipe.built.append(self)
+        return super().planning_model()
+
+
+def test_a_users_recipe_exports_and_predicts_through_inherited_methods(ctr, ctr_export,
+                                                                        tmp_path):
+    data, run, reference, _ = ctr
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "checkpoints").symlink_to(run / "checkpoints")
+    cfg = dataclasses.replace(load_run_config(run / "config.yaml"),
+                              recipe="test_export:TowersRecipe")
+    dump_config(cfg, own / "config.yaml")
+    TowersRecipe.built.clear()
+    m = export_run(own, tmp_path / "out", progress=False).manifest
+    assert len(TowersRecipe.built) == 1  # the model export read is the user recipe's
+    assert m.model == "dlrm" and [t.name for t in m.tables] == \
+        [t.name for t in ctr_export.manifest.tables]
+    assert isinstance(ExportedModel(tmp_path / "out").recipe, TowersRecipe)
+    predict(tmp_path / "out", [str(data / "test")], tmp_path / "p.parquet", progress=False)
+    logits = torch.from_numpy(pq.read_table(tmp_path / "p.parquet").column("logit").to_numpy())
+    assert (logits - reference).abs().max() <= 1e-5
 
 
 def test_dcn_predictions_equal_eval(ctr, tmp_path):
@@ -296,8 +329,8 @@ def test_ingested_features_carry_vocabularies_and_preprocessing(tmp_path):
     """An ingested data set's export copies each feature's vocabulary next to the tables and
     records the dense preprocessing (log1p, standardisation with the training mean/std)."""
     from embedtrain.testing import tiny_ctr_tsv
-    from pipelines.ingest import ingest
-    from pipelines.spec import load_spec
+    from pipelines.tabular.passes import ingest
+    from pipelines.tabular.spec import load_spec
 
     tiny_ctr_tsv(tmp_path / "raw", rows=3000)
     data = tmp_path / "ingested"

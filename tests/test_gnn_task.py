@@ -200,7 +200,7 @@ def test_two_ranks_step_like_one(graph, tmp_path, task):
     """One SGD step on 2 ranks (node table sharded by the planner, its node-id KJT padded to the
     larger subgraph of the two, SAGEConv layers under DDP) equals the step on 1 rank with the
     global batch: the same loss (mean of the ranks' equal halves), table and dense weights."""
-    from embedtrain.testing.dist import spawn
+    from embedtrain.processes import spawn
     from embedtrain.train.dist import init_process_group
 
     two = spawn(_gnn_step, 2, str(graph), str(tmp_path / "two"), task, timeout=300)

@@ -18,9 +18,10 @@ import pytest
 from embedtrain.cli import main
 from embedtrain.config import ConfigError
 from embedtrain.graph.store import load_graph
-from pipelines.graph import ingest_graph
-from pipelines.graph_spec import is_graph_spec, load_graph_spec
-from pipelines.sources import IngestError
+from pipelines import kind_of
+from pipelines.core.errors import IngestError
+from pipelines.graph.passes import ingest as ingest_graph
+from pipelines.graph.spec import load_spec as load_graph_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -196,8 +197,8 @@ def test_list_feature_column_from_parquet(tmp_path):
 
 def test_shipped_graph_spec_runs(tmp_path):
     path = ROOT / "configs" / "ingest" / "graph_edges.yaml"
-    assert is_graph_spec(path)
-    assert not is_graph_spec(ROOT / "configs" / "ingest" / "criteo.yaml")
+    assert kind_of(path) == "graph"
+    assert kind_of(ROOT / "configs" / "ingest" / "criteo.yaml") == "tabular"
     spec = load_graph_spec(path)
     rng = np.random.default_rng(0)
     n, m = 200, 1_000

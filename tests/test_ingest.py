@@ -21,16 +21,15 @@ import pytest
 from embedtrain.config import ConfigError
 from embedtrain.datagen.tsv import null_rate
 from embedtrain.features import load_dataset_meta
-from pipelines.graph_spec import is_graph_spec
-from pipelines.xc_spec import is_xc_spec
-from pipelines.hashing import fnv1a64
-from pipelines.ingest import ingest
-from pipelines.sources import IngestError
-from pipelines.spec import load_spec
+from pipelines import kind_of
+from pipelines.core.errors import IngestError
+from pipelines.core.hashing import fnv1a64
+from pipelines.tabular.passes import ingest
+from pipelines.tabular.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "configs" / "ingest").glob("*.yaml")
-               if not is_graph_spec(p) and not is_xc_spec(p))  # those: test_*graph*/test_ingest_xc
+               if kind_of(p) == "tabular")  # those: test_*graph*/test_ingest_xc
 SPLITS = ("train", "valid", "test")
 
 
@@ -424,11 +423,11 @@ def test_csv_files_must_share_their_header(tmp_path):
 
 
 def test_more_rows_than_one_job_can_number(tmp_path, monkeypatch):
-    import pipelines.sources
+    import pipelines.tabular.read
 
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"y": [1.0] * 100, "x": np.arange(100.0)}), path)
-    monkeypatch.setattr(pipelines.sources, "MAX_ROWS", 99)  # Polars' limit is 2**32 - 1
+    monkeypatch.setattr(pipelines.tabular.read, "MAX_ROWS", 99)  # Polars' limit is 2**32 - 1
     spec = "input: {format: parquet}\nlabel: y\ndense: [{name: x}]\n"
     with pytest.raises(IngestError, match=rf"^{path}: 1 input file\(s\) hold 100 rows, over the 99"):
         run(tmp_path, spec, [path])

@@ -13,9 +13,9 @@ import pytest
 
 from embedtrain.config import ConfigError
 from embedtrain.features import load_dataset_meta
-from pipelines.ingest import ingest
-from pipelines.sources import IngestError
-from pipelines.spec import load_spec
+from pipelines.core.errors import IngestError
+from pipelines.tabular.passes import ingest
+from pipelines.tabular.spec import load_spec
 
 
 def run(tmp_path: Path, spec_text: str, inputs: list, out: str = "out") -> dict:

@@ -1,7 +1,7 @@
 """``encoding: raw``: categorical values as their own int64 ids (no vocabulary), for dynamic tables.
 
 Expected ids come from a slow pure-Python reference: integers as they are, strings through
-FNV-1a and splitmix64 (the ``hash`` encoding's stable hash, :mod:`pipelines.hashing`) byte by
+FNV-1a and splitmix64 (the ``hash`` encoding's stable hash, :mod:`pipelines.core.hashing`) byte by
 byte, masked to 63 bits; distinct-id counts from Python sets over the written files.
 """
 
@@ -17,11 +17,11 @@ import pytest
 
 from embedtrain.config import ConfigError
 from embedtrain.features import load_dataset_meta
-from pipelines.hashing import fnv1a64
-from pipelines.ingest import ingest
-from pipelines.sources import IngestError
-from pipelines.spec import load_spec
-from pipelines.transforms import raw_hash_ids
+from pipelines.core.encode import raw_hash_ids
+from pipelines.core.errors import IngestError
+from pipelines.core.hashing import fnv1a64
+from pipelines.tabular.passes import ingest
+from pipelines.tabular.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 2**63 - 1  # raw ids lie in [0, LIMIT)

@@ -1,4 +1,5 @@
-"""``--engine ray`` gives what the one-process Polars engine gives, on the same inputs.
+"""``--engine ray`` gives what the one-process Polars engine gives, on the same inputs, for
+every kind of spec (tabular, xc, graph).
 
 One local Ray instance (2 CPUs) serves the module; each case runs both engines into their own
 directories and compares: vocabularies (values, ids, counts) byte for byte, every split's rows
@@ -19,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.ingest import ingest
-from pipelines.sources import IngestError
-from pipelines.spec import load_spec
+from pipelines.core.errors import IngestError
+from pipelines.engines import open_engine
+from pipelines.tabular.passes import ingest
+from pipelines.tabular.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 ray = pytest.importorskip("ray")
@@ -38,7 +40,7 @@ def local_ray():
 def _both(spec_path: Path, inputs: list[str], tmp_path: Path, overrides=None) -> tuple:
     spec = load_spec(spec_path, overrides)
     a = ingest(spec, inputs, tmp_path / "polars", progress=False)
-    b = ingest(spec, inputs, tmp_path / "ray", progress=False, engine="ray")
+    b = ingest(spec, inputs, tmp_path / "ray", progress=False, engine=open_engine("ray"))
     return a, b
 
 
@@ -148,28 +150,29 @@ def test_each_stage_reports_rows_per_second(tmp_path):
     info = generate_ctr_tsv(CTRDataSpec(rows=3000, seed=1), tmp_path / "raw")
     files = [str(tmp_path / "raw" / f) for f in info["files"]]
     report = ingest(load_spec(ROOT / "configs/ingest/criteo_synthetic.yaml"), files,
-                    tmp_path / "out", progress=False, engine="ray")
+                    tmp_path / "out", progress=False, engine=open_engine("ray"))
     phases = {p["phase"]: p for p in report["phases"]}
-    assert {"row counts", "statistics", "write"} <= phases.keys()
-    assert phases["statistics"]["rows"] == 3000 and phases["statistics"]["rows_per_s"] > 0
+    assert {"field counts", "row statistics", "value counts", "write"} <= phases.keys()
+    assert phases["row statistics"]["rows"] == 3000
+    assert phases["row statistics"]["rows_per_s"] > 0
+    assert report["engine"]["name"] == "ray" and report["engine"]["tasks"] > 0
 
 
 def test_what_the_ray_engine_refuses_is_one_line(tmp_path, monkeypatch):
     table = pa.table({"label": [0.0, 1.0] * 50, "x": list(range(100))})
     pq.write_table(table, tmp_path / "a.parquet")
+    pq.write_table(table, tmp_path / "b.parquet")
     spec = tmp_path / "spec.yaml"
     spec.write_text("input: {format: parquet}\nsparse:\n  - {name: x, quantiles: 4}\n")
     with pytest.raises(IngestError, match=r"sparse\[0\].quantiles: not on --engine ray"):
-        ingest(load_spec(spec), [str(tmp_path / "a.parquet")], tmp_path / "o", progress=False,
-               engine="ray")
+        ingest(load_spec(spec), [str(tmp_path / "*.parquet")],
+               tmp_path / "o", progress=False, engine=open_engine("ray"))
     with pytest.raises(IngestError, match="--address and --num-cpus are for --engine ray"):
-        ingest(load_spec(spec), [str(tmp_path / "a.parquet")], tmp_path / "o", progress=False,
-               num_cpus=2)
+        open_engine("polars", num_cpus=2)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(IngestError, match=r"--engine ray needs Ray: pip install "
                                           r"'ray\[data\]==2.60.0'"):
-        ingest(load_spec(spec), [str(tmp_path / "a.parquet")], tmp_path / "o", progress=False,
-               engine="ray")
+        open_engine("ray")
 
 
 def test_the_cli_runs_the_ray_engine(tmp_path):
@@ -179,8 +182,8 @@ def test_the_cli_runs_the_ray_engine(tmp_path):
 
     info = generate_ctr_tsv(CTRDataSpec(rows=2000, seed=2), tmp_path / "raw")
     assert main(["ingest", str(ROOT / "configs/ingest/criteo_synthetic.yaml"), "--input",
-                 str(tmp_path / "raw" / info["files"][0]), "--out", str(tmp_path / "out"), "--engine", "ray",
-                 "--quiet"]) == 0
+                 str(tmp_path / "raw" / info["files"][0]), "--out", str(tmp_path / "out"),
+                 "--engine", "ray", "--quiet"]) == 0
     assert json.loads((tmp_path / "out" / "ingest_report.json").read_text())["rows_read"] == 2000
     assert main(["ingest", str(ROOT / "configs/ingest/graph_edges.yaml"), "--input", "x",
                  "--out", str(tmp_path / "g"), "--engine", "ray"]) == 2
@@ -189,17 +192,18 @@ def test_the_cli_runs_the_ray_engine(tmp_path):
 def test_rows_are_numbered_past_2_to_the_32(tmp_path):
     """A file's rows are numbered from the rows before it in int64: the hash split of a row at
     position 2^33 + i is the one of that global position (Polars numbers each file in 32 bits)."""
-    from pipelines.hashing import splitmix64, unit_interval
-    from pipelines.ray_engine import _frame
-    from pipelines.sources import ROW
-    from pipelines.transforms import SPLIT
+    from pipelines.core.hashing import splitmix64, unit_interval
+    from pipelines.core.inputs import ROW
+    from pipelines.core.output import SPLIT
+    from pipelines.engines.base import Shard
+    from pipelines.tabular.passes import _frame
 
     pq.write_table(pa.table({"label": [0.0, 1.0] * 500, "x": list(range(1000))}),
                    tmp_path / "a.parquet")
     spec = tmp_path / "spec.yaml"
     spec.write_text("input: {format: parquet}\nsparse:\n  - {name: x}\n")
     s = load_spec(spec)
-    frame = _frame(s, str(tmp_path / "a.parquet"), 2**33, None, None, None).select(
+    frame = _frame(Shard((tmp_path / "a.parquet",), offset=2**33), (s, None, None)).select(
         ROW, SPLIT).collect()
     assert frame[ROW].dtype == pl.Int64 and frame[ROW].to_list() == [2**33 + i for i in range(1000)]
     u = pl.select(unit_interval(splitmix64(pl.Series(ROW, frame[ROW]), s.split.seed)))
@@ -239,4 +243,27 @@ split: {method: column, column: part, values: {train: [a, b], valid: [c]}}
     for engine in ("polars", "ray"):
         with pytest.raises(IngestError, match="no training rows"):
             ingest(load_spec(bad), [str(tmp_path / "t_*.csv")], tmp_path / f"bad_{engine}",
-                   progress=False, engine=engine)
+                   progress=False, engine=open_engine(engine))
+
+
+@pytest.mark.parametrize("name", ["xc_repository", "xc_parquet", "graph_edges"])
+def test_xc_and_graph_specs_on_ray(name, tmp_path):
+    """Through :func:`pipelines.run_ingest`, as the CLI runs it: a Ray task per input file."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from ingest_outputs import (
+        SPECS, assert_same_outputs, write_graph, write_xc_parquet, write_xc_repository)
+
+    from pipelines import run_ingest
+
+    overrides, nodes = [], []
+    if name == "xc_repository":
+        inputs, overrides = write_xc_repository(tmp_path)
+    elif name == "xc_parquet":
+        inputs = write_xc_parquet(tmp_path)
+    else:
+        inputs, nodes = write_graph(tmp_path)
+    runs = {engine: run_ingest(SPECS / f"{name}.yaml", inputs, tmp_path / engine,
+                               overrides=overrides, nodes=nodes, engine=engine, progress=False)
+            for engine in ("polars", "ray")}
+    assert "(ray engine)" in runs["ray"][1][0]
+    assert_same_outputs(tmp_path / "polars", tmp_path / "ray")

@@ -26,10 +26,11 @@ import pytest
 from embedtrain.config import ConfigError
 from embedtrain.data.stats import class_counts
 from embedtrain.features import load_dataset_meta
-from pipelines.sources import IngestError
-from pipelines.xc import ingest_xc
-from pipelines.xc_sources import REPOSITORY_REASONS
-from pipelines.xc_spec import is_xc_spec, load_xc_spec
+from pipelines import kind_of
+from pipelines.core.errors import IngestError
+from pipelines.xc.passes import ingest as ingest_xc
+from pipelines.xc.read import REPOSITORY_REASONS
+from pipelines.xc.spec import load_spec as load_xc_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY_SPEC = ROOT / "configs" / "ingest" / "xc_repository.yaml"
@@ -402,7 +403,7 @@ def test_class_counts_in_metadata_equal_the_written_train_split(tmp_path):
 @pytest.mark.parametrize("name", ["xc_repository.yaml", "xc_parquet.yaml"])
 def test_shipped_xc_specs_load(name):
     path = ROOT / "configs" / "ingest" / name
-    assert is_xc_spec(path)
+    assert kind_of(path) == "xc"
     assert load_xc_spec(path).kind == "xc"
 
 

@@ -4,6 +4,10 @@ The rules are read from the table under "## Import rules" in ARCHITECTURE.md (la
 modules, the layers it may import), so the document and the check cannot drift apart. Each
 ``import``/``from ... import`` of embedtrain or pipelines in ``embedtrain/`` and ``pipelines/``
 is resolved to the layer of its target and checked against the importer's row.
+
+Also the modules' size and import graph: no module of ``embedtrain/`` or ``pipelines/`` is over
+:data:`MAX_LINES` lines, and the modules of ``embedtrain/`` and of ``pipelines/`` import each other
+without a cycle (module-level and function-level imports alike).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("embedtrain", "pipelines")
+MAX_LINES = 600  # a longer module is split where its code has seams
 
 
 def _rules() -> tuple[list[tuple[str, str]], dict[str, set[str]]]:
@@ -119,10 +124,21 @@ def test_imports_follow_the_layer_rules():
     ("embedtrain/data/reader.py", "embedtrain.sharding.planner", False),
     ("embedtrain/train/trainer.py", "embedtrain.train.optim", False),  # trainer: task, ckpt, dir
     ("embedtrain/train/optim.py", "embedtrain.config", False),
-    ("pipelines/ingest.py", "embedtrain.models.dlrm", False),
+    ("pipelines/tabular/passes.py", "embedtrain.models.dlrm", False),
+    ("pipelines/xc/passes.py", "pipelines.engines.ray", False),  # a job: the interface only
+    ("pipelines/engines/ray.py", "pipelines.tabular.passes", False),  # an engine: no job
+    ("pipelines/xc/passes.py", "pipelines.tabular.transforms", False),  # a family: no other
+    ("pipelines/graph/read.py", "pipelines.tabular.spec", False),
+    ("pipelines/tabular/read.py", "pipelines.xc.read", False),
+    ("pipelines/xc/read.py", "pipelines.core.inputs", True),  # what families share is core
     ("embedtrain/recipes/ctr.py", "embedtrain.config", True),
     ("embedtrain/models/gnn.py", "embedtrain.graph.sampler", True),
     ("embedtrain/train/trainer.py", "embedtrain.train.checkpoint", True),
+    # the process helpers (spawn, free_port, exit_process) are utilities: the calibration, the
+    # training code and the tests share them, and they import nothing of embedtrain
+    ("embedtrain/processes.py", "embedtrain.train.dist", False),
+    ("embedtrain/sharding/calibrate.py", "embedtrain.processes", True),
+    ("embedtrain/train/dist.py", "embedtrain.processes", True),
 ])
 def test_the_rules_say_what_is_allowed(importer, target, ok):
     """The rules themselves: the imports the issue forbids are forbidden, the layering allowed."""
@@ -142,3 +158,85 @@ def test_a_forbidden_import_is_found(tmp_path, monkeypatch):
     found = violations()
     assert any(f.startswith("embedtrain/models/dlrm.py:") and "imports trainer" in f
                for f in found), found
+
+
+def long_modules() -> list[str]:
+    """``"path: N lines"`` of every module of ``embedtrain/`` and ``pipelines/`` over MAX_LINES."""
+    counts = {path: len(path.read_text().splitlines()) for path in _sources()}
+    return [f"{path.relative_to(ROOT)}: {n} lines" for path, n in counts.items() if n > MAX_LINES]
+
+
+def import_graph(top: str) -> dict[str, list[str]]:
+    """Module -> the other modules of package ``top`` it imports (also inside functions)."""
+    paths = [p for p in _sources() if _module_name(p).split(".")[0] == top]
+    modules = {_module_name(p) for p in paths}
+    return {_module_name(p): sorted({t for _, t in _imports(p)} & modules - {_module_name(p)})
+            for p in paths}
+
+
+def import_cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """One cycle ``[a, b, ..., a]`` per import that closes one (a depth-first search's back
+    edges), in a fixed order."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in graph[module]:
+            if state.get(target) == 1:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return cycles
+
+
+def test_no_module_is_over_the_line_limit():
+    found = long_modules()
+    assert not found, (f"modules over {MAX_LINES} lines (split them where the code has "
+                       "seams):\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("top", OURS)
+def test_no_import_cycle(top):
+    cycles = import_cycles(import_graph(top))
+    assert not cycles, f"import cycles among the modules of {top}/:\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles)
+
+
+def _with_text(monkeypatch, texts: dict[Path, str]) -> None:
+    """``Path.read_text`` of the files in ``texts`` gives that text instead."""
+    original = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k:
+                        texts[self] if self in texts else original(self, *a, **k))
+
+
+def test_a_long_module_is_found(monkeypatch):
+    """A module grown past MAX_LINES is reported with its path and line count; one at exactly
+    MAX_LINES is not."""
+    long, full = ROOT / "embedtrain" / "utils.py", ROOT / "embedtrain" / "features.py"
+    _with_text(monkeypatch, {long: "x = 1\n" * (MAX_LINES + 1), full: "x = 1\n" * MAX_LINES})
+    found = long_modules()
+    assert f"embedtrain/utils.py: {MAX_LINES + 1} lines" in found, found
+    assert not any(f.startswith("embedtrain/features.py") for f in found), found
+
+
+def test_an_import_cycle_is_found(monkeypatch):
+    """Two modules of pipelines/ importing each other (one of them inside a function) are
+    reported as a path ``a -> b -> a``."""
+    a, b = [p for p in _sources()
+            if _module_name(p).startswith("pipelines.") and p.name != "__init__.py"][:2]
+    name_a, name_b = _module_name(a), _module_name(b)
+    _with_text(monkeypatch, {
+        a: a.read_text() + f"\n\ndef _late():\n    import {name_b}\n",
+        b: b.read_text() + f"\nfrom {name_a} import __doc__ as _doc\n"})
+    cycles = [c for c in import_cycles(import_graph("pipelines")) if {name_a, name_b} <= set(c)]
+    assert cycles, import_graph("pipelines")
+    assert cycles[0] in ([name_a, name_b, name_a], [name_b, name_a, name_b]), cycles

@@ -35,6 +35,20 @@ def test_each_recipe_prints_its_metrics(task, summary, expected):
         assert float(value) == pytest.approx(summary[key], abs=1e-4)
 
 
+def test_a_recipe_that_says_nothing_of_export_is_refused_in_one_line():
+    """Export asks the recipe what it cannot export: the built-in ones say, a recipe without
+    ``export_parts`` (a user's TabularRecipe subclass) is refused before anything is read."""
+    from embedtrain.recipes.tabular import TabularRecipe
+
+    class RatingRecipe(TabularRecipe):
+        pass
+
+    assert recipe_for(Config(task=TaskKind.CTR)).export_refusal() is None
+    assert recipe_for(Config(task=TaskKind.XC)).export_refusal() is None  # a full head
+    assert RatingRecipe(Config(task=TaskKind.CTR)).export_refusal() == (
+        "task ctr: RatingRecipe does not say what to export (it has no export_parts)")
+
+
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
     root = tmp_path_factory.mktemp("recipes")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embedtrain.testing.dist import spawn
+from embedtrain.processes import spawn
 
 pytestmark = pytest.mark.slow  # two spawned ranks
 

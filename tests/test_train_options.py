@@ -16,9 +16,9 @@ from embedtrain.config import (
     SparseOptimizer,
     TrainConfig,
 )
+from embedtrain.processes import spawn
 from embedtrain.sharding.planner import dense_allreduce_bytes
 from embedtrain.testing import tiny_ctr_dataset
-from embedtrain.testing.dist import spawn
 
 
 @pytest.fixture(scope="module")

@@ -196,7 +196,7 @@ def _steps(rank, world, data, out, kinds):
 @pytest.fixture(scope="module")
 def two_rank_steps(xc_data, tmp_path_factory):
     """Every head's one step on one pair of spawned ranks (TorchRec's import is paid once)."""
-    from embedtrain.testing.dist import spawn
+    from embedtrain.processes import spawn
 
     out = tmp_path_factory.mktemp("two")
     return spawn(_steps, 2, str(xc_data), str(out), HEADS, timeout=400)

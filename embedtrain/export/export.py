@@ -1,14 +1,20 @@
 """``embedtrain export``: a run's checkpoint as files an inference job loads without embedtrain's
 training stack: embedding tables, the XC class head, the dense model, and ``model.json``.
 
-What is written where is in :mod:`embedtrain.export.manifest`. How:
+What is written where is in :mod:`embedtrain.export.manifest`. This module knows no task
+family: the run's recipe (:func:`embedtrain.recipes.recipe_for` of its ``config.yaml``) says
+what is particular to one -- :meth:`~embedtrain.recipes.base.Recipe.export_refusal` (what it
+cannot export) and :meth:`~embedtrain.recipes.base.Recipe.export_parts`
+(:class:`~embedtrain.recipes.base.ExportParts`: the model's name, the rows' features, the dense
+program, a class head, a note). How:
 
-1. The run's ``config.yaml`` gives the model; its recipe builds it on the ``meta`` device (no
-   memory): that names every table, its checkpoint key, rows, dimension and pooling.
-2. The dense model (DLRM/DCNv2: bottom MLP, interaction, top MLP; XC: the encoder's MLP) is
-   built on CPU, its parameters loaded with ``torch.distributed.checkpoint.load`` (no process
-   group), and exported with ``torch.export`` (``torch.export.save``; TorchScript where export
-   fails), its batch dimension dynamic; the program is checked against the module.
+1. The recipe builds the model on the ``meta`` device (no memory): that names every table, its
+   checkpoint key, rows, dimension and pooling (:func:`model_tables`).
+2. The dense model the recipe gives (DLRM/DCNv2: bottom MLP, interaction, top MLP; XC: the
+   encoder's MLP; GNN: none), on CPU, has its parameters loaded with
+   ``torch.distributed.checkpoint.load`` (no process group) and is exported with
+   ``torch.export`` (``torch.export.save``; TorchScript where export fails), its batch
+   dimension dynamic; the program is checked against the module.
 3. Tables (and a sharded class head) are read from the DCP checkpoint one tensor at a time and,
    within it, one shard at a time (:func:`~embedtrain.export.tables.stream_tensor`), straight
    into their ``.npy`` files: a checkpoint of N ranks, row-wise, table-wise or column-wise,
@@ -34,7 +40,8 @@ and dynamic tables in two collections, but its sparse arch stacks the pooled emb
 features' order): the order the dense program's ``pooled`` input takes them in.
 
 GNN runs export their node table (no dense program: GraphSAGE runs on sampled neighbourhoods,
-not on rows). XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``).
+not on rows). XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``); the
+recipes say so.
 
 Example:
     >>> result = export_run("runs/demo", "exports/demo", quantize="int8")
@@ -54,7 +61,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import nn
 
-from embedtrain.config import Config, Interaction, TaskKind, load_run_config
+from embedtrain.config import load_run_config
 from embedtrain.export.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -86,6 +93,8 @@ from embedtrain.export.tables import (
     write_parquet,
 )
 from embedtrain.models.dynamic import MIX_VERSION, EmbeddingBags
+from embedtrain.recipes import recipe_for
+from embedtrain.recipes.base import DatasetInfo, DenseExport, ExportParts, HeadExport
 from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
 from embedtrain.utils import progress_bar
 
@@ -159,14 +168,20 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
     if not (run_dir / "config.yaml").is_file():
         raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
     cfg = load_run_config(run_dir / "config.yaml")
-    model = _Family.of(cfg)  # refuses what cannot be exported, before any file is touched
+    recipe = recipe_for(cfg)
+    refusal = recipe.export_refusal()  # before any file is touched
+    if refusal:
+        raise ExportError(refusal)
+    model = recipe.planning_model()  # on meta: no table memory
+    tables = model_tables(model)
+    parts = recipe.export_parts(model, [(t.name, t.rows, t.dim) for t in tables])
     ckpt, info = _find_checkpoint(run_dir, checkpoint)
     saved = checkpoint_tensors(ckpt)
-    tables, head = model.tables(), model.head_key()
+    h = parts.head
     remapped = [(f"{t.remap}.{b}", (t.rows,)) for t in tables if t.remap
                 for b in (SORTED_IDS, ROWS_OF_IDS)]
-    for key, shape in ([(t.key, (t.rows, t.dim)) for t in tables] + ([head] if head else [])
-                       + remapped):
+    for key, shape in ([(t.key, (t.rows, t.dim)) for t in tables]
+                       + ([(h.checkpoint_key, (h.num_classes, h.dim))] if h else []) + remapped):
         if key not in saved:
             raise CheckpointError(f"{ckpt}: has no {key}; was it written by this run's model?")
         if tuple(saved[key]) != tuple(shape):
@@ -174,27 +189,27 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
                                   f"it {list(shape)}; was it written by this run's model?")
     _prepare_out(out, overwrite)
     try:
-        return _export(cfg, model, tables, head, run_dir, out, ckpt, info, quantize, formats,
-                       progress, start)
+        return _export(cfg.task.value, recipe.dataset_info(), parts, tables, run_dir, out, ckpt,
+                       info, quantize, formats, progress, start)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export is left behind
         raise
 
 
-def _export(cfg: Config, model: "_Family", tables: list["_TableSpec"],
-            head: Optional[tuple[str, tuple[int, int]]], run_dir: Path, out: Path, ckpt: Path,
-            info: dict[str, Any], quantize: str, formats: Sequence[str], progress: bool,
-            start: float) -> ExportResult:
+def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_TableSpec"],
+            run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
+            formats: Sequence[str], progress: bool, start: float) -> ExportResult:
     # 1. The dense model (small; it also loads what reading a checkpoint needs, so that the
     # baseline below holds every library the tables' phase uses).
-    program = model.dense_program(ckpt, out)
+    program = _dense_program(parts.dense, ckpt, out)
 
     # 2. The tables, one tensor and one shard at a time (the memory-bound phase).
     (out / "tables").mkdir()
     todo = [_Tensor(t.key, (t.rows, t.dim), out / "tables" / t.name) for t in tables]
-    if head:
+    h = parts.head
+    if h:
         (out / "head").mkdir()
-        todo.append(_Tensor(head[0], head[1], out / "head" / "weight"))
+        todo.append(_Tensor(h.checkpoint_key, (h.num_classes, h.dim), out / "head" / "weight"))
     baseline, can_reset = _reset_peak_rss()
     entries: list[Table] = []
     head_entry = None
@@ -207,24 +222,23 @@ def _export(cfg: Config, model: "_Family", tables: list["_TableSpec"],
                 if tables[i].remap:
                     _add_id_map(entries[-1], tables[i], ckpt, out)
             else:
-                head_entry = model.head_entry(out, shards, formats)
+                head_entry = _head_entry(h, shards, data.root, out, formats)
             bar.update(t.shape[0])
     peak = _peak_rss() if can_reset else None
 
     # 3. Vocabularies, config, data set metadata, model.json.
-    features = model.features(out)
+    features = _features(parts, tables, data.root, out)
     for table in entries:
         table.vocab = next((f.vocab for f in features.sparse if f.table == table.name), None)
     shutil.copyfile(run_dir / "config.yaml", out / "config.yaml")
-    meta = model.dataset
-    shutil.copyfile(meta.root / "metadata.json", out / "dataset_metadata.json")
+    shutil.copyfile(data.root / "metadata.json", out / "dataset_metadata.json")
     manifest = Manifest(
-        format_version=FORMAT_VERSION, task=cfg.task.value, model=model.name, quantize=quantize,
+        format_version=FORMAT_VERSION, task=task, model=parts.model, quantize=quantize,
         features=features, tables=entries, source=Source(
             run_dir=str(run_dir.resolve()), checkpoint=str(Path(ckpt).resolve()),
             step=int(info["step"]), world_size=int(info.get("world_size", 1)),
-            dataset=str(meta.root), dataset_name=meta.name),
-        dense_program=program, head=head_entry, note=model.note)
+            dataset=str(data.root), dataset_name=data.name),
+        dense_program=program, head=head_entry, note=parts.note)
     write_manifest(manifest, out)
     largest = max(t.shape[0] * t.shape[1] * 4 for t in todo) if todo else 0
     return ExportResult(out, manifest, time.perf_counter() - start, baseline, peak, largest)
@@ -336,7 +350,7 @@ def _status(key: str) -> Optional[int]:
     return None
 
 
-# -- the families ------------------------------------------------------------------------------
+# -- what the model holds (family-free; the recipe says the rest: ExportParts) -----------------
 
 
 @dataclass
@@ -350,142 +364,122 @@ class _TableSpec:
     remap: Optional[str] = None  # dynamic tables: the checkpoint key of the remapper
 
 
-class _Family:
-    """What a task family exports: its tables, dense program, head and features."""
+def model_tables(model: nn.Module) -> list[_TableSpec]:
+    """Every ``EmbeddingBagCollection`` table of ``model``, with its checkpoint key (and, for a
+    dynamic table, its remapper's), in the model's feature order."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.mc_modules import MCHManagedCollisionModule
 
-    name = ""
-    note: Optional[str] = None
+    modules = dict(model.named_modules())
+    out = []
+    for path, module in modules.items():
+        if not isinstance(module, EmbeddingBagCollection):
+            continue
+        # a ManagedCollisionEmbeddingBagCollection's tables: <owner>._embedding_module
+        owner = path[:-len("._embedding_module")] if path.endswith("._embedding_module") \
+            else None
+        for c in module.embedding_bag_configs():
+            remap = None
+            if owner is not None:
+                mcm = f"{owner}._managed_collision_collection._managed_collision_modules." \
+                      f"{c.name}"
+                if isinstance(modules.get(mcm), MCHManagedCollisionModule):
+                    remap = f"model.{mcm}"
+            out.append(_TableSpec(c.name, f"model.{path}.embedding_bags.{c.name}.weight",
+                                  list(c.feature_names), c.num_embeddings, c.embedding_dim,
+                                  c.pooling.name.lower(), remap))
+    # EmbeddingBags holds static and dynamic tables in two collections, but pools (and the
+    # sparse arch stacks) them in its configs' order: list them in that order
+    for path, module in modules.items():
+        if isinstance(module, EmbeddingBags):
+            order = {c.name: i for i, c in enumerate(module.embedding_bag_configs())}
+            prefix = f"model.{path}."
+            places = [i for i, t in enumerate(out) if t.key.startswith(prefix)]
+            ordered = sorted((out[i] for i in places), key=lambda t: order[t.name])
+            for i, t in zip(places, ordered):
+                out[i] = t
+    return out
 
-    def __init__(self, cfg: Config) -> None:
-        from embedtrain.recipes import recipe_for
 
-        self.cfg = cfg
-        self.recipe = recipe_for(cfg)
-        self.model = self.recipe.planning_model()  # on meta: no table memory
-
-    @staticmethod
-    def of(cfg: Config) -> "_Family":
-        if cfg.task is TaskKind.CTR:
-            return _CTR(cfg)
-        if cfg.task is TaskKind.XC:
-            return _XC(cfg)
-        return _GNN(cfg)
-
-    @property
-    def dataset(self):
-        return self.recipe.dataset
-
-    def tables(self) -> list[_TableSpec]:
-        """Every ``EmbeddingBagCollection`` table of the model, with its checkpoint key (and,
-        for a dynamic table, its remapper's), in the model's feature order."""
-        from torchrec.modules.embedding_modules import EmbeddingBagCollection
-        from torchrec.modules.mc_modules import MCHManagedCollisionModule
-
-        modules = dict(self.model.named_modules())
-        out = []
-        for path, module in modules.items():
-            if not isinstance(module, EmbeddingBagCollection):
-                continue
-            # a ManagedCollisionEmbeddingBagCollection's tables: <owner>._embedding_module
-            owner = path[:-len("._embedding_module")] if path.endswith("._embedding_module") \
-                else None
-            for c in module.embedding_bag_configs():
-                remap = None
-                if owner is not None:
-                    mcm = f"{owner}._managed_collision_collection._managed_collision_modules." \
-                          f"{c.name}"
-                    if isinstance(modules.get(mcm), MCHManagedCollisionModule):
-                        remap = f"model.{mcm}"
-                out.append(_TableSpec(c.name, f"model.{path}.embedding_bags.{c.name}.weight",
-                                      list(c.feature_names), c.num_embeddings, c.embedding_dim,
-                                      c.pooling.name.lower(), remap))
-        # EmbeddingBags holds static and dynamic tables in two collections, but pools (and the
-        # sparse arch stacks) them in its configs' order: list them in that order
-        for path, module in modules.items():
-            if isinstance(module, EmbeddingBags):
-                order = {c.name: i for i, c in enumerate(module.embedding_bag_configs())}
-                prefix = f"model.{path}."
-                places = [i for i, t in enumerate(out) if t.key.startswith(prefix)]
-                ordered = sorted((out[i] for i in places), key=lambda t: order[t.name])
-                for i, t in zip(places, ordered):
-                    out[i] = t
-        return out
-
-    def head_key(self) -> Optional[tuple[str, tuple[int, int]]]:
+def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path
+                   ) -> Optional[DenseProgram]:
+    """Loads the dense parameters from the checkpoint and exports the program."""
+    if dense is None:
         return None
+    module, prefix = dense.module, dense.checkpoint_prefix
+    tensors = {prefix + k: v for k, v in module.state_dict().items()}
+    missing = [k for k in tensors if k not in checkpoint_tensors(ckpt)]
+    if missing:
+        raise CheckpointError(f"{ckpt}: has no {missing[0]}; was it written by this run's "
+                              "model?")
+    load_tensors(ckpt, tensors)
+    module.eval()
+    file, kind = export_program(module, dense.example, out)
+    return DenseProgram(file=file, format=kind, inputs=dense.inputs, output=dense.output,
+                        parameters=sum(p.numel() for p in module.parameters()))
 
-    def head_entry(self, out: Path, shards: Optional[list[Shard]],
-                   formats: Sequence[str]) -> Optional[Head]:
-        return None
 
-    def dense_module(self) -> Optional[tuple[nn.Module, str, tuple, list[str], str]]:
-        """(module on CPU, checkpoint key prefix of its parameters, example inputs, input
-        descriptions, output description); None: no dense program."""
-        return None
+def _head_entry(h: HeadExport, shards: list[Shard], root: Path, out: Path,
+                formats: Sequence[str]) -> Head:
+    """Makes the requested files of the written class head and describes them."""
+    npy = out / "head" / "weight.npy"
+    files = TableFiles(npy="head/weight.npy")
+    if "parquet" in formats:
+        write_parquet(npy, npy.with_suffix(".parquet"))
+        files.parquet = "head/weight.parquet"
+    if "npy" not in formats:
+        npy.unlink()
+        files.npy = None
+    return Head(kind=h.kind, num_classes=h.num_classes, dim=h.dim, files=files,
+                bytes=h.num_classes * h.dim * 4, checkpoint_key=h.checkpoint_key,
+                normalised=h.normalised, scale=h.scale, top_k=list(h.top_k), shards=shards,
+                vocab=_copy_vocab(root, h.vocab, out) if h.vocab else None)
 
-    def dense_program(self, ckpt: Path, out: Path) -> Optional[DenseProgram]:
-        """Loads the dense parameters from the checkpoint and exports the program."""
-        built = self.dense_module()
-        if built is None:
-            return None
-        module, prefix, example, inputs, output = built
-        tensors = {prefix + k: v for k, v in module.state_dict().items()}
-        missing = [k for k in tensors if k not in checkpoint_tensors(ckpt)]
-        if missing:
-            raise CheckpointError(f"{ckpt}: has no {missing[0]}; was it written by this run's "
-                                  "model?")
-        load_tensors(ckpt, tensors)
-        module.eval()
-        file, kind = export_program(module, example, out)
-        return DenseProgram(file=file, format=kind, inputs=inputs, output=output,
-                            parameters=sum(p.numel() for p in module.parameters()))
 
-    def features(self, out: Path) -> Features:
-        """The data set's columns and what ingestion did to them; vocabularies copied."""
-        meta = self.dataset
-        extra, spec = meta.extra, meta.features
-        tables = {f: t.name for t in self.tables() for f in t.features}
-        stats = extra.get("dense_stats") or {}
-        casts = {d.get("name"): d.get("cast") for d in (extra.get("spec") or {}).get("dense", [])
-                 if isinstance(d, dict)}
-        transform = spec.dense_transform.value
-        dense = []
-        for name in spec.dense:
-            s = stats.get(name)
-            ingest = None
-            if isinstance(s, dict):
-                ingest = DensePreprocessing(
-                    fill_null=float(s.get("fill_null") or 0.0), cast=casts.get(name),
-                    clip_min=s.get("clip_min"), clip_max=s.get("clip_max"),
-                    log1p=bool(s.get("log1p")), standardize=bool(s.get("standardized")),
-                    mean=s.get("mean"), std=s.get("std"))
-            dense.append(DenseFeature(name, transform, ingest))
-        vocab_files = extra.get("vocab_files") or {}
-        hashes = extra.get("hash_buckets") or {}
-        buckets = extra.get("bucket_boundaries") or {}
-        sparse_spec = {d.get("name"): d for d in (extra.get("spec") or {}).get("sparse", [])
-                       if isinstance(d, dict)}
-        sparse = []
-        for f in spec.sparse:
-            entry = SparseFeature(f.name, tables.get(f.name, ""), f.num_embeddings, f.multi_hot,
-                                  f.max_length)
-            given = sparse_spec.get(f.name, {})
-            entry.column = given.get("column")
-            if f.raw:
-                entry.encoding = "raw"  # raw int64 ids: its dynamic table's id map finds rows
-            elif f.name in vocab_files:
-                entry.encoding, entry.vocab = "vocab", _copy_vocab(meta.root, vocab_files[f.name],
-                                                                   out)
-                entry.min_frequency = given.get("min_frequency")
-            elif f.name in hashes:
-                entry.encoding, entry.hash_buckets = "hash", int(hashes[f.name])
-            elif f.name in buckets:
-                entry.encoding = "quantiles" if given.get("quantiles") else "bucketize"
-                entry.bucket_boundaries = [float(b) for b in buckets[f.name]]
-            if entry.encoding not in ("pre_encoded", "raw") and "null_id" in extra:
-                entry.null_id = int(extra["null_id"])
-            sparse.append(entry)
-        return Features(spec.label, dense, sparse, spec.num_classes, spec.max_labels)
+def _features(parts: ExportParts, tables: list[_TableSpec], root: Path, out: Path) -> Features:
+    """The rows' columns and what ingestion did to them; vocabularies copied from ``root``."""
+    spec, extra = parts.features, parts.ingest
+    table_of = {f: t.name for t in tables for f in t.features}
+    stats = extra.get("dense_stats") or {}
+    casts = {d.get("name"): d.get("cast") for d in (extra.get("spec") or {}).get("dense", [])
+             if isinstance(d, dict)}
+    transform = spec.dense_transform.value
+    dense = []
+    for name in spec.dense:
+        s = stats.get(name)
+        ingest = None
+        if isinstance(s, dict):
+            ingest = DensePreprocessing(
+                fill_null=float(s.get("fill_null") or 0.0), cast=casts.get(name),
+                clip_min=s.get("clip_min"), clip_max=s.get("clip_max"),
+                log1p=bool(s.get("log1p")), standardize=bool(s.get("standardized")),
+                mean=s.get("mean"), std=s.get("std"))
+        dense.append(DenseFeature(name, transform, ingest))
+    vocab_files = extra.get("vocab_files") or {}
+    hashes = extra.get("hash_buckets") or {}
+    buckets = extra.get("bucket_boundaries") or {}
+    sparse_spec = {d.get("name"): d for d in (extra.get("spec") or {}).get("sparse", [])
+                   if isinstance(d, dict)}
+    sparse = []
+    for f in spec.sparse:
+        entry = SparseFeature(f.name, table_of.get(f.name, ""), f.num_embeddings, f.multi_hot,
+                              f.max_length)
+        given = sparse_spec.get(f.name, {})
+        entry.column = given.get("column")
+        if f.raw:
+            entry.encoding = "raw"  # raw int64 ids: its dynamic table's id map finds rows
+        elif f.name in vocab_files:
+            entry.encoding, entry.vocab = "vocab", _copy_vocab(root, vocab_files[f.name], out)
+            entry.min_frequency = given.get("min_frequency")
+        elif f.name in hashes:
+            entry.encoding, entry.hash_buckets = "hash", int(hashes[f.name])
+        elif f.name in buckets:
+            entry.encoding = "quantiles" if given.get("quantiles") else "bucketize"
+            entry.bucket_boundaries = [float(b) for b in buckets[f.name]]
+        if entry.encoding not in ("pre_encoded", "raw") and "null_id" in extra:
+            entry.null_id = int(extra["null_id"])
+        sparse.append(entry)
+    return Features(spec.label, dense, sparse, spec.num_classes, spec.max_labels)
 
 
 def _copy_vocab(root: Path, relative: str, out: Path) -> Optional[str]:
@@ -519,126 +513,3 @@ def export_program(module: nn.Module, example: tuple, out: Path) -> tuple[str, s
         raise ExportError(f"{out / file}: the exported program does not reproduce the model "
                           f"(max difference {(got - expected).abs().max():.3g})")
     return file, kind
-
-
-class _DLRMDense(nn.Module):
-    """DLRM / DCNv2 without its tables: ``(dense [B, n_dense], pooled [B, F, D]) -> logit [B]``
-    (TorchRec's ``DLRM.forward`` after the sparse arch)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.dense_arch, self.inter_arch, self.over_arch = (model.dense_arch, model.inter_arch,
-                                                            model.over_arch)
-
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        features = self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=pooled)
-        return self.over_arch(features).squeeze(-1)
-
-
-class _CTR(_Family):
-    def __init__(self, cfg: Config) -> None:
-        super().__init__(cfg)
-        self.name = "dcn" if cfg.model.interaction is Interaction.DCN else "dlrm"
-
-    def dense_module(self):
-        spec = self.dataset.features
-        tables = self.tables()
-        dim = self.cfg.model.embedding_dim
-        example = (torch.randn(4, len(spec.dense)), torch.randn(4, len(tables), dim))
-        inputs = [f"dense: float32 [B, {len(spec.dense)}] (features.dense, in order)",
-                  f"pooled: float32 [B, {len(tables)}, {dim}] (the tables' pooled embeddings, "
-                  f"in the order of tables)"]
-        return (_DLRMDense(self.model), "model.", example, inputs,
-                "logit: float32 [B] (click probability = sigmoid(logit))")
-
-
-class _XCDense(nn.Module):
-    """The XC encoder's MLP: ``(dense [B, n_dense], pooled [B, sum of dims]) -> [B, D]``."""
-
-    def __init__(self, mlp: nn.Module, has_dense: bool) -> None:
-        super().__init__()
-        self.mlp, self.has_dense = mlp, has_dense
-
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([pooled, dense], dim=1) if self.has_dense else pooled)
-
-
-class _XC(_Family):
-    name = "xc"
-
-    def __init__(self, cfg: Config) -> None:
-        from embedtrain.models.xc import SHARDED_HEADS
-
-        kind = cfg.xc.head.kind
-        if kind not in SHARDED_HEADS:
-            raise ExportError(f"xc.head.kind: {kind.value}: export writes the sharded heads' "
-                              f"weights (full, partial_fc, hard_negatives); a {kind.value} head "
-                              f"scores classes with its own structure, which is not exported")
-        super().__init__(cfg)
-
-    def head_key(self):
-        spec = self.dataset.features
-        return "model.head.weight", (spec.num_classes, self.cfg.xc.mlp[-1])
-
-    def head_entry(self, out, shards, formats):
-        from embedtrain.models.options import Margin
-
-        h, spec = self.cfg.xc.head, self.dataset.features
-        npy = out / "head" / "weight.npy"
-        files = TableFiles(npy="head/weight.npy")
-        if "parquet" in formats:
-            write_parquet(npy, npy.with_suffix(".parquet"))
-            files.parquet = "head/weight.parquet"
-        if "npy" not in formats:
-            npy.unlink()
-            files.npy = None
-        vocab = (self.dataset.extra.get("vocab_files") or {}).get(spec.label)
-        normalised = h.margin is not Margin.NONE
-        return Head(kind=h.kind.value, num_classes=spec.num_classes, dim=self.cfg.xc.mlp[-1],
-                    files=files, bytes=spec.num_classes * self.cfg.xc.mlp[-1] * 4,
-                    checkpoint_key="model.head.weight", normalised=normalised,
-                    scale=h.scale if normalised else 1.0, top_k=list(self.cfg.xc.top_k),
-                    shards=shards or [],
-                    vocab=_copy_vocab(self.dataset.root, vocab, out) if vocab else None)
-
-    def dense_module(self):
-        spec = self.dataset.features
-        encoder = self.model.encoder
-        mlp = encoder.mlp.to_empty(device="cpu")
-        width = sum(t.dim for t in self.tables())
-        example = (torch.randn(4, len(spec.dense)), torch.randn(4, width))
-        inputs = [f"dense: float32 [B, {len(spec.dense)}] (features.dense, in order)",
-                  f"pooled: float32 [B, {width}] (the tables' pooled embeddings, concatenated "
-                  f"in the order of tables)"]
-        return (_XCDense(mlp, bool(spec.dense)), "model.encoder.", example, inputs,
-                f"features: float32 [B, {encoder.dim}] (class scores: features @ "
-                f"head.weight.T)")
-
-
-class _GNN(_Family):
-    name = "graphsage"
-    note = ("GraphSAGE runs on sampled neighbourhoods of the graph, not on rows: the node "
-            "table only, no dense program")
-
-    @property
-    def dataset(self):
-        return _GraphMeta(self.recipe.dataset)
-
-    def tables(self):
-        found = super().tables()
-        if not found:
-            raise ExportError("gnn.embedding_dim: 0: the model has no node table, and its "
-                              "SAGE layers run on sampled neighbourhoods: nothing to export")
-        return found
-
-    def features(self, out: Path) -> Features:
-        t = self.tables()[0]
-        return Features("label", [], [SparseFeature("node", t.name, t.rows)],
-                        self.recipe.dataset.num_classes or None)
-
-
-class _GraphMeta:
-    """The few data set fields an export records, for a graph data set."""
-
-    def __init__(self, graph) -> None:
-        self.root, self.name = Path(graph.root), graph.name

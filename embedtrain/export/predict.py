@@ -23,13 +23,19 @@ of a static one in ``[0, num_embeddings)``), turned into a TorchRec batch exactl
 reader does (same dense transform), scored and appended to the output parquet; memory is bounded
 by a batch and a row group, never the input. Output columns, one row per input row, in input order:
 
-* CTR: ``logit`` and ``score`` (the click probability, ``sigmoid(logit)``), float32;
-* XC: ``top_ids`` (``list<int64>``, class ids, best first) and ``top_scores``
-  (``list<float32>``, the head's logits), ``--top-k`` of them (default: the run's largest
-  ``xc.top_k``);
+* no class head (CTR): ``logit`` and ``score`` (the click probability, ``sigmoid(logit)``),
+  float32;
+* a class head (XC): ``top_ids`` (``list<int64>``, class ids, best first) and ``top_scores``
+  (``list<float32>``, the head's logits), ``--top-k`` of them (default: the largest of the
+  head's ``top_k``, the run's ``xc.top_k``);
 
 plus the input's label column (``label`` or ``labels``) where the input has it; then the
-metrics of the scores against it are returned too (CTR: AUC and log loss; XC: P@1).
+metrics of the scores against it are returned too (AUC and log loss; with a head: P@1).
+
+What scoring takes is in ``model.json`` (its ``head``) but for one thing, which the run's recipe
+says (the export's copy of ``config.yaml``): how the dense program takes the pooled embeddings
+(:meth:`~embedtrain.recipes.base.Recipe.predict_pooled`: stacked for DLRM, concatenated for
+XC). An export without a dense program (GNN) scores no rows.
 
 Example:
     >>> model = ExportedModel("exports/demo")
@@ -54,6 +60,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from embedtrain.config import load_run_config
+from embedtrain.config_io import ConfigError
 from embedtrain.data.batching import Rows, SparseLayout, is_list_type, to_batch
 from embedtrain.data.reader import DataError
 from embedtrain.export.manifest import ExportError, load_manifest
@@ -72,6 +80,7 @@ from embedtrain.models.dynamic import (
     mix_ids,
     unmix_ids,
 )
+from embedtrain.recipes import recipe_for
 from embedtrain.recipes.base import quiet_fx_tracing_warning
 from embedtrain.utils import natural_key, progress_bar
 
@@ -111,25 +120,27 @@ class IdMap:
 
 
 class ExportedModel:
-    """An export directory loaded for scoring (CTR and XC exports).
+    """An export directory loaded for scoring (an export with a dense program: CTR, XC).
 
     Args:
         root: the export directory.
 
     Raises:
-        ExportError: no usable ``model.json``, a task that cannot score rows (GNN), or a
-            missing/mismatched file (named).
+        ExportError: no usable ``model.json`` or ``config.yaml``, an export without a dense
+            program (GNN), or a missing/mismatched file (named).
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         m = self.manifest = load_manifest(self.root)
         where = self.root / "model.json"
-        if m.task not in ("ctr", "xc") or m.dense_program is None:
+        if m.dense_program is None:
             raise ExportError(f"{where}: task {m.task}: embedtrain predict scores rows with "
                               f"ctr and xc exports ({m.note or 'this one has no dense program'})")
-        if m.task == "xc" and m.head is None:
-            raise ExportError(f"{where}: task xc without a head")
+        try:
+            self.recipe = recipe_for(load_run_config(self.root / m.source.config))
+        except ConfigError as e:
+            raise ExportError(str(e)) from None
         f = m.features
         transform = f.dense[0].transform if f.dense else "none"
         self.spec = FeatureSpec(
@@ -178,10 +189,6 @@ class ExportedModel:
             self.head_weight = F.normalize(weight, dim=1) if h.normalised else weight
 
     @property
-    def task(self) -> str:
-        return self.manifest.task
-
-    @property
     def table_memory_bytes(self) -> int:
         """Bytes of the tables as the lookup modules hold them: the float32 weights, or the
         rows (codes, scale and bias, aligned) of the quantized module's FBGEMM kernels."""
@@ -218,22 +225,19 @@ class ExportedModel:
         return [by_key[name] for name in self.feature_order]
 
     @torch.no_grad()
-    def logits(self, dense: Tensor, sparse) -> Tensor:
-        """CTR: the click logits ``[B]``."""
-        return self.program(dense, torch.stack(self.pooled(sparse), dim=1))
-
-    @torch.no_grad()
-    def features(self, dense: Tensor, sparse) -> Tensor:
-        """XC: the encoder's features ``[B, D]``."""
-        return self.program(dense, torch.cat(self.pooled(sparse), dim=1))
+    def outputs(self, dense: Tensor, sparse) -> Tensor:
+        """The dense program's output: click logits ``[B]`` (no head), or the features ``[B, D]``
+        the class head scores. The pooled embeddings take the program's layout from the run's
+        recipe (:meth:`~embedtrain.recipes.base.Recipe.predict_pooled`)."""
+        return self.program(dense, self.recipe.predict_pooled(self.pooled(sparse)))
 
     @torch.no_grad()
     def topk(self, dense: Tensor, sparse, k: int) -> tuple[Tensor, Tensor]:
-        """XC: ``(scores [B, k], class ids [B, k])`` over all classes, best first (ties: the
-        lower class id; fewer than ``k`` classes: padded with ``-inf`` and ``-1``)."""
+        """With a class head: ``(scores [B, k], class ids [B, k])`` over all classes, best first
+        (ties: the lower class id; fewer than ``k`` classes: padded with ``-inf`` and ``-1``)."""
         from embedtrain.models.topk import blocked_topk
 
-        x = self.features(dense, sparse)
+        x = self.outputs(dense, sparse)
         if self.manifest.head.normalised:
             x = F.normalize(x, dim=1) * self.manifest.head.scale
         return blocked_topk(x, self.head_weight, k, _HEAD_BLOCK)
@@ -307,13 +311,16 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
     spec = model.spec
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top-k: must be at least 1, got {top_k}")
-    k = top_k or (max(model.manifest.head.top_k) if model.task == "xc" else 0)
+    head = model.manifest.head
+    k = top_k or (max(head.top_k) if head is not None else 0)
     schemas = [_schema(f, spec) for f in files]
     label_type = _label_type(files, schemas, spec)
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    metrics = _Metrics(model.task, label_type is not None)
+    metrics = None
+    if label_type is not None:
+        metrics = _TopOneMetrics() if head is not None else _ClickMetrics()
     writer: Optional[pq.ParquetWriter] = None
     rows = 0
     try:
@@ -322,7 +329,7 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
                 for batch, labels in _batches(path, schema, spec, batch_size, label_type,
                                               model.id_maps):
                     columns = _score(model, batch, k)
-                    if label_type is not None:
+                    if metrics is not None:
                         columns[spec.label] = labels
                         metrics.update(columns, labels)
                     table = pa.table(columns)
@@ -334,12 +341,15 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
     finally:
         if writer is not None:
             writer.close()
-    return PredictResult(out, rows, len(files), time.perf_counter() - start, metrics.compute())
+    return PredictResult(out, rows, len(files), time.perf_counter() - start,
+                         metrics.compute() if metrics is not None else {})
 
 
 def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:
-    if model.task == "ctr":
-        logits = model.logits(batch.dense_features, batch.sparse_features).float()
+    """A batch's output columns: the class head's top ``k`` with a head, else the click logit
+    and its probability."""
+    if model.manifest.head is None:
+        logits = model.outputs(batch.dense_features, batch.sparse_features).float()
         return {"logit": pa.array(logits.numpy()), "score": pa.array(torch.sigmoid(logits).numpy())}
     scores, ids = model.topk(batch.dense_features, batch.sparse_features, k)
     n = ids.shape[0]
@@ -464,35 +474,20 @@ def _no_nulls(column: pa.ChunkedArray, name: str, path: Path, first: int) -> Non
         raise DataError(f"{path}: column {name}: row {first + row}: null value")
 
 
-class _Metrics:
-    """The scores against the labels: AUC and log loss (CTR), P@1 (XC)."""
+class _ClickMetrics:
+    """The click probabilities (``score``) against the labels: AUC and log loss."""
 
-    def __init__(self, task: str, labelled: bool) -> None:
-        self.task, self.labelled = task, labelled
+    def __init__(self) -> None:
         self.scores: list[np.ndarray] = []
         self.labels: list[np.ndarray] = []
-        self.hits = self.count = 0
 
     def update(self, columns: dict[str, pa.Array], labels: pa.Array) -> None:
         valid = pc.is_valid(labels).to_numpy(zero_copy_only=False)
-        if not valid.any():
-            return
-        if self.task == "ctr":
+        if valid.any():
             self.scores.append(columns["score"].to_numpy()[valid])
             self.labels.append(labels.to_numpy(zero_copy_only=False)[valid].astype(np.float32))
-            return
-        top1 = np.array([ids[0] if len(ids) else -1 for ids in columns["top_ids"].to_pylist()])
-        truth = labels.to_pylist()
-        for ok, guess, label in zip(valid, top1, truth):
-            if ok:
-                self.count += 1
-                self.hits += int(guess in label) if isinstance(label, list) else int(guess == label)
 
     def compute(self) -> dict[str, float]:
-        if not self.labelled:
-            return {}
-        if self.task == "xc":
-            return {"p@1": self.hits / self.count} if self.count else {}
         if not self.scores:
             return {}
         from torchmetrics.functional.classification import binary_auroc
@@ -502,3 +497,23 @@ class _Metrics:
         eps = 1e-12
         logloss = F.binary_cross_entropy(p.clamp(eps, 1 - eps), y).item()
         return {"auc": float(binary_auroc(p, y.long(), thresholds=None)), "logloss": logloss}
+
+
+class _TopOneMetrics:
+    """The best class (``top_ids[0]``) against the labels (a class id or a list of them): P@1."""
+
+    def __init__(self) -> None:
+        self.hits = self.count = 0
+
+    def update(self, columns: dict[str, pa.Array], labels: pa.Array) -> None:
+        valid = pc.is_valid(labels).to_numpy(zero_copy_only=False)
+        if not valid.any():
+            return
+        top1 = np.array([ids[0] if len(ids) else -1 for ids in columns["top_ids"].to_pylist()])
+        for ok, guess, label in zip(valid, top1, labels.to_pylist()):
+            if ok:
+                self.count += 1
+                self.hits += int(guess in label) if isinstance(label, list) else int(guess == label)
+
+    def compute(self) -> dict[str, float]:
+        return {"p@1": self.hits / self.count} if self.count else {}

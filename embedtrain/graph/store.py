@@ -2,9 +2,9 @@
 
 A graph data set is a directory holding ``metadata.json`` and ``.npy`` files written by
 :func:`write_graph` (the synthetic generator :mod:`embedtrain.datagen.graph` and the ingestion
-job :mod:`pipelines.graph` both use it) and read by :func:`load_graph` into a :class:`GraphData`,
-which memory-maps the arrays and checks that they are consistent. Building the CSR from an edge
-list and holding out link-prediction edges is :mod:`embedtrain.graph.csr`.
+job :mod:`pipelines.graph.passes` both use it) and read by :func:`load_graph` into a
+:class:`GraphData`, which memory-maps the arrays and checks that they are consistent. Building
+the CSR from an edge list and holding out link-prediction edges is :mod:`embedtrain.graph.csr`.
 
 Data flow: edges -> :func:`~embedtrain.graph.csr.csr_from_edges` -> :func:`write_graph` ->
 :func:`load_graph` -> :class:`GraphData` -> the loaders of :mod:`embedtrain.graph.loader`.

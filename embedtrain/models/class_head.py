@@ -4,7 +4,7 @@ The model-parallel softmax of the 100-million-class training systems: the batch'
 all-gathered (data-parallel encoder, model-parallel head), every rank multiplies them with its own
 slice of the class weights, and the softmax normaliser is assembled with two all-reduces (the max,
 then the sum of exponentials); the target logits come from the ranks that own the classes. The
-backward pass is written out (:class:`_ShardedSoftmaxCrossEntropy`): each rank gets the gradient
+backward pass is written out (:mod:`embedtrain.models.class_head_ops`): each rank gets the gradient
 of its own slice only, and the features' gradient goes back to the rank the example came from
 through the all-gather's backward. With one rank it is plain softmax cross-entropy.
 
@@ -52,8 +52,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embedtrain.models.options import HeadLoss, Margin, NegativeIndex
+from embedtrain.models.class_head_ops import (
+    all_gather_rows,
+    all_gather_uneven,
+    gather_rows,
+    rank_and_world,
+    scale_grad,
+    sharded_binary_cross_entropy,
+    sharded_softmax_cross_entropy,
+)
 from embedtrain.models.class_index import ClusteredIndex, default_clusters, recall_at_k
+from embedtrain.models.options import HeadLoss, Margin, NegativeIndex
 from embedtrain.models.topk import blocked_topk, distributed_topk
 
 _EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
@@ -105,143 +114,10 @@ def init_rows_(weight: Tensor, start: int, std: float, seed: int = 0, block: int
         weight[lo - start:hi - start] = rows[lo - b * block:] * std
 
 
-def _world(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
-    if not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
 def as_targets(targets: Tensor) -> Tensor:
     """``[B]`` or ``[B, L]`` class ids as ``[B, L]`` int64 (``-1`` padding)."""
     targets = targets.long()
     return targets[:, None] if targets.dim() == 1 else targets
-
-
-class _ShardedSoftmaxCrossEntropy(torch.autograd.Function):
-    """Per-example softmax cross-entropy over logits split by columns (classes) across ranks.
-
-    ``targets [B, L]`` hold this rank's *column* of each positive or ``-1`` (padding, or a class
-    owned by another rank); ``counts [B]`` the number of positives of each example (all ranks).
-    Loss: ``logsumexp(all logits) - mean over positives of their logits``.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, counts: Tensor,
-                group: Optional[dist.ProcessGroup]) -> Tensor:
-        distributed = _world(group)[1] > 1
-        logits = logits.float()
-        if logits.shape[1]:
-            peak = logits.max(dim=1).values
-        else:  # a rank without classes
-            peak = logits.new_full((logits.shape[0],), -math.inf)
-        if distributed:
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-        exp = (logits - peak[:, None]).exp_()
-        total = exp.sum(dim=1)
-        rows, slot = (targets >= 0).nonzero(as_tuple=True)
-        cols = targets[rows, slot]
-        weights = 1.0 / counts[rows].clamp(min=1).to(logits.dtype)
-        picked = torch.zeros_like(total).index_add_(0, rows, (logits[rows, cols] - peak[rows]) * weights)
-        if distributed:
-            both = torch.stack([total, picked])
-            dist.all_reduce(both, group=group)
-            total, picked = both[0], both[1]
-        exp.div_(total[:, None])  # now this rank's slice of the softmax
-        ctx.save_for_backward(exp, rows, cols, weights)
-        return total.log() - picked
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor):
-        softmax, rows, cols, weights = ctx.saved_tensors
-        grad = softmax
-        grad.index_put_((rows, cols), -weights, accumulate=True)
-        grad.mul_(grad_loss[:, None])
-        return grad, None, None, None
-
-
-class _ShardedBinaryCrossEntropy(torch.autograd.Function):
-    """Per-example one-vs-all loss over logits split by columns (classes) across ranks.
-
-    ``targets [B, L]`` hold this rank's column of each positive or ``-1``. Loss: the sum over
-    every column (of every rank) of the sigmoid cross-entropy, ``softplus(z) - y z``.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, group: Optional[dist.ProcessGroup]
-                ) -> Tensor:
-        logits = logits.float()
-        rows, slot = (targets >= 0).nonzero(as_tuple=True)
-        cols = targets[rows, slot]
-        losses = F.softplus(logits).sum(dim=1).index_add_(0, rows, -logits[rows, cols])
-        if _world(group)[1] > 1:
-            dist.all_reduce(losses, group=group)
-        grad = logits.sigmoid()  # d loss / d logit = sigmoid(z) - y
-        grad.index_put_((rows, cols), torch.full_like(cols, -1, dtype=grad.dtype),
-                        accumulate=True)
-        ctx.save_for_backward(grad)
-        return losses
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor):
-        (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_loss[:, None]), None, None
-
-
-def sharded_softmax_cross_entropy(logits: Tensor, local_targets: Tensor, counts: Tensor,
-                                  group: Optional[dist.ProcessGroup] = None) -> Tensor:
-    """Per-example cross-entropy of a softmax whose classes are split across ``group``.
-
-    Args:
-        logits: ``[B, C_local]``, this rank's classes, for the same ``B`` examples on every rank.
-        local_targets: ``[B, L]`` columns of ``logits`` holding a positive, ``-1`` elsewhere.
-        counts: ``[B]`` positives per example over all ranks.
-        group: the ranks sharing the head (default: the world; none when not distributed).
-
-    Returns:
-        ``[B]`` losses, identical on every rank.
-    """
-    return _ShardedSoftmaxCrossEntropy.apply(logits, local_targets, counts, group)
-
-
-def sharded_binary_cross_entropy(logits: Tensor, local_targets: Tensor,
-                                 group: Optional[dist.ProcessGroup] = None) -> Tensor:
-    """Per-example sum of sigmoid cross-entropies over classes split across ``group``.
-
-    Args as :func:`sharded_softmax_cross_entropy`; an example's positives are distinct.
-
-    Returns:
-        ``[B]`` losses, identical on every rank.
-    """
-    return _ShardedBinaryCrossEntropy.apply(logits, local_targets, group)
-
-
-class _GatherRows(torch.autograd.Function):
-    """``weight[rows]`` into ``out`` (a workspace kept from step to step, so the rows are not
-    copied into freshly mapped memory each step); the gradient is sparse, as ``F.embedding``'s
-    with ``sparse=True``."""
-
-    @staticmethod
-    def forward(ctx, weight: Tensor, rows: Tensor, out: Tensor) -> Tensor:
-        ctx.save_for_backward(rows)
-        ctx.shape = weight.shape
-        return torch.index_select(weight, 0, rows, out=out)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (rows,) = ctx.saved_tensors
-        return torch.sparse_coo_tensor(rows[None], grad, ctx.shape, check_invariants=False), \
-            None, None
-
-
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, scale: float) -> Tensor:
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad * ctx.scale, None
 
 
 def _mean_over_labelled(losses: Tensor, labelled: Tensor) -> Tensor:
@@ -250,37 +126,6 @@ def _mean_over_labelled(losses: Tensor, labelled: Tensor) -> Tensor:
     if bool(labelled.all()):
         return losses.mean()
     return (losses * labelled).sum() / labelled.sum().clamp(min=1)
-
-
-def all_gather_rows(local: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
-    """Concatenates every rank's ``local`` rows (equal counts); differentiable (sums back)."""
-    world = _world(group)[1]
-    if world == 1:
-        return local
-    if local.requires_grad:
-        from torch.distributed.nn.functional import all_gather
-
-        return torch.cat(all_gather(local.contiguous(), group=group or dist.group.WORLD))
-    parts = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(parts, local.contiguous(), group=group)
-    return torch.cat(parts)
-
-
-@torch.no_grad()
-def all_gather_uneven(local: Tensor, group: Optional[dist.ProcessGroup] = None
-                      ) -> tuple[Tensor, int]:
-    """Every rank's rows (counts may differ) and where this rank's rows start in them."""
-    rank, world = _world(group)
-    if world == 1:
-        return local, 0
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([local.shape[0]]), group=group)
-    counts = [int(s) for s in sizes]
-    padded = local.new_zeros((max(counts), *local.shape[1:]))
-    padded[: local.shape[0]] = local
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded, group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, counts)]), sum(counts[:rank])
 
 
 def apply_margin(cosine: Tensor, rows: Tensor, cols: Tensor, margin: Margin, m: float,
@@ -331,7 +176,7 @@ class ShardedSoftmaxHead(nn.Module):
         # C - 1 negatives at probability 1/2 drown the positives for the first epochs.
         self.bce_offset = math.log(max(num_classes, 2))
         self.group = group
-        self.rank, self.world_size = _world(group)
+        self.rank, self.world_size = rank_and_world(group)
         self.num_classes, self.dim = num_classes, dim
         self.start, self.end = shard_range(num_classes, self.rank, self.world_size)
         self.weight = nn.Parameter(torch.empty(self.end - self.start, dim, device=device))
@@ -370,14 +215,14 @@ class ShardedSoftmaxHead(nn.Module):
         if not self.training:
             return self.eval_loss(features, targets).mean()
         targets = as_targets(targets)
-        gathered = all_gather_rows(_ScaleGrad.apply(features, float(self.world_size)), self.group)
+        gathered = all_gather_rows(scale_grad(features, float(self.world_size)), self.group)
         targets = all_gather_rows(targets, self.group)
         counts = (targets >= 0).sum(dim=1)
         candidates = self._candidates(targets, gathered.detach())
         if candidates is None:
             weight = self.weight
         else:  # a sparse gradient: only the candidate rows are touched
-            weight = _GatherRows.apply(self.weight, candidates, self._workspace(candidates))
+            weight = gather_rows(self.weight, candidates, self._workspace(candidates))
         local_targets = self._local_targets(targets, candidates)
         logits = self._logits(gathered, weight, local_targets)
         self.steps += 1

@@ -36,7 +36,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -44,12 +44,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.modules.mc_modules import (
-    LFU_EvictionPolicy,
-    LRU_EvictionPolicy,
-    ManagedCollisionCollection,
-    MCHEvictionPolicy,
-    MCHManagedCollisionModule,
-)
+    ManagedCollisionCollection, MCHEvictionPolicy, MCHManagedCollisionModule)
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 from embedtrain.features import SparseFeature
@@ -63,68 +58,14 @@ from embedtrain.models.dynamic_ids import (  # noqa: F401  (re-exported: the ids
     table_salt,
     unmix_ids,
 )
-from embedtrain.models.options import DynamicTable, Eviction
-
-if TYPE_CHECKING:
-    from embedtrain.models.dynamic_fused import FusedTables
+from embedtrain.models.dynamic_fused import FusedTables, unfusable
+from embedtrain.models.dynamic_policies import TTLEvictionPolicy, eviction_policy
+from embedtrain.models.options import DynamicTable
 
 
 def table_name(feature: str) -> str:
     """The embedding table of sparse feature ``feature``."""
     return f"t_{feature}"
-
-
-class _SelectByKth:
-    """MCH's choice of which ids keep a row, without sorting the whole table.
-
-    TorchRec ranks the table's ids and the new ones together with a stable argsort of all
-    ``capacity + new`` scores and keeps the top ``capacity`` (ties to the lower index: ids in the
-    table before new ones). Only the ``new`` lowest scores can lose, so their threshold
-    (``kthvalue``) and the ties at it decide the same sets in linear time.
-    """
-
-    def _compute_selected_eviction_and_replacement_indices(
-            self, pivot: int, eviction_scores: Tensor) -> tuple[Tensor, Tensor]:
-        new = eviction_scores.numel() - pivot
-        if new <= 0:
-            empty = torch.empty(0, dtype=torch.int64, device=eviction_scores.device)
-            return empty, empty
-        threshold = torch.kthvalue(eviction_scores, new).values
-        dropped = eviction_scores < threshold
-        ties = torch.nonzero(eviction_scores == threshold).squeeze(1)
-        need = new - int(dropped.sum())
-        if need > 0:  # among equal scores the highest indices lose, as in the stable sort
-            dropped[ties[ties.numel() - need:]] = True
-        evicted = torch.nonzero(dropped[:pivot]).squeeze(1)
-        selected = torch.nonzero(~dropped[pivot:]).squeeze(1)
-        return evicted, selected
-
-
-class LRUEvictionPolicy(_SelectByKth, LRU_EvictionPolicy):
-    """TorchRec's LRU policy with the linear-time selection."""
-
-
-class LFUEvictionPolicy(_SelectByKth, LFU_EvictionPolicy):
-    """TorchRec's LFU policy with the linear-time selection."""
-
-
-class TTLEvictionPolicy(LRUEvictionPolicy):
-    """LRU, and rows of ids not looked up for ``ttl_steps`` training steps are freed."""
-
-    def __init__(self, ttl_steps: int) -> None:
-        super().__init__()
-        if ttl_steps <= 0:
-            raise ValueError(f"eviction ttl needs ttl_steps > 0, got {ttl_steps}")
-        self.ttl_steps = ttl_steps
-
-
-def eviction_policy(table: DynamicTable) -> MCHEvictionPolicy:
-    """TorchRec's MCH policy for ``table.eviction`` (``ttl``: :class:`TTLEvictionPolicy`)."""
-    if table.eviction is Eviction.LFU:
-        return LFUEvictionPolicy()
-    if table.eviction is Eviction.TTL:
-        return TTLEvictionPolicy(table.ttl_steps)
-    return LRUEvictionPolicy()
 
 
 class ManagedTable(MCHManagedCollisionModule):
@@ -159,8 +100,8 @@ class ManagedTable(MCHManagedCollisionModule):
         counters as each table's own path, in a few ops for all), or None when they cannot be
         fused (another policy, a threshold filter: :func:`~embedtrain.models.dynamic_fused.
         unfusable`). The sharding layer calls it by name."""
-        from embedtrain.models.dynamic_fused import FusedTables, unfusable
-
+        if any(type(t) is not cls for t in tables):
+            return None  # a subclass may remap differently: each table on its own path
         return None if unfusable(tables) else FusedTables(tables)
 
     @property

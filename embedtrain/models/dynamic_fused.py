@@ -45,6 +45,8 @@ import torch
 from torch import Tensor
 
 from embedtrain.models.dynamic_ids import EMPTY_ID, column_keys, id_uniforms, table_salt
+from embedtrain.models.dynamic_policies import (
+    LFUEvictionPolicy, LRUEvictionPolicy, TTLEvictionPolicy)
 from embedtrain.models.dynamic_sorted import (
     distinct_pairs,
     exclusive_sums,
@@ -61,13 +63,10 @@ _INT64_MAX = torch.iinfo(torch.int64).max
 
 
 def unfusable(tables: Sequence) -> Optional[str]:
-    """Why ``tables`` (remappers of one collection) cannot be remapped together, or None."""
-    from embedtrain.models.dynamic import LFUEvictionPolicy, LRUEvictionPolicy, ManagedTable
-
+    """Why ``tables`` (one collection's :class:`~embedtrain.models.dynamic.ManagedTable`
+    remappers) cannot be remapped together, or None."""
     if not tables:
         return "no tables"
-    if any(type(t) is not ManagedTable for t in tables):
-        return "a remapper is not a ManagedTable"
     if len({(t._input_hash_func, t._input_hash_size) for t in tables}) != 1:
         return "the tables mix their ids differently"
     for t in tables:
@@ -101,8 +100,6 @@ class FusedTables:
         why = unfusable(tables)
         if why:
             raise ValueError(f"dynamic tables cannot be remapped together: {why}")
-        from embedtrain.models.dynamic import LRUEvictionPolicy, TTLEvictionPolicy
-
         self.tables = list(tables)
         k = len(self.tables)
         self.mix: Callable[[Tensor], Tensor] = _hash_function(self.tables[0])

@@ -3,7 +3,9 @@
 :data:`RECIPES` maps each ``task`` of the config to its recipe class: it is the only switch on
 the task below the CLI. A new family is one recipe (a :class:`~embedtrain.recipes.base.Recipe`
 subclass) plus one task (:class:`~embedtrain.train.task.Task`) and a line here; see the project's
-``ARCHITECTURE.md`` for a worked example.
+``ARCHITECTURE.md`` for a worked example. A user's own recipe needs no line here: the config
+names it by import path (``recipe: mypkg.towers:TwoTowerRecipe``, see :func:`recipe_class`) and
+its runs get the same run directory, ``eval``, ``plan`` and ``export`` as a built-in one.
 
 Example:
     >>> cfg = load_config("configs/dlrm_synthetic.yaml")
@@ -14,10 +16,12 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from typing import Optional
 
-from embedtrain.config import ClusterConfig, Config, TaskKind
+from embedtrain.config import ClusterConfig, Config, ConfigError, TaskKind
 from embedtrain.recipes.base import Recipe, Run
 from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.recipes.gnn import LinkPredictionRecipe, NodeClassificationRecipe
@@ -33,8 +37,33 @@ RECIPES: dict[TaskKind, type[Recipe]] = {
 
 
 def recipe_for(cfg: Config) -> Recipe:
-    """The recipe of ``cfg.task``, on ``cfg``."""
-    return RECIPES[cfg.task](cfg)
+    """The recipe of ``cfg`` (:func:`recipe_class`), on ``cfg``."""
+    return recipe_class(cfg)(cfg)
+
+
+def recipe_class(cfg: Config) -> type[Recipe]:
+    """``cfg.recipe``'s class when the config names one (``package.module:Class``, imported from
+    the Python path or the current directory, as ``python -m`` would), else ``cfg.task``'s.
+
+    Raises:
+        ConfigError: the module does not import, has no such class, or the class is not a
+            :class:`Recipe` subclass (the ``recipe`` key named).
+    """
+    if cfg.recipe is None:
+        return RECIPES[cfg.task]
+    module_name, _, class_name = cfg.recipe.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # after everything installed: it cannot shadow a package
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"recipe: {cfg.recipe}: cannot import {module_name} ({e}); is its "
+                          "folder on PYTHONPATH or the current directory?") from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Recipe)):
+        what = "no such name" if cls is None else f"{type(cls).__name__}, not a Recipe subclass"
+        raise ConfigError(f"recipe: {cfg.recipe}: {what} in {module.__file__}")
+    return cls
 
 
 def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None,
@@ -48,4 +77,4 @@ def plan_model(cfg: Config, cluster: ClusterConfig) -> PlanResult:
     return recipe_for(cfg).plan(cluster)
 
 
-__all__ = ["RECIPES", "Recipe", "Run", "build_run", "plan_model", "recipe_for"]
+__all__ = ["RECIPES", "Recipe", "Run", "build_run", "plan_model", "recipe_class", "recipe_for"]

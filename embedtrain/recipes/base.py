@@ -46,6 +46,7 @@ from embedtrain.config import (
     TableConstraint,
     check_world_size,
 )
+from embedtrain.features import FeatureSpec
 from embedtrain.models.dynamic import managed_tables, table_stats
 from embedtrain.sharding.measure import (
     measure_embedding_bytes,
@@ -123,6 +124,65 @@ class Oracle:
     key: str
     metric: str
     what: str
+
+
+@dataclass
+class DenseExport:
+    """A family's dense model as ``embedtrain export`` writes it (a ``torch.export`` program).
+
+    Attributes:
+        module: the model without its tables, on CPU; its parameters are loaded from the
+            checkpoint.
+        checkpoint_prefix: what the checkpoint's keys of ``module``'s parameters start with.
+        example: inputs to trace and check the program with (batch dimension first, dynamic).
+        inputs: what each input is, for ``model.json``.
+        output: what the output is, for ``model.json``.
+    """
+
+    module: nn.Module
+    checkpoint_prefix: str
+    example: tuple[torch.Tensor, ...]
+    inputs: list[str]
+    output: str
+
+
+@dataclass
+class HeadExport:
+    """A class head to export: ``num_classes`` x ``dim`` weights scoring ``features @ weight.T``
+    (both L2-normalised and the features scaled by ``scale`` when ``normalised``)."""
+
+    kind: str
+    checkpoint_key: str
+    num_classes: int
+    dim: int
+    normalised: bool
+    scale: float
+    top_k: list[int]
+    vocab: Optional[str] = None  # the labels' vocabulary, relative to the data set's directory
+
+
+@dataclass
+class ExportParts:
+    """What exporting a family's model takes besides its tables (which ``embedtrain export``
+    reads from the model itself).
+
+    Attributes:
+        model: the model's name in ``model.json`` (``dlrm``, ``dcn``, ``xc``, ``graphsage``).
+        features: the columns a row carries; each sparse feature is looked up in the table of
+            the same feature.
+        ingest: how ``embedtrain ingest`` made the columns (``metadata.json``'s extra fields:
+            ``dense_stats``, ``spec``, ``vocab_files``, ``hash_buckets``, ...); ``{}``: none.
+        dense: the dense program; None: none (the tables are the whole export).
+        head: a class head; None: none.
+        note: a line for ``model.json`` on what the export leaves out.
+    """
+
+    model: str
+    features: FeatureSpec
+    ingest: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dense: Optional[DenseExport] = None
+    head: Optional[HeadExport] = None
+    note: Optional[str] = None
 
 
 class Recipe:
@@ -209,6 +269,27 @@ class Recipe:
 
     def describe_plan(self, result: PlanResult) -> None:
         """Adds the family's notes (model section, warnings) to the plan's report."""
+
+    def export_refusal(self) -> Optional[str]:
+        """Why ``embedtrain export`` cannot export this config's model, in one line (None: it
+        can); asked before anything is read or written. Default: refused where the recipe has
+        no :meth:`export_parts`."""
+        if type(self).export_parts is Recipe.export_parts:
+            return (f"task {self.cfg.task.value}: {type(self).__name__} does not say what to "
+                    f"export (it has no export_parts)")
+        return None
+
+    def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
+                     ) -> ExportParts:
+        """What ``embedtrain export`` writes besides the tables of ``model`` (the
+        :meth:`planning_model`), whose ``(name, rows, dim)`` are ``tables``, in the model's
+        feature order."""
+        raise NotImplementedError
+
+    def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor:
+        """The dense program's ``pooled`` input from the tables' pooled embeddings (``[B, dim]``
+        each, in the tables' order), for ``embedtrain predict``."""
+        raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------
 

@@ -5,20 +5,24 @@ up in ``plan.json`` as ``t_node``) and sharded by ``DistributedModelParallel`` l
 the SAGEConv layers are data-parallel. Seed nodes (or edges) are split over the ranks by the
 graph loader (:mod:`embedtrain.graph.loader`), each batch's neighbourhood sampled in loader
 threads, seeded by ``(seed, epoch, rank, batch)`` so a resumed run sees the same subgraphs.
+
+An export holds the node table only: the SAGE layers run on sampled neighbourhoods of the
+graph, not on rows, so there is no dense program to score rows with.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
 
 from embedtrain.config import GNNModel, dynamic_tables
+from embedtrain.features import FeatureSpec, SparseFeature
 from embedtrain.graph.loader import SeedBatches, link_loader, node_loader
 from embedtrain.graph.store import GraphData, load_graph
-from embedtrain.models.gnn import NODE_TABLE, GraphSAGE
-from embedtrain.recipes.base import DatasetInfo, Recipe
+from embedtrain.models.gnn import NODE_FEATURE, NODE_TABLE, GraphSAGE
+from embedtrain.recipes.base import DatasetInfo, ExportParts, Recipe
 from embedtrain.train.gnn import LinkPredictionTask, NodeClassificationTask
 
 
@@ -45,12 +49,32 @@ class GraphRecipe(Recipe):
         if len(g.fanouts) != len(g.hidden):
             raise ValueError(f"gnn.fanouts ({len(g.fanouts)} hops) and gnn.hidden "
                              f"({len(g.hidden)} layers) must have the same length")
-        tables = [NODE_TABLE] if graph.num_nodes > 0 and g.embedding_dim > 0 else []
+        tables = [NODE_TABLE] if self._has_node_table() else []
         dynamic = dynamic_tables(self.cfg, tables).get(NODE_TABLE)
         model = GraphSAGE(graph.num_nodes, graph.num_features, g.embedding_dim, g.hidden, out,
                           aggr=g.aggr, dropout=g.dropout, device=torch.device("meta"),
                           kind=g.model, dynamic=dynamic)
         return self.fuse_sparse(model)
+
+    def _has_node_table(self) -> bool:
+        return self.dataset.num_nodes > 0 and self.cfg.gnn.embedding_dim > 0
+
+    def export_refusal(self) -> Optional[str]:
+        """A model without a node table (``gnn.embedding_dim: 0``) has nothing to export."""
+        if self._has_node_table():
+            return None
+        return (f"gnn.embedding_dim: {self.cfg.gnn.embedding_dim}: the model has no node "
+                f"table, and its SAGE layers run on sampled neighbourhoods: nothing to export")
+
+    def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
+                     ) -> ExportParts:
+        """The node table's one feature, the node id; no dense program."""
+        [(_, rows, _)] = tables
+        spec = FeatureSpec("label", (), (SparseFeature(NODE_FEATURE, rows),),
+                           num_classes=self.dataset.num_classes or None)
+        return ExportParts("graphsage", spec, note=(
+            "GraphSAGE runs on sampled neighbourhoods of the graph, not on rows: the node "
+            "table only, no dense program"))
 
     def loader_arguments(self, train: bool, rank: int, world_size: int) -> dict[str, Any]:
         """The loader's fanouts, seeds and threads (seeded ``train.seed``, +1 for evaluation)."""

@@ -6,12 +6,16 @@ per rank exact), DDP leaves them alone, and their optimizer joins the combined o
 Their collectives get their own process group, so they never interleave with DDP's bucket
 all-reduces or the tables' all-to-alls on the default one. ``adaptive`` and ``mach`` are
 replicated dense heads, all-reduced with the MLP.
+
+An export holds the encoder's MLP as the dense program (``(dense, pooled [B, sum of dims]) ->
+features``) and a sharded head's weights; the replicated heads score classes with their own
+structure and are not exported.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,7 +33,14 @@ from embedtrain.config import (
 )
 from embedtrain.data.stats import class_counts
 from embedtrain.models.xc import HEAD_TABLE, SHARDED_HEADS, XCModel, build_head
-from embedtrain.recipes.base import ModelParts, Oracle, oracle_of
+from embedtrain.recipes.base import (
+    DenseExport,
+    ExportParts,
+    HeadExport,
+    ModelParts,
+    Oracle,
+    oracle_of,
+)
 from embedtrain.recipes.tabular import TabularRecipe
 from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.optim import head_optimizer_class, sharded_head_optimizer
@@ -189,3 +200,48 @@ class XCRecipe(TabularRecipe):
                 f"class head ({h.kind.value}, {c:,} classes) is replicated on every rank (dense "
                 f"parameters, all-reduced with the MLP)")
         report.model["class_head"] = info
+
+    def export_refusal(self) -> Optional[str]:
+        """A replicated head (``adaptive``, ``mach``): its structure is not exported."""
+        kind = self.cfg.xc.head.kind
+        if kind in SHARDED_HEADS:
+            return None
+        return (f"xc.head.kind: {kind.value}: export writes the sharded heads' weights (full, "
+                f"partial_fc, hard_negatives); a {kind.value} head scores classes with its own "
+                f"structure, which is not exported")
+
+    def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
+                     ) -> ExportParts:
+        """The data set's features, the encoder's MLP (:class:`XCDense`) and the class head."""
+        meta, x = self.dataset, self.cfg.xc
+        spec, h = meta.features, x.head
+        encoder = model.encoder
+        width = sum(dim for _, _, dim in tables)
+        example = (torch.randn(4, len(spec.dense)), torch.randn(4, width))
+        inputs = [f"dense: float32 [B, {len(spec.dense)}] (features.dense, in order)",
+                  f"pooled: float32 [B, {width}] (the tables' pooled embeddings, concatenated "
+                  f"in the order of tables)"]
+        dense = DenseExport(XCDense(encoder.mlp.to_empty(device="cpu"), bool(spec.dense)),
+                            "model.encoder.", example, inputs,
+                            f"features: float32 [B, {encoder.dim}] (class scores: features @ "
+                            f"head.weight.T)")
+        normalised = h.margin is not Margin.NONE
+        head = HeadExport(h.kind.value, "model.head.weight", spec.num_classes, x.mlp[-1],
+                          normalised, h.scale if normalised else 1.0, list(x.top_k),
+                          (meta.extra.get("vocab_files") or {}).get(spec.label))
+        return ExportParts("xc", spec, meta.extra, dense, head)
+
+    def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor:
+        """Concatenated: ``[B, sum of dims]``."""
+        return torch.cat(pooled, dim=1)
+
+
+class XCDense(nn.Module):
+    """The XC encoder's MLP: ``(dense [B, n_dense], pooled [B, sum of dims]) -> [B, D]``."""
+
+    def __init__(self, mlp: nn.Module, has_dense: bool) -> None:
+        super().__init__()
+        self.mlp, self.has_dense = mlp, has_dense
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([pooled, dense], dim=1) if self.has_dense else pooled)

@@ -20,10 +20,11 @@ How it fits the trainer without the trainer knowing the model:
   so the task still turns the model's output into the loss and predictions.
 * The optimizer step is the trainer's: the pipeline gets an optimizer that does nothing, so
   gradient accumulation, the LR schedule and the step count stay in the loop.
-* Evaluation and checkpoints run on the plain model (:meth:`PipelinedSteps.pause`: the
-  pipeline detached, the class restored); batches already fetched stay in the pipeline and are
-  trained next. A checkpoint records the steps trained, so a resumed run reads the in-flight
-  batches again: resuming is bit-identical.
+* Evaluation and checkpoints run on the plain model (:meth:`PipelinedSteps.reset`: the
+  pipeline detached, the class restored, the batches fetched ahead dropped); the trainer's step
+  source (:mod:`embedtrain.train.steps`) then restarts the loader at the current step, so those
+  batches are read again. A checkpoint records the steps trained, so a resumed run reads the
+  same batches: resuming is bit-identical.
 
 Example:
     >>> steps = PipelinedSteps(PipelineKind.SPARSE_DIST, dmp, task, batch_args, device)
@@ -132,15 +133,11 @@ class PipelinedSteps:
                               "still correct)", stacklevel=2)
         return out
 
-    def pause(self) -> None:
-        """The plain model back (for evaluation, checkpoints, the end of training); batches
-        already fetched are trained by the next :meth:`step`."""
+    def reset(self) -> None:
+        """The plain model back (for evaluation, checkpoints, the end of training) and the
+        batches fetched ahead dropped: the next :meth:`step` starts on its own iterator."""
         if self._running:
             self.pipeline.detach()
             self._inner.__class__ = self._plain
             self._running = False
-
-    def reset(self) -> None:
-        """Drops the fetched batches (a new epoch starts from its own iterator)."""
-        self.pause()
         self.pipeline.reset()

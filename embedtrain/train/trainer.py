@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Generator, Iterator, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,7 @@ from embedtrain.train.checkpoint import (
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.options import PipelineKind, Selection
 from embedtrain.train.pipeline import BatchArgs, PipelinedSteps
+from embedtrain.train.steps import closing_iterator, train_steps
 from embedtrain.train.task import StepOutput, Task, higher_is_better
 
 
@@ -209,40 +210,18 @@ class Trainer:
         if resume:
             self.resume()
         opts, st = self.options, self.state
-        interactive = sys.stderr.isatty()  # a log file gets a line every 10 s, not every step
-        bar = tqdm(total=self.total_steps, initial=st.step, disable=not opts.progress or self.rank,
-                   unit="step", dynamic_ncols=True, mininterval=0.1 if interactive else 10)
+        bar = self._progress_bar()
         self.model.train()
-        while st.step < self.total_steps:
-            paused = False
-            with _closing(self.train_data.iter_epoch(st.epoch, st.batch_in_epoch)) as batches:
-                for _ in self._steps(batches):
-                    bar.set_postfix(loss=f"{st.loss_sum / max(st.loss_steps, 1):.4f}",
-                                    ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}",
-                                    refresh=False)
-                    bar.update(1)
-                    done = st.step >= self.total_steps
-                    periodic = self.valid_data is not None and opts.eval_every
-                    evaluate = periodic and st.step % opts.eval_every == 0 and not done
-                    due = opts.checkpoint_every and st.step % opts.checkpoint_every == 0
-                    save = due and not done and self._saved_step != st.step
-                    if self.pipelined is not None and (evaluate or save or done):
-                        # The plain model for these; the batches the pipeline fetched ahead
-                        # are read again from here (the loader restarts at this step).
-                        self.pipelined.reset()
-                        paused = not done
-                    if evaluate:
-                        done = self._track(self._evaluate_and_log(), save=True)
-                    if save and not done:
-                        self.save()
-                    if done or paused:
-                        break
-                else:
-                    st.epoch, st.batch_in_epoch = st.epoch + 1, 0
-            if st.stopped_early:
-                break
-        if self.pipelined is not None:
-            self.pipelined.reset()
+        with contextlib.closing(self._steps()) as steps:
+            for _ in steps:
+                bar.set_postfix(loss=f"{st.loss_sum / max(st.loss_steps, 1):.4f}",
+                                ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}",
+                                refresh=False)
+                bar.update(1)
+                if self._evaluation_due() and self._track(self._evaluate_and_log(), save=True):
+                    break  # stopped early
+                if self._checkpoint_due():
+                    self.save()
         bar.close()
         if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
             self._optimizer_step()
@@ -267,6 +246,31 @@ class Trainer:
             test, split = valid, "valid"
         return self._write_summary(test, valid, split, time.perf_counter() - started,
                                    selected)
+
+    def _progress_bar(self) -> tqdm:
+        interactive = sys.stderr.isatty()  # a log file gets a line every 10 s, not every step
+        return tqdm(total=self.total_steps, initial=self.state.step, unit="step",
+                    disable=not self.options.progress or self.rank, dynamic_ncols=True,
+                    mininterval=0.1 if interactive else 10)
+
+    def _steps(self) -> Generator[None, None, None]:
+        """The training steps from where the run stands to the end of the schedule, one per item:
+        plain, or through the pipeline, which pauses at the loop's evaluations and checkpoints."""
+        return train_steps(self.train_data, self.state, self.total_steps, self._step,
+                           self.pipelined,
+                           pause_due=lambda: self._evaluation_due() or self._checkpoint_due())
+
+    def _evaluation_due(self) -> bool:
+        """Whether the loop evaluates after the step just trained (the last one: after the loop)."""
+        every, step = self.options.eval_every, self.state.step
+        return self.valid_data is not None and bool(every) and step % every == 0 \
+            and step < self.total_steps
+
+    def _checkpoint_due(self) -> bool:
+        """Whether the loop checkpoints after the step just trained, if not already saved there."""
+        every, step = self.options.checkpoint_every, self.state.step
+        return bool(every) and step % every == 0 and step < self.total_steps \
+            and self._saved_step != step
 
     def _track(self, result: dict[str, float], save: bool) -> bool:
         """Compares an evaluation with the best so far; True when training should stop early.
@@ -299,22 +303,21 @@ class Trainer:
             return True
         return False
 
-    def _steps(self, batches: Iterator[Any]) -> Iterator[None]:
-        """Runs training steps on ``batches``, yielding after each (its bookkeeping done)."""
+    def _step(self, batches: Iterator[Any]) -> bool:
+        """Trains one step on the next of ``batches``, plain or through the pipeline (which
+        fetches ahead); False when none is left."""
         if self.pipelined is None:
-            for batch in batches:
+            batch = next(batches, None)
+            if batch is not None:
                 self._train_step(batch)
-                yield
-            return
-        while True:
-            start = time.perf_counter()
-            if self._first_step_at is None:  # the pipeline fetches its first batches in step()
-                self._first_step_at = time.time()
-            out = self.pipelined.step(batches)  # forward and backward, the next batch fetched
-            if out is None:
-                return
+            return batch is not None
+        start = time.perf_counter()
+        if self._first_step_at is None:  # the pipeline fetches its first batches in step()
+            self._first_step_at = time.time()
+        out = self.pipelined.step(batches)  # forward and backward, the next batch fetched
+        if out is not None:
             self._end_step(out, start)
-            yield
+        return out is not None
 
     def _train_step(self, batch: Any) -> None:
         start = time.perf_counter()
@@ -361,7 +364,7 @@ class Trainer:
         local = len(data) if max_batches is None else min(len(data), max_batches)
         steps = _max_over_ranks(local, self._device_type) if self.world_size > 1 else local
         last = None
-        with _closing(data.iter_epoch(0)) as batches:
+        with closing_iterator(data.iter_epoch(0)) as batches:
             for _ in range(steps):
                 batch = next(batches, None)
                 if batch is None:  # this rank ran out: keep the collectives matched, count nothing
@@ -549,17 +552,6 @@ class Trainer:
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
                                      reference=self.reference)
         return summary
-
-
-@contextlib.contextmanager
-def _closing(iterator: Iterator[Any]) -> Iterator[Iterator[Any]]:
-    """``iterator``, closed on leaving the block (loader threads stopped and joined)."""
-    try:
-        yield iterator
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
 
 
 def _peak_rss_gb_per_rank() -> list[float]:

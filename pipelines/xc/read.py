@@ -11,7 +11,7 @@ column named like the output token column), the row's distinct raw labels (``__l
 many it gave (``__labels_given``), parsed dense columns, and ``__drop``: null for a row that may
 be kept, else the code of the first reason it cannot (:data:`REPOSITORY_REASONS`,
 :data:`TABLE_REASONS`). Whether a row keeps a label is decided later, once the label vocabulary
-is known (``no_label``, :mod:`pipelines.xc`).
+is known (``no_label``, :mod:`pipelines.xc.passes`).
 
 An ``xc_repository`` line is parsed with vectorised string expressions on a frame of lines
 (:func:`polars.scan_lines`): the label field is the first whitespace-separated field when it holds
@@ -37,18 +37,18 @@ import polars as pl
 import pyarrow as pa
 
 from embedtrain.utils import natural_key
-from pipelines.sources import (
+from pipelines.core.errors import IngestError
+from pipelines.core.fields import Cast, Encoding, InputFormat, SplitMethod, ValueType
+from pipelines.core.inputs import (
     FILE,
     ROW,
-    IngestError,
     check_csv_header,
     parquet_types,
     resolve_inputs,
     value_type,
 )
-from pipelines.spec import Cast, Encoding, InputFormat, SplitMethod, ValueType
-from pipelines.transforms import DROP, unparsed
-from pipelines.xc_spec import WHITESPACE, XCFormat, XCIngestSpec
+from pipelines.core.report import DROP, unparsed
+from pipelines.xc.spec import WHITESPACE, XCFormat, XCIngestSpec
 
 LABELS, LABELS_GIVEN, VALUES = "__labels", "__labels_given", "__values"
 _EXTENSIONS = {XCFormat.XC_REPOSITORY: InputFormat.CRITEO_TSV,  # .tsv/.txt
@@ -269,7 +269,8 @@ def scan_xc(files: Sequence[Path], spec: XCIngestSpec) -> pl.LazyFrame:
 
 
 def parse_xc(files: Sequence[Path], spec: XCIngestSpec, layout: XCLayout,
-             first_rows: Optional[dict[str, int]] = None) -> tuple[pl.LazyFrame, list[str]]:
+             first_rows: Optional[dict[str, int]] = None, offset: Optional[int] = None
+             ) -> tuple[pl.LazyFrame, list[str]]:
     """The parsed frame (see the module docstring) and the reason of each ``__drop`` code.
 
     Args:
@@ -277,12 +278,17 @@ def parse_xc(files: Sequence[Path], spec: XCIngestSpec, layout: XCLayout,
         spec: the job's spec.
         layout: from :func:`check_xc_inputs`.
         first_rows: xc_repository: each file's first ``__row`` (its header line, left out).
+        offset: the rows (lines) before ``files`` in the whole input, added to ``__row``
+            (int64); None: ``files`` are the whole input.
     """
+    raw = scan_xc(files, spec)
+    if offset is not None:
+        raw = raw.with_columns((pl.col(ROW).cast(pl.Int64) + offset).alias(ROW))
     if spec.repository:
         assert first_rows is not None
-        frame, conditions = _parse_repository(scan_xc(files, spec), spec, layout, first_rows)
+        frame, conditions = _parse_repository(raw, spec, layout, first_rows)
     else:
-        frame, conditions = _parse_table(scan_xc(files, spec), spec, layout)
+        frame, conditions = _parse_table(raw, spec, layout)
     code = pl.lit(None, dtype=pl.UInt16)
     for i, (cond, _) in reversed(list(enumerate(conditions))):
         code = pl.when(cond).then(pl.lit(i, dtype=pl.UInt16)).otherwise(code)

@@ -1,8 +1,8 @@
 """Node splits of a graph ingestion: random fractions, a split column, or id lists per split.
 
 :func:`choose_node_splits` gives the train/valid/test node ids of ``split.method`` (see
-:mod:`pipelines.graph_spec`) with every node in no split counted by reason, and refuses an empty
-train split when the nodes have labels; :mod:`pipelines.graph` calls it once the ids are
+:mod:`pipelines.graph.spec`) with every node in no split counted by reason, and refuses an empty
+train split when the nodes have labels; :mod:`pipelines.graph.passes` calls it once the ids are
 remapped. :class:`NodeTable` is the node table as the job read it.
 """
 
@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedtrain.utils import first_line
-from pipelines.graph_spec import NODE_SPLITS, GraphIngestSpec, GraphSplitSpec, SplitMethod
-from pipelines.sources import IngestError
-from pipelines.spec import ValueType
+from pipelines.core.errors import IngestError
+from pipelines.core.fields import ValueType
+from pipelines.graph.spec import NODE_SPLITS, GraphIngestSpec, GraphSplitSpec, SplitMethod
 
 @dataclass
 class NodeTable:

@@ -1,8 +1,8 @@
 """The graph ingestion spec: ``kind: graph`` YAML (``configs/ingest/graph_edges.yaml``).
 
-:func:`is_graph_spec` tells a graph spec from a tabular one; :func:`load_graph_spec` reads it
+:func:`pipelines.kind_of` tells a graph spec from the others; :func:`load_spec` reads it
 into a :class:`GraphIngestSpec` (through :mod:`embedtrain.config_io`: one-line errors naming the
-file and key) and checks what spans keys. The job itself is :mod:`pipelines.graph`.
+file and key) and checks what spans keys. The job itself is :mod:`pipelines.graph.passes`.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
-import yaml
 
 from embedtrain.config_io import ConfigError, config_field, load_dataclass
 from embedtrain.graph.csr import Duplicates, SelfLoops
-from pipelines.spec import InputFormat, ValueType
+from pipelines.core.fields import InputFormat, ValueType
 
 EXTENSIONS = {InputFormat.CSV: (".csv", ".tsv", ".txt"), InputFormat.PARQUET: (".parquet",)}
 
@@ -121,19 +119,8 @@ class GraphIngestSpec:
     split: GraphSplitSpec = field(default_factory=GraphSplitSpec)
 
 
-def is_graph_spec(path: str | os.PathLike) -> bool:
-    """Whether an ingestion spec is a graph spec (``kind: graph`` at the top level).
 
-    Unreadable files answer False: :func:`pipelines.spec.load_spec` then reports the problem.
-    """
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(raw, dict) and raw.get("kind") == "graph"
-
-
-def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
+def load_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
                     ) -> GraphIngestSpec:
     """Reads and validates a graph ingestion spec.
 
@@ -145,7 +132,7 @@ def load_graph_spec(path: str | os.PathLike, overrides: Optional[list[str]] = No
         ConfigError: one line naming the file and key path.
 
     Example:
-        >>> load_graph_spec("configs/ingest/graph_edges.yaml").graph.duplicates
+        >>> load_spec("configs/ingest/graph_edges.yaml").graph.duplicates
         <Duplicates.DROP: 'drop'>
     """
     spec = load_dataclass(path, GraphIngestSpec, overrides)

@@ -26,17 +26,21 @@ Example:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 import polars as pl
 
 from embedtrain.config_io import to_dict
-from pipelines.spec import EmptyList, Encoding, IngestSpec, SparseSpec, SplitMethod
-from pipelines.stats import PassStats, finite, oov_rates
-from pipelines.transforms import SPLIT, SPLITS, Vocabulary
-
-FORMAT_VERSION = 1
+from pipelines.core.errors import IngestError
+from pipelines.core.encode import Vocabulary
+from pipelines.core.fields import EmptyList, Encoding, SparseSpec, SplitMethod
+from pipelines.core.output import SPLIT, SPLITS
+from pipelines.core.report import FORMAT_VERSION, written_splits
+from pipelines.core.stats import finite, oov_rates
+from pipelines.tabular.spec import IngestSpec
+from pipelines.tabular.stats import PassStats
 
 
 def dense_statistics(stats: PassStats, spec: IngestSpec) -> dict[str, dict]:
@@ -81,7 +85,7 @@ def num_embeddings(spec_feature: SparseSpec, vocab: Optional[Vocabulary],
                    raw_ids: Optional[dict] = None) -> int:
     """Table size: vocabulary + the null/unknown id 0, hash buckets, buckets + id 0, or the
     declared size; for a raw feature the training split's distinct ids (``raw_ids``:
-    :func:`pipelines.stats.raw_id_counts`'s entry), at least 1."""
+    :func:`pipelines.tabular.stats.raw_id_counts`'s entry), at least 1."""
     if spec_feature.encoding is Encoding.RAW:
         assert raw_ids is not None
         return max(1, raw_ids["distinct"]["train"] or 0)
@@ -121,11 +125,6 @@ def spec_dict(spec: IngestSpec) -> dict:
                 if entry.get(key, default) == default:
                     entry.pop(key, None)
     return raw
-
-
-def written_splits(written: dict[str, list[tuple[str, int]]]) -> list[str]:
-    """The splits metadata.json lists: train always, valid and test only when they have rows."""
-    return [s for s in SPLITS if s == "train" or sum(r for _, r in written.get(s, [])) > 0]
 
 
 def build_metadata(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
@@ -270,3 +269,62 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
 
 def _rate(n: float, total: float) -> Optional[float]:
     return round(float(n) / total, 6) if total else None
+
+
+def check_counts(stats: PassStats, spec: IngestSpec, files: Sequence[Path],
+                 inputs: Sequence[str | os.PathLike]) -> None:
+    """Refuses a job with no rows, no kept rows or no training rows (one line each)."""
+    where = files[0] if len(files) == 1 else ", ".join(map(str, inputs))
+    if stats.rows_read == 0:
+        raise IngestError(f"{where}: no rows to ingest ({len(files)} file(s), all empty)")
+    kept = sum(stats.kept_rows(s) for s in SPLITS)
+    if kept == 0:
+        dropped = ", ".join(f"{k} {v:,}" for k, v in stats.dropped().items()) or "none"
+        raise IngestError(f"{where}: no training rows to build vocabularies and statistics on "
+                          f"({stats.rows_read:,} rows read; dropped: {dropped})")
+    if stats.kept_rows("train") == 0:
+        others = ", ".join(f"{s} {stats.kept_rows(s):,}" for s in SPLITS if s != "train")
+        raise IngestError(f"{where}: split train receives no rows ({others}); "
+                          f"{_SPLIT_FIX[spec.split.method]('train')}")
+
+
+_SPLIT_FIX = {
+    SplitMethod.HASH: lambda split: "lower split.valid_fraction/split.test_fraction",
+    SplitMethod.TIME: lambda split: ("lower split.valid_fraction/split.test_fraction (or move "
+                                     "split.boundaries)"),
+    SplitMethod.COLUMN: lambda split: (f"list the column's values of {split} in "
+                                       f"split.values.{split}"),
+    SplitMethod.FILES: lambda split: (f"give {split} files matching split.files.{split}"
+                                      if split != "train" else
+                                      "leave some files unmatched by split.files (they are train)"),
+}
+
+
+def empty_split_warnings(stats: PassStats, spec: IngestSpec) -> list[str]:
+    """A line per empty valid/test split (left out of metadata.json): what training loses."""
+    loses = {"valid": "training will not evaluate periodically or select a best checkpoint",
+             "test": "training will report no final test metrics"}
+    out = []
+    for split in ("valid", "test"):
+        if stats.kept_rows(split) == 0:
+            if spec.split.method in (SplitMethod.HASH, SplitMethod.TIME):
+                fix = f"set split.{split}_fraction > 0 to have one"
+                if spec.split.method is SplitMethod.TIME and spec.split.boundaries is not None:
+                    fix = "move split.boundaries to have one"
+            else:
+                fix = _SPLIT_FIX[spec.split.method](split) + " to have one"
+            out.append(f"no {split} split: {loses[split]}; {fix}")
+    return out
+
+
+def summary_lines(report: dict, out: str | os.PathLike, engine: str) -> list[str]:
+    """What ``embedtrain ingest`` prints when the job is done (``engine``: its name)."""
+    written = ", ".join(f"{k} {v:,}" for k, v in report["rows_written"].items())
+    dropped = ", ".join(f"{k} {v:,}" for k, v in report["rows_dropped"].items()) or "none"
+    repaired = ", ".join(f"{k} {sum(v.values()):,}" for k, v in report["repairs"].items()) or "none"
+    return [f"read {report['rows_read']:,} rows from {len(report['inputs'])} file(s) in "
+            f"{report['wall_seconds']:.1f} s ({engine} engine)",
+            f"written: {written}",
+            f"dropped: {dropped}",
+            f"repaired values: {repaired}",
+            f"data set: {out}/ (metadata.json, ingest_report.json, train/ valid/ test/, vocab/)"]

@@ -1,4 +1,4 @@
-"""``ingest_report.json`` and ``metadata.json`` of an XC ingestion job (:mod:`pipelines.xc`).
+"""``ingest_report.json`` and ``metadata.json`` of an XC ingestion job (:mod:`pipelines.xc.passes`).
 
 ``metadata.json`` is what ``task: xc`` reads, with the keys ``embedtrain datagen xc`` writes
 (``task``, ``label``, ``dense``, ``sparse`` (the tokens), ``splits``, ``num_classes``,
@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -32,17 +33,18 @@ import numpy as np
 import polars as pl
 
 from embedtrain.config_io import to_dict
-from pipelines.report import FORMAT_VERSION, written_splits
-from pipelines.sources import FILE
-from pipelines.spec import Encoding, SparseSpec, SplitMethod
-from pipelines.stats import finite, oov_rates
-from pipelines.transforms import DROP, SPLIT, SPLITS, Vocabulary
-from pipelines.xc_sources import NO_LABEL, XCLayout
-from pipelines.xc_spec import XCIngestSpec
+from pipelines.core.encode import Vocabulary
+from pipelines.core.fields import Encoding, SparseSpec, SplitMethod
+from pipelines.core.inputs import FILE
+from pipelines.core.output import SPLIT, SPLITS
+from pipelines.core.report import DROP, FORMAT_VERSION, written_splits
+from pipelines.core.stats import finite, oov_rates
+from pipelines.xc.read import NO_LABEL, XCLayout
+from pipelines.xc.spec import XCIngestSpec
 
 
 class XCStats:
-    """The row-statistics groups (file, split, drop code) of :mod:`pipelines.xc`, with
+    """The row-statistics groups (file, split, drop code) of :mod:`pipelines.xc.passes`, with
     accessors for the checks, the report and the metadata."""
 
     def __init__(self, groups: pl.DataFrame, reasons: list[str], files: list[str]) -> None:
@@ -292,3 +294,20 @@ def build_metadata(c: XCOutputs) -> dict:
 
 def _rate(n: float, total: float) -> Optional[float]:
     return round(float(n) / total, 6) if total else None
+
+
+def summary_lines(report: dict, out: str | os.PathLike, engine: str) -> list[str]:
+    """What ``embedtrain ingest`` prints when the job is done (``engine``: its name)."""
+    written = ", ".join(f"{k} {v:,}" for k, v in report["rows_written"].items())
+    dropped = ", ".join(f"{k} {v:,}" for k, v in report["rows_dropped"].items()) or "none"
+    labels = report["labels"]
+    removed = ", ".join(f"{k} {v:,}" for k, v in labels["labels_removed"].items()) or "none"
+    return [f"read {report['rows_read']:,} rows from {len(report['inputs'])} file(s) in "
+            f"{report['wall_seconds']:.1f} s ({engine} engine)",
+            f"written: {written}",
+            f"dropped: {dropped}",
+            f"labels: {labels['num_classes']:,} classes, {labels['labels_per_row'][0]}-"
+            f"{labels['labels_per_row'][1]} per row; removed: {removed}",
+            f"tokens: {report['tokens']['num_embeddings']:,} ids (0: unknown), "
+            f"{report['tokens']['rows_without_tokens']:,} row(s) without tokens",
+            f"data set: {out}/ (metadata.json, ingest_report.json, train/ valid/ test/, vocab/)"]

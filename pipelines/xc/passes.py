@@ -1,14 +1,17 @@
 """``embedtrain ingest`` with an XC spec: multi-label text/ids to the data set ``task: xc`` reads.
 
-An XC spec is YAML with ``kind: xc`` at the top (:func:`pipelines.xc_spec.is_xc_spec`), read with
-:func:`pipelines.xc_spec.load_xc_spec`. The job (:func:`ingest_xc`) streams the input with
-Polars (a frame of lines for the Extreme Classification Repository format, one multi-file scan
-for parquet/CSV; never the whole input in memory):
+An XC spec is YAML with ``kind: xc`` at the top (:func:`pipelines.kind_of`), read with
+:func:`pipelines.xc.spec.load_spec`. The job (:func:`ingest`) is passes over shards of the
+input (:mod:`pipelines.engines.base`), each streamed with Polars (a frame of lines for the
+Extreme Classification Repository format, a scan for parquet/CSV; never the whole input in
+memory). The local engine reads all files as one shard; the Ray engine one file per task,
+numbered from the lines (rows) of the files before it, so hash splits of a row's position and
+the dropped lines' numbers are the same on both:
 
 1. checks every input from its header line, footer or CSV header
-   (:mod:`pipelines.xc_sources`); ``xc_repository`` files also get a fast line count (each
+   (:mod:`pipelines.xc.read`); ``xc_repository`` files also get a fast line count (each
    file's line numbers, and the header's row count checked against it: a warning if they
-   differ);
+   differ); with several shards and no header lines, a row count per shard instead;
 2. *label counts*: the training split's labels (distinct per row) over the rows that parse;
    the label vocabulary (``labels.encoding: vocab``: ids ``0..C-1``, most frequent first, ties
    by value, ``min_frequency``/``max_vocab_size``; no unknown class) follows, and so do the
@@ -35,8 +38,8 @@ rows dropped, per file and in total; the job checks it against the written files
 before it writes the metadata.
 
 Example:
-    >>> spec = load_xc_spec("configs/ingest/xc_repository.yaml")
-    >>> report = ingest_xc(spec, ["train.txt"], "data/eurlex", progress=False)  # doctest: +SKIP
+    >>> spec = load_spec("configs/ingest/xc_repository.yaml")
+    >>> report = ingest(spec, ["train.txt"], "data/eurlex", progress=False)  # doctest: +SKIP
     >>> report["rows_read"] == report["rows_written_total"] + report["rows_dropped_total"]
     True
 """
@@ -49,6 +52,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -57,36 +61,43 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from embedtrain.utils import first_line
-from pipelines.hashing import splitmix64, string_hash, unit_interval
-from pipelines.ingest import (
-    METADATA_FILE, REPORT_FILE, VOCAB_DIR, Phases, check_out_dir, clear_out_dir, sink_splits)
-from pipelines.sources import FILE, ROW, IngestError
-from pipelines.spec import EmptyList, Encoding, SparseSpec, SplitMethod, ValueType
-from pipelines.stats import build_vocabulary
-from pipelines.transforms import (
-    DROP, SPLIT, SPLIT_DTYPE, SPLITS, Vocabulary, dense_output, dense_value, file_splits,
-    sparse_output, sparse_values, unparsed)
-from pipelines.xc_report import (
-    XCOutputs, XCStats, build_metadata, build_report, dense_statistics, label_name)
-from pipelines.xc_sources import (
+from pipelines.core.encode import (
+    Vocabulary, dense_output, dense_value, sparse_output, sparse_values)
+from pipelines.core.errors import IngestError
+from pipelines.core.fields import EmptyList, Encoding, SparseSpec, SplitMethod, ValueType
+from pipelines.core.hashing import splitmix64, string_hash, unit_interval
+from pipelines.core.inputs import FILE, ROW, file_splits
+from pipelines.core.output import (
+    METADATA_FILE, REPORT_FILE, SPLIT, SPLIT_DTYPE, SPLITS, VOCAB_DIR, Phases, check_out_dir,
+    clear_out_dir, merge_written, sink_splits)
+from pipelines.core.report import DROP, unparsed
+from pipelines.core.stats import build_vocabulary
+from pipelines.engines.base import Engine, Pass, Shard
+from pipelines.engines.local import LocalEngine
+from pipelines.xc.read import (
     LABELS, LABELS_GIVEN, NO_LABEL, VALUES, XCLayout, check_xc_inputs, parse_xc,
     resolve_xc_inputs, scan_xc)
-from pipelines.xc_spec import XCFormat, XCIngestSpec
+from pipelines.xc.report import (
+    XCOutputs, XCStats, build_metadata, build_report, dense_statistics, label_name)
+from pipelines.xc.spec import XCFormat, XCIngestSpec
 
 LABEL_IDS = "__label_ids"
 
 
-def ingest_xc(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
-              out_dir: str | os.PathLike, progress: bool = True) -> dict:
+def ingest(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
+           out_dir: str | os.PathLike, progress: bool = True, engine: Optional[Engine] = None
+           ) -> dict:
     """Runs an XC ingestion job (see the module docstring).
 
     Args:
-        spec: the validated spec (:func:`pipelines.xc_spec.load_xc_spec`).
+        spec: the validated spec (:func:`pipelines.xc.spec.load_spec`).
         inputs: files, directories or globs (``--input``); ``split.files`` globs matching none
             of them add their own files.
         out_dir: output folder; created if missing. An earlier ingest's output there is
             replaced; any other non-empty folder is refused.
         progress: show a progress bar per phase (rows, rows/s) on stderr.
+        engine: where the passes run (:func:`pipelines.engines.open_engine`); default: the
+            local engine. The outputs are the same on every engine.
 
     Returns:
         The report written to ``ingest_report.json``.
@@ -95,29 +106,40 @@ def ingest_xc(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
         IngestError: bad input, one line starting with the file it concerns (and its line).
 
     Example:
-        >>> report = ingest_xc(load_xc_spec("configs/ingest/xc_parquet.yaml"),
-        ...                    ["docs.parquet"], "/tmp/xc", progress=False)  # doctest: +SKIP
+        >>> report = ingest(load_spec("configs/ingest/xc_parquet.yaml"),
+        ...                 ["docs.parquet"], "/tmp/xc", progress=False)  # doctest: +SKIP
         >>> sorted(report["rows_written"])
         ['test', 'train', 'valid']
     """
+    engine = engine or LocalEngine()
     started = time.perf_counter()
     files = resolve_xc_inputs([str(i) for i in inputs], spec)
     layout = check_xc_inputs(files, spec)
     out = Path(out_dir)
     check_out_dir(out)  # before the long passes, not after them
     log = Phases(progress)
-    first_rows: dict[str, int] = {}
+    job = _Job(spec, layout, tuple(files))
+    shards = engine.shards(files)
     lines: dict[str, int] = {}
     if spec.repository:
-        with log.phase("line counts") as rec, _reading(files, spec):
-            lines, first_rows = _line_counts(files)
+        with log.phase("line counts") as rec:
+            counted = engine.map(_line_counts, shards, job)
+            lines = {f: n for part, _ in counted for f, n in part.items()}
             rec["rows"] = sum(lines.values())
-    frame, reasons = parse_xc(files, spec, layout, first_rows)
-    frame = _assign_split(frame, spec, files)
-    reasons.append(NO_LABEL)
+        shards = _numbered(shards, [sum(part.values()) for part, _ in counted])
+        first = {f: (s.offset or 0) + row for s, (_, part) in zip(shards, counted)
+                 for f, row in part.items()}
+        job = replace(job, first_rows=first)
+    elif len(shards) > 1:  # global row numbers: each shard's rows
+        with log.phase("row counts") as rec:
+            rows = engine.map(_row_count, shards, job)
+            rec["rows"] = sum(rows)
+        shards = _numbered(shards, rows)
+    reasons = _reasons(job) + [NO_LABEL]
 
-    with log.phase("label counts") as rec, _reading(files, spec):
-        label_counts = _label_counts(frame)
+    with log.phase("label counts") as rec:
+        label_counts = engine.run(Pass("label counts", _label_counts, _merge_label_counts),
+                                  shards, job)
         rec["rows"] = None
     label_vocab, label_table, class_counts = _label_vocabulary(spec, layout, label_counts)
     num_classes = len(class_counts)
@@ -125,19 +147,21 @@ def ingest_xc(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
         raise IngestError(f"{files[0]}: the training split gives {num_classes} class(es) "
                           f"(labels.min_frequency {spec.labels.min_frequency}); XC needs at "
                           "least 2")
-    frame = _with_label_ids(frame, label_vocab, reasons.index(NO_LABEL))
+    job = replace(job, label_vocab=label_vocab, no_label=reasons.index(NO_LABEL),
+                  token=_token_feature(spec, layout))
+    token = job.token
 
-    token = _token_feature(spec, layout)
-    with log.phase("row statistics") as rec, _reading(files, spec):
-        groups = _row_statistics(frame, spec, token)
+    with log.phase("row statistics") as rec:
+        groups = engine.run(Pass("row statistics", _row_statistics, _concat), shards, job)
         rec["rows"] = int(groups["rows"].sum()) if groups.height else 0
     stats = XCStats(groups, reasons, [str(f) for f in files])
     _check_counts(stats, spec, files)
 
     token_vocab, token_table, token_counts = None, None, None
     if spec.token_encoding is Encoding.VOCAB:
-        with log.phase("token counts") as rec, _reading(files, spec):
-            token_counts = _token_counts(frame, token, layout)
+        with log.phase("token counts") as rec:
+            token_counts = engine.run(Pass("token counts", _token_counts, _merge_token_counts),
+                                      shards, job)
             rec["rows"] = stats.kept_total
         vocab, token_table = build_vocabulary(token_counts, token)
         token_vocab = vocab
@@ -153,16 +177,17 @@ def ingest_xc(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
         label_table.write_parquet(out / VOCAB_DIR / f"{label_column}.parquet")
         vocab_files[label_column] = f"{VOCAB_DIR}/{label_column}.parquet"
     dense_stats = dense_statistics(stats, spec)
+    job = replace(job, token_vocab=token_vocab, dense_stats=dense_stats, out=out,
+                  several=len(shards) > 1)
 
-    with log.phase("write") as rec, _reading(files, spec):
-        columns = _output_columns(spec, layout, token, token_vocab, dense_stats)
-        rows = frame.filter(pl.col(DROP).is_null()).select(*columns, SPLIT)
-        written = sink_splits(rows, spec.output, out)
+    with log.phase("write") as rec:
+        written = engine.run(Pass("write", _write, merge_written), shards, job)
         rec["rows"] = sum(n for part in written.values() for _, n in part)
     examples: dict[str, list[dict]] = {}
     if stats.dropped() and spec.dropped_line_examples:
-        with log.phase("dropped lines") as rec, _reading(files, spec):
-            examples = _dropped_examples(frame, spec, stats, first_rows)
+        with log.phase("dropped lines") as rec:
+            found = engine.run(Pass("dropped lines", _dropped_rows, _concat), shards, job)
+            examples = _dropped_examples(found, spec, stats, job.first_rows)
             rec["rows"] = None
 
     warnings = _warnings(spec, layout, lines, stats, out)
@@ -191,17 +216,71 @@ def ingest_xc(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
     return report
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What the passes' tasks share, filled in as the passes learn it."""
+
+    spec: XCIngestSpec
+    layout: XCLayout
+    files: tuple[Path, ...]                  # every input (split.files matches against them)
+    first_rows: Optional[dict[str, int]] = None   # xc_repository: each file's header __row
+    label_vocab: Optional[Vocabulary] = None
+    no_label: int = 0
+    token: Optional[SparseSpec] = None
+    token_vocab: Optional[Vocabulary] = None
+    dense_stats: Optional[dict[str, dict]] = None
+    out: Optional[Path] = None
+    several: bool = False                    # several shards: each writes part-<shard>-N files
+
+
+def _numbered(shards: list[Shard], rows: list[int]) -> list[Shard]:
+    """Shards with their ``offset`` (the rows before them), when there are several."""
+    if len(shards) == 1:
+        return shards
+    starts = [0]
+    for n in rows[:-1]:
+        starts.append(starts[-1] + n)
+    return [s.with_(offset=start) for s, start in zip(shards, starts)]
+
+
+def _frame(shard: Shard, job: _Job) -> pl.LazyFrame:
+    """The shard's rows parsed and split (with label ids once the label vocabulary is known)."""
+    frame, _ = parse_xc(shard.files, job.spec, job.layout, job.first_rows, shard.offset)
+    frame = _assign_split(frame, job.spec, job.files)
+    if job.token is None:
+        return frame
+    return _with_label_ids(frame, job.label_vocab, job.no_label)
+
+
+def _reasons(job: _Job) -> list[str]:
+    """The drop reasons (they depend on the spec and layout alone), from a lazy parse."""
+    return parse_xc(job.files[:1], job.spec, job.layout, job.first_rows)[1]
+
+
+def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    return parts[0] if len(parts) == 1 else pl.concat(parts)
+
+
 # --- passes --------------------------------------------------------------------------------------
 
-def _line_counts(files: Sequence[Path]) -> tuple[dict[str, int], dict[str, int]]:
-    """Lines per file and each file's first ``__row`` (its header), in one fast pass."""
-    counts = (pl.scan_lines([str(f) for f in files], row_index_name=ROW, include_file_paths=FILE)
-              .group_by(FILE).agg(pl.len().alias("lines"), pl.col(ROW).min().alias("first"))
-              .collect(engine="streaming"))
+def _line_counts(shard: Shard, job: _Job) -> tuple[dict[str, int], dict[str, int]]:
+    """Lines per file and each file's first ``__row`` in the shard (its header), in one fast
+    pass."""
+    files = shard.files
+    with _reading(files, job.spec):
+        counts = (pl.scan_lines([str(f) for f in files], row_index_name=ROW,
+                                include_file_paths=FILE)
+                  .group_by(FILE).agg(pl.len().alias("lines"), pl.col(ROW).min().alias("first"))
+                  .collect(engine="streaming"))
     lines = dict(zip(counts[FILE].to_list(), counts["lines"].to_list()))
     first = dict(zip(counts[FILE].to_list(), counts["first"].to_list()))
     return ({str(f): int(lines.get(str(f), 0)) for f in files},
             {str(f): int(first[str(f)]) for f in files if str(f) in first})
+
+
+def _row_count(shard: Shard, job: _Job) -> int:
+    with _reading(shard.files, job.spec):
+        return scan_xc(shard.files, job.spec).select(pl.len()).collect(engine="streaming").item()
 
 
 def _assign_split(frame: pl.LazyFrame, spec: XCIngestSpec, files: Sequence[Path]
@@ -223,12 +302,20 @@ def _assign_split(frame: pl.LazyFrame, spec: XCIngestSpec, files: Sequence[Path]
     return frame.with_columns(name.cast(SPLIT_DTYPE).alias(SPLIT))
 
 
-def _label_counts(frame: pl.LazyFrame) -> pl.DataFrame:
+def _label_counts(shard: Shard, job: _Job) -> pl.DataFrame:
     """``value, count`` of the training split's labels (distinct per row) in rows that parse."""
-    train = frame.filter(pl.col(DROP).is_null() & (pl.col(SPLIT) == "train"))
-    return (train.select(pl.col(LABELS).alias("value")).explode("value").drop_nulls("value")
-            .group_by("value").agg(pl.len().cast(pl.Int64).alias("count"))
-            .collect(engine="streaming"))
+    with _reading(shard.files, job.spec):
+        frame = _frame(shard, job)
+        train = frame.filter(pl.col(DROP).is_null() & (pl.col(SPLIT) == "train"))
+        return (train.select(pl.col(LABELS).alias("value")).explode("value").drop_nulls("value")
+                .group_by("value").agg(pl.len().cast(pl.Int64).alias("count"))
+                .collect(engine="streaming"))
+
+
+def _merge_label_counts(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    if len(parts) == 1:
+        return parts[0]
+    return pl.concat(parts).group_by("value").agg(pl.col("count").sum())
 
 
 def _label_vocabulary(spec: XCIngestSpec, layout: XCLayout, counts: pl.DataFrame
@@ -267,8 +354,8 @@ def _with_label_ids(frame: pl.LazyFrame, vocab: Optional[Vocabulary], no_label: 
 
 
 def _token_feature(spec: XCIngestSpec, layout: XCLayout) -> SparseSpec:
-    """The tokens as a multi-hot :class:`~pipelines.spec.SparseSpec`, so the tabular encoders
-    (vocabulary, hash, truncation) apply unchanged."""
+    """The tokens as a multi-hot :class:`~pipelines.core.fields.SparseSpec`, so the shared
+    encoders (vocabulary, hash, truncation) apply unchanged."""
     t = spec.tokens
     num_embeddings = t.num_embeddings
     if spec.repository:
@@ -279,8 +366,16 @@ def _token_feature(spec: XCIngestSpec, layout: XCLayout) -> SparseSpec:
                       hash_buckets=t.hash_buckets, num_embeddings=num_embeddings)
 
 
-def _row_statistics(frame: pl.LazyFrame, spec: XCIngestSpec, token: SparseSpec) -> pl.DataFrame:
+def _row_statistics(shard: Shard, job: _Job) -> pl.DataFrame:
     """One streaming group-by (file, split, drop code): rows and the kept rows' statistics."""
+    spec, token = job.spec, job.token
+    with _reading(shard.files, spec):
+        frame = _frame(shard, job)
+        return _group_statistics(frame, spec, token)
+
+
+def _group_statistics(frame: pl.LazyFrame, spec: XCIngestSpec, token: SparseSpec
+                      ) -> pl.DataFrame:
     n = pl.col(token.name).list.len()
     kept_labels = pl.col(LABEL_IDS).list.len()
     distinct = pl.col(LABELS).list.len()
@@ -309,14 +404,39 @@ def _row_statistics(frame: pl.LazyFrame, spec: XCIngestSpec, token: SparseSpec) 
     return groups.with_columns(pl.col(SPLIT).cast(pl.String))
 
 
-def _token_counts(frame: pl.LazyFrame, token: SparseSpec, layout: XCLayout) -> pl.DataFrame:
+def _token_counts(shard: Shard, job: _Job) -> pl.DataFrame:
     """``__split, value, count`` of the kept rows' tokens (after truncation)."""
-    kept = frame.filter(pl.col(DROP).is_null())
-    counts = (kept.select(SPLIT, sparse_values(token).alias("value")).explode("value")
-              .drop_nulls("value").group_by(SPLIT, "value")
-              .agg(pl.len().cast(pl.Int64).alias("count")).collect(engine="streaming"))
-    inner = pl.Int64 if layout.token_dtype is ValueType.INTEGER else pl.String
+    with _reading(shard.files, job.spec):
+        kept = _frame(shard, job).filter(pl.col(DROP).is_null())
+        counts = (kept.select(SPLIT, sparse_values(job.token).alias("value")).explode("value")
+                  .drop_nulls("value").group_by(SPLIT, "value")
+                  .agg(pl.len().cast(pl.Int64).alias("count")).collect(engine="streaming"))
+    inner = pl.Int64 if job.layout.token_dtype is ValueType.INTEGER else pl.String
     return counts.with_columns(pl.col(SPLIT).cast(pl.String), pl.col("value").cast(inner))
+
+
+def _merge_token_counts(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    if len(parts) == 1:
+        return parts[0]
+    return pl.concat(parts).group_by(SPLIT, "value").agg(pl.col("count").sum())
+
+
+def _write(shard: Shard, job: _Job) -> dict[str, list[tuple[str, int]]]:
+    """The shard's kept rows, encoded, into ``<split>/part[-<shard>]-NNNNN.parquet``."""
+    with _reading(shard.files, job.spec):
+        columns = _output_columns(job.spec, job.layout, job.token, job.token_vocab,
+                                  job.dense_stats)
+        rows = _frame(shard, job).filter(pl.col(DROP).is_null()).select(*columns, SPLIT)
+        return sink_splits(rows, job.spec.output, job.out,
+                           f"part-{shard.index:05d}" if job.several else "part")
+
+
+def _dropped_rows(shard: Shard, job: _Job) -> pl.DataFrame:
+    """Per drop code, the shard's first ``dropped_line_examples`` dropped ``__row`` values."""
+    with _reading(shard.files, job.spec):
+        return (_frame(shard, job).filter(pl.col(DROP).is_not_null()).group_by(DROP)
+                .agg(pl.col(ROW).cast(pl.Int64).bottom_k(job.spec.dropped_line_examples))
+                .collect(engine="streaming"))
 
 
 def _output_columns(spec: XCIngestSpec, layout: XCLayout, token: SparseSpec,
@@ -337,13 +457,12 @@ def _output_columns(spec: XCIngestSpec, layout: XCLayout, token: SparseSpec,
     return columns
 
 
-def _dropped_examples(frame: pl.LazyFrame, spec: XCIngestSpec, stats: XCStats,
-                      first_rows: dict[str, int]) -> dict[str, list[dict]]:
+def _dropped_examples(found: pl.DataFrame, spec: XCIngestSpec, stats: XCStats,
+                      first_rows: Optional[dict[str, int]]) -> dict[str, list[dict]]:
     """Per reason, the first ``dropped_line_examples`` dropped lines (parquet: rows) by file:
-    ``[{"file": ..., "lines": [1-based line numbers]}]`` (``"rows"``: 0-based, for parquet)."""
+    ``[{"file": ..., "lines": [1-based line numbers]}]`` (``"rows"``: 0-based, for parquet),
+    from the shards' first dropped rows (``found``: ``__drop``, list of ``__row``)."""
     n = spec.dropped_line_examples
-    found = (frame.filter(pl.col(DROP).is_not_null()).group_by(DROP)
-             .agg(pl.col(ROW).bottom_k(n)).collect(engine="streaming"))
     by_reason: dict[str, list[int]] = {}
     for code, rows in found.iter_rows():
         by_reason.setdefault(stats.reasons[code], []).extend(rows)

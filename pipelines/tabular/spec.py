@@ -1,8 +1,10 @@
 """Ingestion specs: what the raw input looks like and how each column becomes a model feature.
 
-A spec is YAML read with :func:`load_spec` into an :class:`IngestSpec` (typed dataclasses, loaded by
-``embedtrain.config.load_dataclass``), then checked as a whole by :func:`validate_spec`. Every
-problem is a one-line :class:`~embedtrain.config.ConfigError` naming the file and key path, e.g.
+A spec is YAML read with :func:`load_spec` into an :class:`IngestSpec` (typed dataclasses,
+loaded by ``embedtrain.config.load_dataclass``; the feature specs and enums it shares with the
+other families are in :mod:`pipelines.core.fields`), then checked as a whole by
+:func:`validate_spec`. Every problem is a one-line :class:`~embedtrain.config.ConfigError` naming
+the file and key path, e.g.
 ``configs/ingest/x.yaml: sparse[3].name: column 'C1' is named twice (also sparse[0].name)``.
 
 Id conventions of the output (shared by every categorical feature): id 0 is the null/unknown
@@ -18,7 +20,7 @@ one of ``2^63 - 1`` or more (uint64 inputs, long integer text), makes the row in
 (``raw_id_out_of_range``; dropped and counted, or an error with ``on_invalid: error``). ``2^63 - 1``
 is reserved: the dynamic tables mark their empty rows with it. Strings become
 ``string_hash(value) & (2^63 - 1)``, the ``hash`` encoding's stable 64-bit hash
-(:func:`pipelines.hashing.string_hash`: FNV-1a of the UTF-8 bytes, then splitmix64) masked to 63
+(:func:`pipelines.core.hashing.string_hash`: FNV-1a of the UTF-8 bytes, then splitmix64) masked to 63
 bits, with the reserved ``2^63 - 1`` moved to ``2^63 - 2``. Null and empty values (and the input's
 ``null_values``) are id 0, like every encoding's null (so the integer 0, and the rare string whose
 masked hash is 0, share id 0 with null); in lists null and empty elements are skipped.
@@ -39,49 +41,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from embedtrain.config_io import ConfigError, load_dataclass
+from pipelines.core.fields import (
+    DenseSpec, Encoding, InputFormat, OutputSpec, SparseSpec, SplitMethod, ValueType)
 
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
-
-
-class InputFormat(enum.Enum):
-    CRITEO_TSV = "criteo_tsv"  # no header, tab-separated: label, I1..I13, C1..C26
-    CSV = "csv"                # header line; separator configurable
-    PARQUET = "parquet"
-
-
-class ValueType(enum.Enum):
-    """How a categorical column's values are typed (in text inputs: how they are parsed)."""
-
-    STRING = "string"
-    INTEGER = "integer"
-
-
-class Encoding(enum.Enum):
-    VOCAB = "vocab"              # ids from a vocabulary built on the training split
-    HASH = "hash"                # stable hash into hash_buckets
-    PRE_ENCODED = "pre_encoded"  # already integer ids in [0, num_embeddings)
-    RAW = "raw"                  # no vocabulary: integers kept (in [0, 2^63 - 1)), strings
-    #                              hashed to 63 bits as for hash; null is 0 (dynamic tables)
-
-
-class EmptyList(enum.Enum):
-    """What a list feature's empty (or null) list becomes."""
-
-    KEEP = "keep"  # an empty bag (the model pools it to zeros)
-    OOV = "oov"    # [0]: one id of the null/unknown bucket
-
-
-class SplitMethod(enum.Enum):
-    HASH = "hash"      # by a stable hash of a key column (or of file and row number)
-    TIME = "time"      # by a time column (or by row order), oldest rows train, newest test
-    COLUMN = "column"  # by a column's value: split.values lists each split's values
-    FILES = "files"    # by input file: split.files gives a glob per split, the rest train
-
-
-class Cast(enum.Enum):
-    """How a dense column stored as text (parquet strings, CSV) is read as numbers."""
-
-    FLOAT = "float"  # parse as a float; an unparsable value becomes fill_null (counted)
 
 
 class OnInvalid(enum.Enum):
@@ -96,57 +59,6 @@ class InputSpec:
     format: InputFormat = InputFormat.CRITEO_TSV
     separator: Optional[str] = None  # csv only (default ","); criteo_tsv is always a tab
     null_values: list[str] = field(default_factory=list)  # text inputs: extra null markers
-
-
-@dataclass
-class DenseSpec:
-    """A dense column. Applied in this order: fill nulls, clip, log1p, standardise."""
-
-    name: str
-    fill_null: float = 0.0           # a null, NaN or infinite value becomes this (counted)
-    cast: Optional[Cast] = None      # float: numbers stored as strings; unparsable -> fill_null
-    clip_min: Optional[float] = None
-    clip_max: Optional[float] = None
-    log1p: bool = False              # log(1 + max(x, 0)), as for Criteo's counts
-    standardize: bool = False        # (x - mean) / std with the training split's mean and std
-
-
-@dataclass
-class SparseSpec:
-    """A categorical feature, single-valued or a list (``multi_hot``).
-
-    ``name`` is the output feature; ``column`` the input column it reads (default: ``name``), so
-    one column may feed several features (``{name: age_bucket, column: age, bucketize: [...]}``).
-    ``dtype`` (None: the input's type -- parquet's Arrow type, CSV's inferred type; Criteo TSV is
-    text) overrides how values are typed. ``bucketize`` (ascending boundaries b1..bk) or
-    ``quantiles: N`` (boundaries at the training split's i/N quantiles) turn a numeric column
-    into ids ``1 + #{b_i <= x}`` in ``1..k+1``, 0 for null/NaN: ``num_embeddings = k + 2``.
-    """
-
-    name: str
-    column: Optional[str] = None          # input column (default: name)
-    dtype: Optional[ValueType] = None     # None: from the input's schema
-    encoding: Encoding = Encoding.VOCAB
-    multi_hot: bool = False
-    separator: Optional[str] = None       # text inputs: separator of a list's elements
-    max_length: Optional[int] = None      # longer lists are truncated (counted)
-    empty_list: EmptyList = EmptyList.KEEP
-    min_frequency: int = 1                # vocab: rarer training values go to bucket 0
-    max_vocab_size: Optional[int] = None  # vocab: keep only the most frequent values
-    hash_buckets: Optional[int] = None    # hash: num_embeddings, bucket 0 included
-    num_embeddings: Optional[int] = None  # pre_encoded: ids must lie in [0, num_embeddings)
-    #                                        (raw: computed, the training split's distinct ids)
-    bucketize: Optional[list[float]] = None  # numeric column: ids by these boundaries
-    quantiles: Optional[int] = None          # numeric column: N buckets by training quantiles
-
-    @property
-    def source(self) -> str:
-        """The input column this feature reads."""
-        return self.column if self.column is not None else self.name
-
-    @property
-    def bucketized(self) -> bool:
-        return self.bucketize is not None or self.quantiles is not None
 
 
 @dataclass
@@ -172,13 +84,6 @@ class SplitSpec:
     seed: int = 0
     values: Optional[dict[str, list[str]]] = None  # method: column
     files: Optional[dict[str, str]] = None         # method: files
-
-
-@dataclass
-class OutputSpec:
-    rows_per_file: int = 1_000_000
-    rows_per_row_group: int = 65_536
-    compression: str = "zstd"
 
 
 @dataclass

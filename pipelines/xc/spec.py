@@ -16,12 +16,12 @@ from one of two layouts:
   column split on ``tokens.separator``) and a label column (one id or string per row, or a list:
   a parquet list column, or a text cell split on ``labels.separator``).
 
-:func:`is_xc_spec` tells an XC spec from the others; :func:`load_xc_spec` reads it into an
+:func:`pipelines.kind_of` tells an XC spec from the others; :func:`load_spec` reads it into an
 :class:`XCIngestSpec` (through :mod:`embedtrain.config_io`: one-line errors naming the file and
-key) and checks what spans keys. The job itself is :mod:`pipelines.xc`.
+key) and checks what spans keys. The job itself is :mod:`pipelines.xc.passes`.
 
 Example:
-    >>> spec = load_xc_spec("configs/ingest/xc_repository.yaml")
+    >>> spec = load_spec("configs/ingest/xc_repository.yaml")
     >>> spec.input.format, spec.split.resolved_method
     (<XCFormat.XC_REPOSITORY: 'xc_repository'>, <SplitMethod.HASH: 'hash'>)
 """
@@ -31,13 +31,11 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
-import yaml
 
 from embedtrain.config_io import ConfigError, load_dataclass
-from pipelines.spec import DenseSpec, Encoding, OutputSpec, SplitMethod, ValueType
+from pipelines.core.fields import DenseSpec, Encoding, OutputSpec, SplitMethod, ValueType
 
 WHITESPACE = " "  # tokens.separator " ": split on runs of whitespace (spaces, tabs, newlines)
 
@@ -182,19 +180,8 @@ class XCIngestSpec:
         return self.labels.encoding or Encoding.VOCAB
 
 
-def is_xc_spec(path: str | os.PathLike) -> bool:
-    """Whether an ingestion spec is an XC spec (``kind: xc`` at the top level).
 
-    Unreadable files answer False: :func:`pipelines.spec.load_spec` then reports the problem.
-    """
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(raw, dict) and raw.get("kind") == "xc"
-
-
-def load_xc_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
+def load_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
                  ) -> XCIngestSpec:
     """Reads and validates an XC ingestion spec.
 
@@ -206,7 +193,7 @@ def load_xc_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
         ConfigError: one line naming the file and key path.
 
     Example:
-        >>> load_xc_spec("configs/ingest/xc_parquet.yaml").labels.separator is None
+        >>> load_spec("configs/ingest/xc_parquet.yaml").labels.separator is None
         True
     """
     spec = load_dataclass(path, XCIngestSpec, overrides)

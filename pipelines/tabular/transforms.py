@@ -1,11 +1,13 @@
-"""Row-wise stages of an ingestion job, as Polars expressions (so they run inside the streaming
-engine, one batch at a time): parse, classify rows that must be dropped, split, encode.
+"""Row-wise stages of a tabular ingestion job, as Polars expressions (so they run inside the
+streaming engine, one batch at a time): parse, classify rows that must be dropped, split.
 
 - :func:`parse` turns raw columns into typed values and adds ``__drop``: ``null`` for a kept row,
   else the code of the first reason it cannot be kept (:class:`DropReason`, in priority order).
 - :func:`assign_split` adds ``__split`` (train/valid/test) from a hash or a time order.
-- :func:`dense_value` / :func:`sparse_output` / :func:`dense_output` are the per-feature repairs
-  and encodings; the statistics they need (vocabularies, means) come from the statistics pass.
+
+The per-feature repairs and encodings (``dense_output``, ``sparse_output``) are the ones every
+family shares, :mod:`pipelines.core.encode`; the statistics they need (vocabularies, means) come
+from the statistics pass.
 
 Example:
     >>> frame = assign_split(parse(scan_inputs(files, spec), spec)[0], spec, cutoffs=None)
@@ -13,24 +15,19 @@ Example:
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import polars as pl
 
-from pipelines.hashing import splitmix64, string_hash, unit_interval
-from pipelines.sources import FIELDS, FILE, ROW, IngestError
-from pipelines.spec import (
-    CRITEO_COLUMNS, DenseSpec, EmptyList, Encoding, IngestSpec, InputFormat, SparseSpec,
-    SplitMethod, ValueType)
-
-SPLIT, DROP = "__split", "__drop"
-SPLITS = ("train", "valid", "test")
-SPLIT_DTYPE = pl.Enum(list(SPLITS))
-# encoding: raw ids lie in [0, RAW_ID_LIMIT); 2^63 - 1 itself marks the dynamic tables' empty rows
-RAW_ID_LIMIT = 2**63 - 1
+from pipelines.core.encode import RAW_ID_LIMIT
+from pipelines.core.fields import Encoding, InputFormat, SparseSpec, SplitMethod, ValueType
+from pipelines.core.hashing import splitmix64, string_hash, unit_interval
+from pipelines.core.inputs import FILE, ROW
+from pipelines.core.output import SPLIT, SPLIT_DTYPE, SPLITS
+from pipelines.core.report import DROP, unparsed
+from pipelines.tabular.read import FIELDS
+from pipelines.tabular.spec import CRITEO_COLUMNS, IngestSpec
 
 
 @dataclass(frozen=True)
@@ -50,27 +47,6 @@ class DropReason:
     column: str
 
 
-@dataclass(frozen=True)
-class Vocabulary:
-    """A vocab feature's training values; ``values[i]`` has id ``i + 1`` (0 is null/unknown)."""
-
-    values: pl.Series
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def encode(self, v: pl.Expr) -> pl.Expr:
-        """Int64 ids of ``v``'s values, 0 for null and unknown values.
-
-        A cast to an Enum whose categories are the vocabulary in id order: its physical code is
-        ``id - 1`` and unknown values become null. Not ``replace_strict``: in the streaming
-        engine its memory grew with the rows processed (1.3 GB for 2M rows, against 0.5 GB).
-        """
-        categories = pl.Enum(self.values.cast(pl.String))
-        code = v.cast(pl.String).cast(categories, strict=False).to_physical().cast(pl.Int64)
-        return (code + 1).fill_null(0)
-
-
 def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[DropReason]]:
     """Parses raw columns in place and adds the ``__drop`` code (UInt16, null when kept).
 
@@ -79,7 +55,7 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
     (``"a,,b"``) are skipped, and so are null elements of parquet lists.
 
     Args:
-        frame: from :func:`pipelines.sources.scan_inputs`.
+        frame: from :func:`pipelines.tabular.read.scan_inputs`.
         spec: the job's spec.
 
     Returns:
@@ -170,12 +146,6 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
     return frame, [reason for _, reason in conditions]
 
 
-def unparsed(name: str) -> str:
-    """The boolean column marking the values of a ``cast`` dense feature (or a bucketized feature
-    of a text input) that did not parse: they are repaired (fill_null, bucket 0) and counted."""
-    return f"__unparsed:{name}"
-
-
 def _split_text(spec: IngestSpec, text: bool) -> pl.Expr:
     """A column split's key as text, as its listed values are written."""
     col = pl.col(spec.split.column).cast(pl.String)
@@ -239,93 +209,6 @@ def assign_split(frame: pl.LazyFrame, spec: IngestSpec, cutoffs: Optional[tuple[
     return frame.with_columns(name.cast(SPLIT_DTYPE).alias(SPLIT))
 
 
-def dense_value(d: DenseSpec) -> pl.Expr:
-    """Fill (null, NaN, inf), clip, log1p: the value whose training mean/std standardise it."""
-    x = pl.col(d.name)
-    x = pl.when(x.is_null() | ~x.is_finite()).then(pl.lit(d.fill_null)).otherwise(x)
-    if d.clip_min is not None or d.clip_max is not None:
-        x = x.clip(d.clip_min, d.clip_max)
-    if d.log1p:
-        x = x.clip(lower_bound=0.0).log1p()  # counts: negative values (Criteo's -1) count as 0
-    return x
-
-
-def dense_output(d: DenseSpec, mean: float, std: float) -> pl.Expr:
-    """The float32 output column; ``mean``/``std`` are the training split's (ignored if not
-    standardised)."""
-    x = dense_value(d)
-    if d.standardize:
-        x = (x - mean) / std
-    return x.cast(pl.Float32).alias(d.name)
-
-
-def sparse_values(s: SparseSpec) -> pl.Expr:
-    """Parsed values after list truncation: what vocabularies count and encoders encode."""
-    x = pl.col(s.name)
-    if s.multi_hot and s.max_length is not None:
-        x = x.list.head(s.max_length)
-    return x
-
-
-def bucket_ids(s: SparseSpec, boundaries: list[float]) -> pl.Expr:
-    """``1 + #{b <= x}`` in ``1..len(boundaries)+1``; 0 for null and NaN."""
-    x = pl.col(s.name)
-    ids = pl.lit(1, pl.Int64)
-    for b in boundaries:
-        ids = ids + (x >= b).cast(pl.Int64)
-    return pl.when(x.is_null() | x.is_nan()).then(pl.lit(0, pl.Int64)).otherwise(ids)
-
-
-def sparse_output(s: SparseSpec, vocab: Optional[Vocabulary],
-                  boundaries: Optional[list[float]] = None) -> pl.Expr:
-    """Int64 ids (or a list of them) in ``[0, num_embeddings)``; 0 is the null/unknown bucket."""
-    if s.bucketized:
-        assert boundaries is not None
-        return bucket_ids(s, boundaries).alias(s.name)
-    x = sparse_values(s)
-
-    def encode(v: pl.Expr) -> pl.Expr:
-        if s.encoding is Encoding.VOCAB:
-            assert vocab is not None
-            return vocab.encode(v)
-        if s.encoding is Encoding.HASH:
-            assert s.hash_buckets is not None
-            bucket = string_hash(v.cast(pl.String)) % pl.lit(s.hash_buckets - 1, pl.UInt64)
-            return pl.when(v.is_null()).then(pl.lit(0, pl.Int64)).otherwise(
-                (bucket + 1).cast(pl.Int64))
-        if s.encoding is Encoding.RAW and s.dtype is not ValueType.INTEGER:
-            return raw_string_ids(v)
-        return v.cast(pl.Int64)  # pre_encoded and raw integers: checked by parse
-
-    if not s.multi_hot:
-        return encode(x).fill_null(0).alias(s.name)
-    ids = x.list.eval(encode(pl.element()))
-    if s.empty_list is EmptyList.OOV:
-        ids = pl.when(ids.is_null() | (ids.list.len() == 0)).then(
-            pl.lit([0], dtype=pl.List(pl.Int64))).otherwise(ids)
-    else:
-        ids = ids.fill_null(pl.lit([], dtype=pl.List(pl.Int64)))
-    return ids.cast(pl.List(pl.Int64)).alias(s.name)
-
-
-def raw_string_ids(v: pl.Expr) -> pl.Expr:
-    """``encoding: raw`` ids of strings: the ``hash`` encoding's stable hash
-    (:func:`pipelines.hashing.string_hash`: FNV-1a of the UTF-8 bytes, then splitmix64) masked to
-    63 bits (:func:`raw_hash_ids`); 0 for null. With the finaliser, not FNV-1a alone: FNV-1a
-    leaves short strings' ids close together (``"x"`` and ``"y"`` share their top 16 bits), and
-    not every consumer of the ids mixes them as the dynamic tables do (``mix_ids``)."""
-    h = string_hash(v.cast(pl.String))
-    return pl.when(v.is_null()).then(pl.lit(0, pl.Int64)).otherwise(raw_hash_ids(h))
-
-
-def raw_hash_ids(h: pl.Expr) -> pl.Expr:
-    """A UInt64 hash as a raw id: ``h & (2^63 - 1)``, with the reserved ``2^63 - 1`` (the dynamic
-    tables' empty-row marker) moved to ``2^63 - 2``; Int64 in ``[0, 2^63 - 1)``."""
-    masked = h & pl.lit(RAW_ID_LIMIT, pl.UInt64)
-    return pl.when(masked == RAW_ID_LIMIT).then(pl.lit(RAW_ID_LIMIT - 1, pl.UInt64)).otherwise(
-        masked).cast(pl.Int64)
-
-
 def _raw_integer(x: pl.Expr) -> pl.Expr:
     """A parquet integer (any width, signed or not) as Int64; a value beyond int64 (uint64 from
     2^63) becomes ``RAW_ID_LIMIT``, so that parse drops it as out of range, never as null."""
@@ -382,23 +265,6 @@ def _split_key(spec: IngestSpec, text: bool) -> pl.Expr:
     if text:
         return col.str.strip_chars().cast(pl.Float64, strict=False)
     return col  # numeric or temporal, converted below once its type is known
-
-
-def file_splits(files: list, spec: IngestSpec) -> dict[str, str]:
-    """Split method files: input path (as scanned) -> the split whose glob matches the file's path
-    or name; files that no glob matches are train.
-
-    Raises:
-        IngestError: a file matched by two splits' globs.
-    """
-    out: dict[str, str] = {}
-    for path in files:
-        hits = [split for split, pattern in (spec.split.files or {}).items()
-                if fnmatch.fnmatch(str(path), pattern) or fnmatch.fnmatch(Path(path).name, pattern)]
-        if len(hits) > 1:
-            raise IngestError(f"{path}: matches split.files of both {hits[0]} and {hits[1]}")
-        out[str(path)] = hits[0] if hits else "train"
-    return out
 
 
 def time_to_seconds(frame: pl.LazyFrame, spec: IngestSpec) -> pl.LazyFrame:

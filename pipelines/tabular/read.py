@@ -1,8 +1,10 @@
-"""Input files: resolving paths and globs, checking each file cheaply, scanning them lazily.
+"""Tabular input files: checking each file cheaply, scanning them lazily.
 
-Every file is checked before any row is processed, from what can be read without scanning it
-(a parquet footer, a CSV header line, the first line of a Criteo TSV), so that a missing column, a
-wrong type or a truncated parquet file fails at once with the file's name.
+Paths and globs are resolved by :func:`pipelines.core.inputs.resolve_inputs`, which also holds
+the footer and header checks every family shares. Every file is checked before any row is
+processed, from what can be read without scanning it (a parquet footer, a CSV header line, the
+first line of a Criteo TSV), so that a missing column, a wrong type or a truncated parquet file
+fails at once with the file's name.
 
 :func:`scan_inputs` returns one Polars ``LazyFrame`` over all files, a single multi-file scan (never
 read into memory here), each row tagged with ``__row``, its 0-based position in the whole input,
@@ -10,7 +12,9 @@ for split keys and row-order splits. One scan, not one per file concatenated: Po
 scan of a concatenation at once and each buffers ~250 MB ahead (2.2 GB for 8 files of 300 MB,
 against 0.4 GB as one scan). The row number is Polars' 32-bit row index, so one job reads at most
 2**32 - 1 rows (:func:`check_row_limit`); Criteo 1TB (4.4e9 rows) takes two jobs or Polars' 64-bit
-index runtime (``polars[rt64]``).
+index runtime (``polars[rt64]``). An engine that reads a shard per file (Ray) checks and numbers
+each file on its own (int64 offsets). :func:`reading` turns a Polars read failure into one line
+naming the file.
 
 Example:
     >>> files = resolve_inputs(["data/raw/*.tsv"], spec)
@@ -20,74 +24,24 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import glob
-import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedtrain.utils import first_line, natural_key
-from pipelines.spec import (
-    CRITEO_COLUMNS, Encoding, InputFormat, IngestSpec, SplitMethod, ValueType)
+from embedtrain.utils import first_line
+from pipelines.core.errors import IngestError
+from pipelines.core.fields import Encoding, InputFormat, SplitMethod, ValueType
+from pipelines.core.inputs import FILE, ROW, check_csv_header, parquet_types, value_type
+from pipelines.tabular.spec import CRITEO_COLUMNS, IngestSpec
 
-ROW = "__row"
-FILE = "__file"  # split method files: the row's input file (as resolved from --input)
 FIELDS = "__fields"  # Criteo TSV: tab-separated fields of the line (a wrong count is dropped)
 MAX_ROWS = 2**32 - 1  # Polars' row index is 32-bit (IdxSize) in the default runtime
 _MIN_TSV_ROW_BYTES = 40  # a Criteo line is at least 39 tabs and a newline
-_EXTENSIONS = {
-    InputFormat.CRITEO_TSV: (".tsv", ".txt"),
-    InputFormat.CSV: (".csv", ".tsv", ".txt"),
-    InputFormat.PARQUET: (".parquet",),
-}
-
-
-class IngestError(ValueError):
-    """Bad input to an ingestion job; ``str(err)`` is one line starting with the file path."""
-
-
-def resolve_inputs(patterns: Sequence[str | os.PathLike], spec: IngestSpec) -> list[Path]:
-    """Expands paths, directories and globs into a sorted, de-duplicated list of files.
-
-    A directory stands for its files with the input format's extensions (``.tsv``/``.txt`` for
-    ``criteo_tsv``, ``.parquet`` for parquet, ...). File order matters (row-order time splits,
-    and hash splits without a key column, use it), so each pattern's files are sorted with numbers
-    compared as numbers (``day_2`` before ``day_10``) and patterns keep their command-line order.
-
-    Args:
-        patterns: ``--input`` values.
-        spec: the job's spec (for the input format).
-
-    Returns:
-        The files.
-
-    Raises:
-        IngestError: a pattern matching no file.
-    """
-    files: list[Path] = []
-    for pattern in patterns:
-        pattern = str(pattern)
-        path = Path(pattern)
-        if path.is_dir():
-            found = sorted((p for p in path.iterdir()
-                            if p.is_file() and p.name.endswith(_EXTENSIONS[spec.input.format])),
-                           key=natural_key)
-            what = f"no {'/'.join(_EXTENSIONS[spec.input.format])} files in the directory"
-        elif glob.has_magic(pattern):
-            found = sorted((Path(p) for p in glob.glob(pattern, recursive=True)
-                            if Path(p).is_file()), key=natural_key)
-            what = "no input files match"
-        else:
-            found = [path] if path.is_file() else []
-            what = "input file not found"
-        if not found:
-            raise IngestError(f"{pattern}: {what}")
-        files.extend(p for p in found if p not in files)
-    return files
 
 
 def input_columns(spec: IngestSpec) -> list[str]:
@@ -151,8 +105,8 @@ def check_row_limit(files: Sequence[Path], spec: IngestSpec) -> None:
     if spec.input.format is InputFormat.PARQUET:
         rows = sum(pq.read_metadata(f).num_rows for f in files)
     elif sum(f.stat().st_size for f in files) > MAX_ROWS * _MIN_TSV_ROW_BYTES:
-        frame = (pl.scan_lines([str(f) for f in files]) if spec.input.format is InputFormat.CRITEO_TSV
-                 else scan_inputs(files, spec))
+        frame = (pl.scan_lines([str(f) for f in files])
+                 if spec.input.format is InputFormat.CRITEO_TSV else scan_inputs(files, spec))
         rows = frame.select(pl.len()).collect(engine="streaming").item()
     else:
         return
@@ -263,30 +217,6 @@ def _parquet_column(name: str, spec: IngestSpec) -> pl.Expr:
 
 # --- per-file checks -----------------------------------------------------------------------------
 
-def value_type(t: pa.DataType) -> Optional[ValueType]:
-    """How an Arrow type's values are typed for a categorical column (``None``: neither)."""
-    if pa.types.is_integer(t):
-        return ValueType.INTEGER
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return ValueType.STRING
-    return None
-
-
-def parquet_types(path: Path, columns: Sequence[str]) -> dict[str, pa.DataType]:
-    """A parquet file's column types, checked to hold ``columns`` (one-line errors)."""
-    try:
-        schema = pq.read_schema(path)
-    except (pa.ArrowException, OSError) as e:
-        raise IngestError(f"{path}: not a readable parquet file (truncated or corrupt?): "
-                          f"{first_line(e)}") from None
-    types = {f.name: f.type for f in schema}
-    missing = [c for c in columns if c not in types]
-    if missing:
-        raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
-                          f"(has: {', '.join(list(types)[:20])})")
-    return types
-
-
 def _check_parquet(path: Path, spec: IngestSpec,
                    resolved: dict[str, tuple[ValueType, Path]]) -> None:
     types = parquet_types(path, input_columns(spec))
@@ -343,23 +273,6 @@ def _check_parquet(path: Path, spec: IngestSpec,
                               f"{spec.split.method.value} split")
 
 
-def check_csv_header(path: Path, separator: Optional[str], columns: list[str]
-                     ) -> Optional[list[str]]:
-    """The CSV file's column names, checked to hold ``columns`` (``None``: an empty file)."""
-    if path.stat().st_size == 0:
-        return None  # no header, no rows: counted as an empty file
-    try:
-        names = pl.scan_csv(path, separator=separator or ",", infer_schema=False,
-                            n_rows=0).collect_schema().names()
-    except pl.exceptions.PolarsError as e:
-        raise IngestError(f"{path}: cannot read the CSV header: {first_line(e)}") from None
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise IngestError(f"{path}: missing column(s) {', '.join(missing)} "
-                          f"(header has: {', '.join(names[:20])})")
-    return names
-
-
 INFER_ROWS = 10_000  # CSV rows whose values decide a categorical column's type
 
 
@@ -404,3 +317,24 @@ def _check_criteo_line(path: Path, spec: IngestSpec, lines: int = 5) -> None:
         raise IngestError(f"{path}: not Criteo TSV: line 1 has {counts[0]} tab-separated "
                           f"fields, and none of the first {len(counts)} line(s) has the "
                           f"{len(CRITEO_COLUMNS)} criteo_tsv expects (label, I1..I13, C1..C26)")
+
+
+@contextlib.contextmanager
+def reading(files: Sequence[Path], spec: IngestSpec) -> Iterator[None]:
+    """Turns a Polars read failure (a malformed line, a corrupt page) into a one-line error
+    naming the file that causes it."""
+    try:
+        yield
+    except pl.exceptions.PolarsError as e:
+        raise _locate_failure(files, spec, e) from None
+
+
+def _locate_failure(files: Sequence[Path], spec: IngestSpec, error: Exception) -> IngestError:
+    if len(files) > 1:  # the error does not say which file: read them one by one to find out
+        for path in files:
+            try:
+                scan_inputs([path], spec).select(pl.all().null_count()).collect(engine="streaming")
+            except pl.exceptions.PolarsError as e:
+                return IngestError(f"{path}: cannot read: {first_line(e)}")
+    where = files[0] if len(files) == 1 else files[0].parent
+    return IngestError(f"{where}: cannot read: {first_line(error)}")

@@ -3,11 +3,14 @@
 - :func:`row_statistics`: one group-by (split, drop code): row counts (rows read, rows dropped
   by reason) and, for kept rows, null/non-finite/clipped counts and mean/std of every dense
   feature, null/empty/truncated counts and list lengths of every sparse feature;
-- :func:`value_counts`: value counts by split of every vocab feature (the vocabulary is the
-  training split's part; the other splits' parts give their out-of-vocabulary rates);
+- :func:`value_counts`: value counts by split of every vocab feature (the vocabulary,
+  :func:`pipelines.core.stats.build_vocabulary`, is the training split's part; the other splits'
+  parts give their out-of-vocabulary rates);
 - :func:`raw_id_counts`: after the write, distinct ids by split of every ``encoding: raw``
   feature, read back from the written files (int64 columns: cheaper than parsing and hashing the
-  input again), and how many of valid's and test's never occur in train.
+  input again), and how many of valid's and test's never occur in train;
+- :func:`merge_counts`, :func:`merge_kept`, :func:`merge_values`: the first two passes' parts of
+  several shards as one scan over them gives them (a part of one shard returned as it is).
 
 Only aggregates come back to Python, never rows: memory is bounded by the number of distinct
 categorical values, whatever the input size.
@@ -24,13 +27,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import polars as pl
 
-from pipelines.spec import Encoding, IngestSpec, SparseSpec, ValueType
-from pipelines.transforms import DROP, SPLIT, SPLITS, DropReason, Vocabulary, dense_value, \
-    sparse_values, unparsed
+from pipelines.core.encode import dense_value, sparse_values
+from pipelines.core.fields import Encoding, SparseSpec, ValueType
+from pipelines.core.output import SPLIT, SPLITS
+from pipelines.core.report import DROP, unparsed
+from pipelines.tabular.spec import IngestSpec
+from pipelines.tabular.transforms import DropReason
 
 
 @dataclass
@@ -224,44 +230,57 @@ def _value_counts(kept: pl.LazyFrame, features: list[SparseSpec]) -> pl.LazyFram
         pl.len().cast(pl.Int64).alias("count"))
 
 
-def build_vocabulary(counts: pl.DataFrame, s: SparseSpec) -> tuple[Vocabulary, pl.DataFrame]:
-    """The vocabulary of one feature from the training split's value counts.
-
-    Values seen at least ``min_frequency`` times in train get ids ``1..V`` by descending count
-    (ties by value, so the result does not depend on row order); ``max_vocab_size`` keeps the V
-    most frequent. Everything else, and null, maps to 0.
-
-    Args:
-        counts: ``__split, value, count`` from the statistics pass.
-        s: the feature's spec.
-
-    Returns:
-        ``(vocabulary, table)``; ``table`` has ``value, id, count`` (saved for serving).
-    """
-    train = counts.filter(pl.col(SPLIT) == "train").select("value", "count")
-    table = train.filter(pl.col("count") >= s.min_frequency).sort(
-        ["count", "value"], descending=[True, False])
-    if s.max_vocab_size is not None:
-        table = table.head(s.max_vocab_size)
-    table = table.with_columns(pl.int_range(1, table.height + 1, dtype=pl.Int64).alias("id"))
-    table = table.select("value", "id", "count")
-    return Vocabulary(table["value"]), table
+def merge_counts(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """Rows by (split, drop code), summed over the files."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:  # every input empty: the job's "no rows to ingest"
+        return pl.DataFrame(schema={SPLIT: pl.String, "__drop": pl.Int32, "rows": pl.Int64})
+    return pl.concat(parts).group_by(SPLIT, "__drop").agg(pl.col("rows").sum())
 
 
-def oov_rates(counts: pl.DataFrame, table: pl.DataFrame) -> dict[str, float | None]:
-    """Per split: the share of non-null values (list elements) that map to the unknown bucket."""
-    known = counts.join(table.select("value", pl.lit(True).alias("known")), on="value", how="left")
-    out: dict[str, float | None] = {}
-    for split in SPLITS:
-        part = known.filter(pl.col(SPLIT) == split)
-        total = int(part["count"].sum())
-        unknown = int(part.filter(pl.col("known").is_null())["count"].sum())
-        out[split] = round(unknown / total, 6) if total else None
-    return out
+def merge_kept(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """The kept rows' statistics by split over all files, as one pass over them gives them:
+    counts summed, maxima taken, means and (population) standard deviations combined."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return pl.DataFrame(schema={SPLIT: pl.String, "rows": pl.Int64})
+    frame = pl.concat(parts, how="diagonal_relaxed")
+    rows = []
+    for split, group in frame.group_by(SPLIT):
+        n = group["rows"].cast(pl.Float64)
+        total = float(n.sum())
+        row: dict[str, Any] = {SPLIT: split[0], "rows": int(group["rows"].sum())}
+        for column in group.columns:
+            if column in (SPLIT, "rows"):
+                continue
+            values = group[column]
+            if column.endswith(":mean"):
+                std_col = column[: -len(":mean")] + ":std"
+                means = values.cast(pl.Float64)
+                mean = float((means * n).sum() / total) if total else None
+                row[column] = mean
+                if std_col in group.columns:
+                    stds = group[std_col].cast(pl.Float64).fill_null(0.0)
+                    var = float(((stds ** 2 + (means - mean) ** 2) * n).sum() / total) \
+                        if total else None
+                    row[std_col] = math.sqrt(max(var, 0.0)) if var is not None else None
+            elif column.endswith(":std"):
+                continue  # with its mean
+            elif column.endswith(":max_length"):
+                row[column] = values.max()
+            else:
+                row[column] = values.sum()
+        rows.append(row)
+    if not rows:  # no kept row anywhere: the job's "no training rows"
+        return frame.clear()
+    return pl.DataFrame(rows).select(frame.columns)
 
 
-def finite(x: float | None, digits: int = 6) -> float | None:
-    """A JSON-safe float: rounded, and None for NaN/inf/missing."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return None
-    return round(float(x), digits)
+def merge_values(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFrame]:
+    """Each feature's value counts by split, summed over the shards."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: pl.concat([p[name] for p in parts]).group_by(SPLIT, "value").agg(
+        pl.col("count").sum()) for name in (parts[0] if parts else {})}

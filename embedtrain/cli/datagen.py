@@ -1,0 +1,149 @@
+"""``embedtrain datagen``: synthetic CTR (parquet or raw TSV, optionally drifting), XC and graph
+data sets with their planted models (``embedtrain.datagen``, torch-free)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from embedtrain.cli.errors import UsageError
+
+
+def register(sub) -> None:
+    """Adds the ``datagen`` command to the subparsers ``sub``."""
+    p = sub.add_parser("datagen", help="generate a synthetic data set")
+    gen = p.add_subparsers(dest="kind", required=True)
+    g = gen.add_parser("ctr", help="Criteo-layout CTR data with a planted click model")
+    g.add_argument("--rows", type=int, default=1_000_000, help="total rows (default: 1,000,000)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--format", choices=["parquet", "tsv"], default="parquet",
+                   help="parquet: a split, training-ready data set (default); tsv: the same rows "
+                        "as raw Criteo-style TSV logs, for `embedtrain ingest`")
+    g.add_argument("--drift", action="store_true",
+                   help="a drifting data set instead: raw int64 ids born and dying over time "
+                        "periods, split by time (embedtrain.datagen.drift)")
+    g.add_argument("--drift-periods", type=int, metavar="N",
+                   help="with --drift: time periods (default 20; train 80%%, valid, test 10%%)")
+    g.add_argument("--drift-lifetime", type=int, metavar="N",
+                   help="with --drift: periods an id stays alive (default 4)")
+    g.add_argument("--drift-new-ids", type=int, metavar="N",
+                   help="with --drift: new ids per period and feature, before the per-feature "
+                        "scale (default 2000)")
+    g = gen.add_parser("xc", help="extreme-classification data: Zipfian classes with planted "
+                                  "token prototypes, and the Bayes-optimal P@1")
+    g.add_argument("--classes", type=int, default=100_000, help="number of classes C")
+    g.add_argument("--rows", type=int, default=1_000_000, help="total rows (default: 1,000,000)")
+    g.add_argument("--vocab", type=int, default=200_000, help="token vocabulary size")
+    g.add_argument("--noise", type=float, default=0.8,
+                   help="share of a row's tokens drawn from the background (default 0.8)")
+    g.add_argument("--multi-label", action="store_true",
+                   help="rows carry 1..4 labels (a list column `labels`)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
+    g = gen.add_parser("graph", help="a graph with planted communities (degree-corrected SBM) "
+                                     "that set the labels, and weakly informative features")
+    g.add_argument("--nodes", type=int, default=100_000, help="number of nodes N")
+    g.add_argument("--avg-degree", type=float, default=10.0, help="expected neighbours per node")
+    g.add_argument("--communities", type=int, default=16, help="communities = classes")
+    g.add_argument("--feature-dim", type=int, default=32, help="node feature dimension")
+    g.add_argument("--link-fraction", type=float, default=0.0,
+                   help="share of edges held out as valid/test link-prediction positives")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=_datagen)
+
+
+def _datagen(args: argparse.Namespace) -> int:
+    from embedtrain.datagen import CTRDataSpec, generate_ctr
+
+    if args.kind == "xc":
+        return _datagen_xc(args)
+    if args.kind == "graph":
+        return _datagen_graph(args)
+    if args.drift:
+        return _datagen_drift(args)
+    knobs = [f for f in ("periods", "lifetime", "new_ids") if getattr(args, f"drift_{f}") is not None]
+    if knobs:
+        raise UsageError(f"--drift-{knobs[0].replace('_', '-')}: only with --drift")
+    if args.format == "tsv":
+        from embedtrain.datagen import generate_ctr_tsv
+
+        info = generate_ctr_tsv(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
+        print(f"wrote {args.out}: {info['rows']:,} rows of raw TSV in {len(info['files'])} file(s) "
+              "(ingest with configs/ingest/criteo_synthetic.yaml)")
+        return 0
+    meta = generate_ctr(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    oracle = meta["oracle_auc"].get("test")
+    note = f", oracle AUC on test {oracle:.4f}" if oracle is not None else ""
+    print(f"wrote {args.out}: rows: {rows}{note}")
+    return 0
+
+
+def _datagen_drift(args: argparse.Namespace) -> int:
+    from embedtrain.datagen import DriftDataSpec, generate_ctr_drift
+
+    if args.format == "tsv":
+        raise UsageError("--format tsv: not with --drift (the drifting data set is parquet only)")
+    flags = {"periods": "--drift-periods", "lifetime": "--drift-lifetime",
+             "new_ids_per_period": "--drift-new-ids"}
+    knobs = {"periods": args.drift_periods, "lifetime": args.drift_lifetime,
+             "new_ids_per_period": args.drift_new_ids}
+    try:
+        spec = DriftDataSpec(rows=args.rows, seed=args.seed,
+                             **{k: v for k, v in knobs.items() if v is not None})
+        meta = generate_ctr_drift(spec, args.out)
+    except ValueError as e:  # "DriftDataSpec.lifetime must be ..." -> the flag's name
+        raise UsageError(re.sub(r"DriftDataSpec\.(\w+)",
+                                lambda m: flags.get(m.group(1), "--" + m.group(1).replace("_", "-")),
+                                str(e))) from None
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    oracle = meta["oracle_auc"].get("test")
+    note = f", oracle AUC on test {oracle:.4f}" if oracle is not None else ""
+    ids = " ".join(f"{s['num_embeddings']:,}" for s in meta["sparse"])
+    unseen = meta["drift"]["unseen_in_train_share"]["test"]
+    seen = f", {unseen:.1%} of test lookups unseen in train" if unseen is not None else ""
+    print(f"wrote {args.out}: rows: {rows}{note}; {meta['drift']['periods']} periods, "
+          f"distinct train ids per feature: {ids}{seen}")
+    return 0
+
+
+def _datagen_xc(args: argparse.Namespace) -> int:
+    from embedtrain.datagen import XCDataSpec, generate_xc
+
+    try:
+        spec = XCDataSpec(classes=args.classes, rows=args.rows, vocab=args.vocab, noise=args.noise,
+                          multi_label=args.multi_label, seed=args.seed)
+    except ValueError as e:  # "XCDataSpec.classes must be ..." -> the flag's name
+        raise UsageError(re.sub(r"XCDataSpec\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"),
+                                str(e))) from None
+    meta = generate_xc(spec, args.out)
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    oracle = meta.get("oracle_p_at_1", {}).get("test")
+    note = f", Bayes-optimal P@1 on test {oracle:.4f}" if oracle is not None else ""
+    print(f"wrote {args.out}: {spec.classes:,} classes, rows: {rows}{note}")
+    return 0
+
+
+def _datagen_graph(args: argparse.Namespace) -> int:
+    from embedtrain.datagen import GraphDataSpec, generate_graph
+
+    try:
+        spec = GraphDataSpec(nodes=args.nodes, avg_degree=args.avg_degree,
+                             communities=args.communities, feature_dim=args.feature_dim,
+                             link_fraction=args.link_fraction, seed=args.seed)
+        meta = generate_graph(spec, args.out)
+    except ValueError as e:  # "GraphDataSpec.avg_degree must be ..." -> the flag's name
+        raise UsageError(re.sub(r"GraphDataSpec\.(\w+)",
+                                lambda m: "--" + m.group(1).replace("_", "-"), str(e))) from None
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    g = meta["generator"]
+    bayes = g["feature_bayes_accuracy"]["test"] or g["feature_bayes_accuracy"]["all"]
+    print(f"wrote {args.out}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} CSR entries, "
+          f"homophily {g['homophily']:.3f}, feature-only Bayes accuracy {bayes:.3f} "
+          f"(one-hop Bayes {g['one_hop_bayes_accuracy']['test']:.3f})")
+    return 0

@@ -1,0 +1,87 @@
+"""``embedtrain export`` and ``embedtrain predict``: a run's checkpoint as files for inference, and
+streaming scores of parquet rows with such an export (``embedtrain.export``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    """Adds the ``export`` and ``predict`` commands to the subparsers ``sub``."""
+    p = sub.add_parser("export", help="a run's checkpoint as files for inference: embedding "
+                       "tables, the dense model (torch.export), model.json")
+    p.add_argument("run_dir", help="a run directory written by `embedtrain train`")
+    p.add_argument("--checkpoint", help="step (e.g. 500) or checkpoint directory (default: the "
+                   "run's newest)")
+    p.add_argument("--out", required=True, help="export directory")
+    p.add_argument("--quantize", default="none", help="tables as none (float32), int8 or int4 "
+                   "(TorchRec/FBGEMM rowwise quantization; default: none)")
+    p.add_argument("--format", default="npy", help="table files: npy, parquet or npy,parquet "
+                   "(default: npy)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("predict", help="score parquet rows with an export (streaming)")
+    p.add_argument("export_dir", help="a directory written by `embedtrain export`")
+    p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
+                   help="parquet file, directory or quoted glob in the data set's layout "
+                        "(repeatable)")
+    p.add_argument("--out", required=True, help="predictions parquet file")
+    p.add_argument("--batch-size", type=int, default=8192, help="rows scored at once "
+                   "(default: 8192)")
+    p.add_argument("--top-k", type=int, help="XC: classes per row (default: the run's largest "
+                   "xc.top_k)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_predict)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from embedtrain.export.export import export_run
+
+    result = export_run(args.run_dir, args.out, checkpoint=args.checkpoint,
+                        quantize=args.quantize, formats=args.format.split(","),
+                        overwrite=args.overwrite, progress=not args.no_progress)
+    m, mib = result.manifest, 2**20
+    print(f"exported step {m.source.step:,} of {args.run_dir} ({m.source.world_size} rank(s), "
+          f"{m.task}) to {result.out} in {result.seconds:.1f} s")
+    rows = sum(t.rows for t in m.tables)
+    sizes = f"{m.float32_bytes / mib:,.1f} MiB float32"
+    if m.quantize != "none":
+        sizes += (f" -> {m.table_bytes / mib:,.1f} MiB {m.quantize} "
+                  f"({m.float32_bytes / max(m.table_bytes, 1):.2f}x smaller)")
+    print(f"  tables       {len(m.tables)}, {rows:,} rows, {sizes}")
+    dynamic = [t for t in m.tables if t.dynamic]
+    if dynamic:
+        held = sum(t.ids_held or 0 for t in dynamic)
+        print(f"  id maps      {len(dynamic)} dynamic table(s): {held:,} ids -> rows "
+              f"(tables/<table>.ids.parquet; other ids take their shard's default row)")
+    if m.head is not None:
+        print(f"  class head   {m.head.num_classes:,} x {m.head.dim} ({m.head.kind}), "
+              f"{m.head.bytes / mib:,.1f} MiB float32, {len(m.head.shards)} shard(s)")
+    if m.dense_program is not None:
+        print(f"  dense model  {m.dense_program.file} ({m.dense_program.format}), "
+              f"{m.dense_program.parameters:,} parameters")
+    else:
+        print(f"  dense model  none ({m.note})")
+    if result.peak_over_baseline is not None:
+        print(f"  memory       peak RSS {result.peak_over_baseline / mib:,.1f} MiB over the "
+              f"{result.baseline_rss / mib:,.0f} MiB before the tables (largest table "
+              f"{result.largest_table / mib:,.1f} MiB)")
+    print(f"files: {result.out}/ (model.json, tables/, "
+          f"{m.dense_program.file + ', ' if m.dense_program else ''}config.yaml)")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from embedtrain.export.predict import predict
+
+    result = predict(args.export_dir, args.inputs, args.out, batch_size=args.batch_size,
+                     top_k=args.top_k, progress=not args.no_progress)
+    rate = result.rows / max(result.seconds, 1e-9)
+    print(f"scored {result.rows:,} rows from {result.files} file(s) in {result.seconds:.1f} s "
+          f"({rate:,.0f} rows/s)")
+    for k, v in result.metrics.items():
+        print(f"  {k:<12} {v:.6f}" if isinstance(v, float) else f"  {k:<12} {v:,}")
+    print(f"written: {result.out}")
+    return 0

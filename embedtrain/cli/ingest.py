@@ -1,0 +1,42 @@
+"""``embedtrain ingest``: an ingestion spec run over raw files (the jobs live in ``pipelines/``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    """Adds the ``ingest`` command to the subparsers ``sub``."""
+    p = sub.add_parser("ingest", help="raw logs (Criteo TSV, CSV, parquet), graph edge lists "
+                       "(kind: graph) or multi-label XC data (kind: xc) to a training data set")
+    p.add_argument("spec", help="ingestion spec, YAML (see configs/ingest/); kind: graph and "
+                   "kind: xc select the graph and extreme-classification jobs")
+    p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
+                   help="input file, directory or quoted glob (repeatable)")
+    p.add_argument("--out", required=True, help="output data set directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec key, e.g. --set output.rows_per_file=500000 or, for an "
+                        "XC spec, --set split.files.test=test.txt (repeatable)")
+    p.add_argument("--nodes", dest="node_inputs", action="append", metavar="PATH_OR_GLOB",
+                   help="graph specs (kind: graph) only: the node table (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--engine", choices=["polars", "ray"], default="polars",
+                   help="polars: one process (default); ray: the same passes as Ray tasks, file "
+                        "by file, with the same outputs (every kind of spec)")
+    p.add_argument("--address", default=None,
+                   help="--engine ray: a running Ray cluster to join (ray start --head prints "
+                        "it); default: a local instance for the job")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="--engine ray, local instance: its CPUs (default: every core)")
+    p.set_defaults(func=_ingest)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from pipelines import run_ingest
+
+    _, lines = run_ingest(args.spec, args.inputs, args.out, overrides=args.overrides,
+                          nodes=args.node_inputs or (), engine=args.engine,
+                          address=args.address, num_cpus=args.num_cpus,
+                          progress=not args.quiet)
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,222 @@
+"""Processes that use ``torch.distributed``: free ports, how they end, a harness spawning ranks.
+
+Torch-free at import (the CLI imports this module for ``--help`` too): every function imports
+torch when it runs.
+
+Why a process that used gloo ends through :func:`exit_process` (found from a core dump of a
+2-rank run that died with "terminate called without an active exception"): gloo runs each
+collective in a worker thread of ``ProcessGroupGloo``, and that thread drops its reference to the
+finished work *after* the caller's ``wait()`` has returned. When the caller has dropped the
+work's tensors already (any synchronous ``all_reduce`` of a temporary), that last reference
+frees Python objects and so takes the GIL. If the main thread has meanwhile reached interpreter
+finalization (rank 1 has nothing left to write and gets there within milliseconds), CPython ends
+every thread that asks for the GIL with ``pthread_exit`` (cpython#87135); its forced unwind
+crosses the ``noexcept`` destructor ``~AsyncWork`` and libstdc++ calls ``std::terminate``.
+``destroy_process_group`` does not help on its own: gloo's threads live as long as any Python
+object (the sharded model, its optimizers) still references the group. So every entry point
+stops its own threads (loaders, prefetchers), waits for its peers (a barrier, on success),
+destroys the process group, flushes its output and leaves with ``os._exit``: the foreign C++
+threads die with the process instead of being cut off inside a destructor.
+
+:func:`spawn` runs ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes, each in a
+freshly initialised gloo group on 127.0.0.1 (a free port), and returns each rank's result to the
+caller (like TorchRec's ``distributed/test_utils/multi_process.py``); multi-rank tests and the
+cluster calibration run their ranks with it. Each rank leaves through :func:`exit_process` (a
+barrier first when it succeeded). Results travel through ``torch.save`` files in a temporary
+directory (not a queue: shared-memory tensors would die with the child), so they should be small
+and picklable: dicts of tensors, floats, strings. A rank that raises makes :func:`spawn`
+terminate the other ranks at once (they would otherwise wait in a collective) and raise
+:class:`RankError` with that rank's traceback; a run longer than ``timeout`` seconds is killed
+and raises :class:`TimeoutError`. ``fn`` must be importable by the children (a module-level
+function of an importable module, e.g. a test module), since they are started with the
+``spawn`` method.
+
+Example:
+    >>> def _allreduce(rank, world_size, x):
+    ...     t = torch.tensor([x * (rank + 1)])
+    ...     torch.distributed.all_reduce(t)
+    ...     return {"sum": t}
+    >>> spawn(_allreduce, 2, 1.0)            # [{'sum': tensor([3.])}, {'sum': tensor([3.])}]
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+_joined = False  # whether this process ever joined a process group (gloo threads may live on)
+
+
+def mark_joined() -> None:
+    """Records that this process joins a process group (see :func:`joined_process_group`)."""
+    global _joined
+    _joined = True
+
+
+def joined_process_group() -> bool:
+    """Whether this process joined a process group (:func:`mark_joined`; its threads may still
+    run), so that it must leave through :func:`exit_process`."""
+    return _joined
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def destroy_process_group(barrier: bool = False) -> None:
+    """Leaves the default process group (and every group made from it), if this process joined.
+
+    Args:
+        barrier: wait for the other ranks first (only on success: a failed peer never arrives).
+    """
+    if "torch.distributed" not in sys.modules:  # never imported: no group to leave
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if barrier and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def exit_process(code: int, barrier: bool = False) -> NoReturn:
+    """Ends a process that may have used ``torch.distributed``: see the module docstring.
+
+    Destroys the process group (after a barrier when ``barrier``), flushes logging, stdout and
+    stderr, then exits with ``code`` without running interpreter finalization. Only for the
+    outermost entry points (the CLI, spawned ranks), never inside a library call.
+    """
+    try:
+        destroy_process_group(barrier=barrier)
+    except Exception as e:  # noqa: BLE001 - exiting anyway; say why the group did not close
+        print(f"embedtrain: process group not closed cleanly: {e}".splitlines()[0],
+              file=sys.stderr)
+        code = code or 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+class RankError(RuntimeError):
+    """A rank of :func:`spawn` raised (or died); the message holds its traceback.
+
+    Attributes:
+        rank: the rank that failed first.
+        summary: one line saying why (``"ValueError: ..."``, or how it died).
+    """
+
+    def __init__(self, message: str, rank: int, summary: str) -> None:
+        super().__init__(message)
+        self.rank, self.summary = rank, summary
+
+
+def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, out_dir: str,
+              timeout: float, args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    out = Path(out_dir)
+    failed = False
+    try:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        torch.save(fn(rank, world_size, *args), out / f"rank{rank}.tmp")
+        os.replace(out / f"rank{rank}.tmp", out / f"rank{rank}.pt")
+    except BaseException:
+        failed = True  # recorded before the group goes down and the peers fail in turn
+        when = time.monotonic()  # one clock for all processes: orders the failures
+        summary = traceback.format_exception_only(*sys.exc_info()[:2])[0].strip().splitlines()[0]
+        (out / f"rank{rank}.err.tmp").write_text(f"{when}\n{summary}\n{traceback.format_exc()}")
+        os.replace(out / f"rank{rank}.err.tmp", out / f"rank{rank}.err")  # whole or absent
+    # Not a return into multiprocessing's interpreter exit: gloo's worker threads may still
+    # release a collective's Python tensors, which aborts a finalizing interpreter (see the
+    # module docstring). The group is destroyed and the process leaves at once.
+    exit_process(1 if failed else 0, barrier=not failed)
+
+
+def _failure(procs: list, out: Path) -> RankError:
+    """The first failure in full (a crash without traceback, else the oldest traceback): the
+    others are usually peers noticing it ("Connection closed by peer")."""
+    errors = {r: (out / f"rank{r}.err").read_text().split("\n", 2)
+              for r in range(len(procs)) if (out / f"rank{r}.err").exists()}
+    crashed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+    first, *others = crashed + sorted(errors, key=lambda r: float(errors[r][0]))
+    if first in errors:
+        summary, text = errors[first][1], errors[first][2]
+    else:
+        summary = f"died with exit code {procs[first].exitcode}"
+        text = f"({summary}, no traceback: killed or crashed)\n"
+    also = "".join(f"rank {r} also failed: {errors[r][1] if r in errors else 'died'}\n"
+                   for r in others)
+    return RankError(f"rank {first} of {len(procs)} failed:\n{text}{also}", first, summary)
+
+
+def spawn(fn: Callable[..., Any], world_size: int = 2, *args: Any,
+          timeout: float = 300.0) -> list[Any]:
+    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks.
+
+    Args:
+        fn: a module-level function (picklable by reference).
+        world_size: number of ranks (processes).
+        *args: extra positional arguments for ``fn`` (picklable).
+        timeout: seconds for the whole run, start-up included; also the gloo timeout.
+
+    Returns:
+        Each rank's return value, in rank order.
+
+    Raises:
+        RankError: a rank raised or died; names the rank and carries its traceback.
+        TimeoutError: the ranks ran longer than ``timeout`` (they are killed).
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="embedtrain-spawn-") as tmp:
+        out = Path(tmp)
+        port = free_port()
+        procs = [ctx.Process(target=_run_rank, name=f"rank{rank}", daemon=True,
+                             args=(fn, rank, world_size, port, tmp, timeout, args))
+                 for rank in range(world_size)]
+        deadline = time.monotonic() + timeout
+        try:
+            for p in procs:
+                p.start()
+            while True:
+                if any((out / f"rank{r}.err").exists() or p.exitcode not in (None, 0)
+                       for r, p in enumerate(procs)):
+                    for p in procs:  # fail fast: the others may wait in a collective forever
+                        p.join(timeout=1.0)
+                    raise _failure(procs, out)
+                if all(p.exitcode == 0 for p in procs):
+                    break
+                if time.monotonic() > deadline:
+                    stuck = [r for r, p in enumerate(procs) if p.exitcode is None]
+                    raise TimeoutError(f"spawn({getattr(fn, '__name__', fn)}): rank(s) {stuck} "
+                                       f"still running after {timeout:.0f} s; killed")
+                time.sleep(0.02)
+            return [torch.load(out / f"rank{r}.pt", weights_only=False)
+                    for r in range(world_size)]
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                p.join()

@@ -1,0 +1,123 @@
+"""The field specs every family shares: input formats, value types, encodings, splits, features.
+
+An ingestion spec of any family (:mod:`pipelines.tabular.spec`, :mod:`pipelines.xc.spec`,
+:mod:`pipelines.graph.spec`) is typed dataclasses loaded by ``embedtrain.config_io``; the enums
+and field dataclasses here are the parts they have in common, so that one ``encoding: vocab``,
+one ``dense`` feature or one ``output`` section means the same in every family:
+
+- :class:`InputFormat`, :class:`ValueType`, :class:`Cast`: how input files and their values are
+  read;
+- :class:`Encoding`, :class:`EmptyList`: how a categorical value (list) becomes ids (id 0 is the
+  null/unknown bucket; the id conventions are in :mod:`pipelines.tabular.spec`);
+- :class:`SplitMethod`: how rows are split into train/valid/test;
+- :class:`DenseSpec`, :class:`SparseSpec`, :class:`OutputSpec`: a dense feature, a categorical
+  feature (single-valued or a list), the written files' layout.
+
+Each family checks these in its own ``validate_spec`` (key paths differ); nothing here reads a
+file.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+
+class InputFormat(enum.Enum):
+    CRITEO_TSV = "criteo_tsv"  # no header, tab-separated: label, I1..I13, C1..C26
+    CSV = "csv"                # header line; separator configurable
+    PARQUET = "parquet"
+
+
+class ValueType(enum.Enum):
+    """How a categorical column's values are typed (in text inputs: how they are parsed)."""
+
+    STRING = "string"
+    INTEGER = "integer"
+
+
+class Encoding(enum.Enum):
+    VOCAB = "vocab"              # ids from a vocabulary built on the training split
+    HASH = "hash"                # stable hash into hash_buckets
+    PRE_ENCODED = "pre_encoded"  # already integer ids in [0, num_embeddings)
+    RAW = "raw"                  # no vocabulary: integers kept (in [0, 2^63 - 1)), strings
+    #                              hashed to 63 bits as for hash; null is 0 (dynamic tables)
+
+
+class EmptyList(enum.Enum):
+    """What a list feature's empty (or null) list becomes."""
+
+    KEEP = "keep"  # an empty bag (the model pools it to zeros)
+    OOV = "oov"    # [0]: one id of the null/unknown bucket
+
+
+class SplitMethod(enum.Enum):
+    HASH = "hash"      # by a stable hash of a key column (or of file and row number)
+    TIME = "time"      # by a time column (or by row order), oldest rows train, newest test
+    COLUMN = "column"  # by a column's value: split.values lists each split's values
+    FILES = "files"    # by input file: split.files gives a glob per split, the rest train
+
+
+class Cast(enum.Enum):
+    """How a dense column stored as text (parquet strings, CSV) is read as numbers."""
+
+    FLOAT = "float"  # parse as a float; an unparsable value becomes fill_null (counted)
+
+
+@dataclass
+class DenseSpec:
+    """A dense column. Applied in this order: fill nulls, clip, log1p, standardise."""
+
+    name: str
+    fill_null: float = 0.0           # a null, NaN or infinite value becomes this (counted)
+    cast: Optional[Cast] = None      # float: numbers stored as strings; unparsable -> fill_null
+    clip_min: Optional[float] = None
+    clip_max: Optional[float] = None
+    log1p: bool = False              # log(1 + max(x, 0)), as for Criteo's counts
+    standardize: bool = False        # (x - mean) / std with the training split's mean and std
+
+
+@dataclass
+class SparseSpec:
+    """A categorical feature, single-valued or a list (``multi_hot``).
+
+    ``name`` is the output feature; ``column`` the input column it reads (default: ``name``), so
+    one column may feed several features (``{name: age_bucket, column: age, bucketize: [...]}``).
+    ``dtype`` (None: the input's type -- parquet's Arrow type, CSV's inferred type; Criteo TSV is
+    text) overrides how values are typed. ``bucketize`` (ascending boundaries b1..bk) or
+    ``quantiles: N`` (boundaries at the training split's i/N quantiles) turn a numeric column
+    into ids ``1 + #{b_i <= x}`` in ``1..k+1``, 0 for null/NaN: ``num_embeddings = k + 2``.
+    """
+
+    name: str
+    column: Optional[str] = None          # input column (default: name)
+    dtype: Optional[ValueType] = None     # None: from the input's schema
+    encoding: Encoding = Encoding.VOCAB
+    multi_hot: bool = False
+    separator: Optional[str] = None       # text inputs: separator of a list's elements
+    max_length: Optional[int] = None      # longer lists are truncated (counted)
+    empty_list: EmptyList = EmptyList.KEEP
+    min_frequency: int = 1                # vocab: rarer training values go to bucket 0
+    max_vocab_size: Optional[int] = None  # vocab: keep only the most frequent values
+    hash_buckets: Optional[int] = None    # hash: num_embeddings, bucket 0 included
+    num_embeddings: Optional[int] = None  # pre_encoded: ids must lie in [0, num_embeddings)
+    #                                        (raw: computed, the training split's distinct ids)
+    bucketize: Optional[list[float]] = None  # numeric column: ids by these boundaries
+    quantiles: Optional[int] = None          # numeric column: N buckets by training quantiles
+
+    @property
+    def source(self) -> str:
+        """The input column this feature reads."""
+        return self.column if self.column is not None else self.name
+
+    @property
+    def bucketized(self) -> bool:
+        return self.bucketize is not None or self.quantiles is not None
+
+
+@dataclass
+class OutputSpec:
+    rows_per_file: int = 1_000_000
+    rows_per_row_group: int = 65_536
+    compression: str = "zstd"
