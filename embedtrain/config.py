@@ -373,7 +373,7 @@ RESUME_SAFE_KEYS = frozenset({
 def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> ClusterConfig:
     """Reads a cluster description (``configs/clusters/*.yaml``); errors as in
     :func:`load_config`."""
-    cluster = load_dataclass(path, ClusterConfig, overrides)
+    cluster = load_dataclass(path, ClusterConfig, overrides, drop_keys=("defaults",))
     for key in ("hosts", "devices_per_host", "batch_size_per_rank"):
         if getattr(cluster, key) <= 0:
             raise ConfigError(f"{path}: {key}: must be positive, got {getattr(cluster, key)}")
@@ -384,7 +384,27 @@ def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None)
     if not 0 <= cluster.reserved_fraction < 1:
         raise ConfigError(f"{path}: reserved_fraction: must be in [0, 1), got "
                           f"{cluster.reserved_fraction}")
+    _check_cluster_named(path, cluster, overrides or [])
     return cluster
+
+
+def _check_cluster_named(path, cluster: ClusterConfig, overrides: list[str]) -> None:
+    """A cluster file names its device kind and its memory per device (else a file of only
+    ``name: x`` would plan for an 80 GB GPU), or asks for the defaults with ``defaults: true``."""
+    import yaml
+
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if raw.get("defaults") is True:
+        return
+    memory = "hbm_gb" if cluster.device is DeviceKind.CUDA else "ddr_gb"
+    given = set(raw) | {o.split("=", 1)[0] for o in overrides}
+    missing = [k for k in ("device", memory) if k not in given]
+    if missing:
+        raise ConfigError(f"{path}: {' and '.join(missing)}: not given; a cluster file names its "
+                          f"device kind and memory per device (e.g. device: cuda, hbm_gb: 80), "
+                          f"or says defaults: true to plan for {cluster.device.value} with "
+                          f"{getattr(cluster, memory):g} GB ({memory})")
 
 
 # Values earlier versions wrote into a run's config.yaml that no longer mean anything (a saved run

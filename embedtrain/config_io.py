@@ -100,7 +100,8 @@ def load_dataclass(
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     if raw is None:
-        raw = {}
+        raise ConfigError(f"{path}: the file is empty (a config names at least its data; see "
+                          "configs/ for examples)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got "
                           f"{type(raw).__name__}")
@@ -237,7 +238,9 @@ def to_dict(obj: Any) -> Any:
 
 
 def dump_config(cfg: Any, path: str | os.PathLike) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    from embedtrain.utils import write_atomic
+
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def _convert(tp: Any, value: Any, source: str, key_path: str, text: bool = False) -> Any:
@@ -310,6 +313,9 @@ def _apply_override(raw: dict, item: str, path: Path, cls: Optional[type] = None
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"--set {item!r}: expected key.path=value")
+    if not text.strip():
+        raise ConfigError(f"{path}: --set {key}=: no value given (--set {key}=VALUE; {key}=null "
+                          "clears an optional key)")
     value = parse_scalar(text)
     node = raw
     parts = key.split(".")

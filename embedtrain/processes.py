@@ -37,6 +37,16 @@ Example:
     ...     torch.distributed.all_reduce(t)
     ...     return {"sum": t}
     >>> spawn(_allreduce, 2, 1.0)            # [{'sum': tensor([3.])}, {'sum': tensor([3.])}]
+
+Signals and parent death (``embedtrain train --nproc N``: ``embedtrain`` -> torchrun ->
+workers, each worker in a session of its own): :func:`run_supervised` runs torchrun in its own
+process group and passes SIGTERM, SIGINT and SIGHUP on to it once (a second signal, or torchrun
+still running ``grace`` seconds later, SIGKILLs torchrun and everything under it);
+:func:`die_with_parent` asks Linux for a signal when the parent ends (``PR_SET_PDEATHSIG``), so
+torchrun ends with ``embedtrain`` and every worker with torchrun even after a SIGKILL that no
+handler sees; :func:`start_worker` is a torchrun worker's first step (dies with torchrun, and
+SIGINT ends it at once as SIGTERM does: torchrun passes a signal on as it came, and a Python
+``KeyboardInterrupt`` would wait for a collective to return and print once per rank).
 """
 
 from __future__ import annotations
@@ -44,13 +54,14 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 _joined = False  # whether this process ever joined a process group (gloo threads may live on)
 
@@ -65,6 +76,130 @@ def joined_process_group() -> bool:
     """Whether this process joined a process group (:func:`mark_joined`; its threads may still
     run), so that it must leave through :func:`exit_process`."""
     return _joined
+
+
+PARENT_PID_ENV = "EMBEDTRAIN_PARENT_PID"  # the pid a child expects as its parent (a start race)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what run_supervised passes on
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Makes Linux send ``sig`` to this process when its parent ends (``PR_SET_PDEATHSIG``).
+
+    Closes the race of a parent that died before the call: when the parent is no longer the one
+    named by ``$EMBEDTRAIN_PARENT_PID`` (set by :func:`run_supervised` and by
+    :mod:`embedtrain.train.launch`; read and removed here), or is init (pid 1), this process
+    sends ``sig`` to itself at once. The signal comes when the parent *thread* ends: the
+    parent must start the child from a thread that lives as long as it does (its main thread).
+
+    Returns:
+        Whether the kernel took the request (False off Linux or without a usable libc).
+    """
+    expected = os.environ.pop(PARENT_PID_ENV, "")
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    parent = os.getppid()
+    if parent == 1 or (expected.isdigit() and parent != int(expected)):  # gone already
+        os.kill(os.getpid(), sig)
+        os._exit(128 + int(sig))  # sig was caught or ignored: leave all the same
+    return True
+
+
+def start_worker() -> None:
+    """A torchrun worker's first step (``LOCAL_RANK`` set): it dies with torchrun (SIGKILL when
+    its parent ends), and SIGINT ends it at once as SIGTERM does (torchrun passes on the signal
+    it got; its launcher says the one line)."""
+    die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (children first), from Linux's ``/proc/PID/task/*/children``;
+    empty where that does not exist."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found += [k for k in kids if k not in found]
+            todo += kids
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILLs ``pid`` and every process under it (found before any is killed)."""
+    for p in [pid, *descendants(pid)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run_supervised(cmd: Sequence[str], env: Optional[dict] = None,
+                   grace: float = 8.0) -> tuple[int, Optional[int]]:
+    """Runs ``cmd`` in a process group of its own until it ends, passing stop signals on.
+
+    SIGTERM, SIGINT and SIGHUP sent to this process (or its group, which the child is not in,
+    so it gets each signal once) are sent on to the child; when it is still running ``grace``
+    seconds after, or a second signal comes, the child and every process under it are
+    SIGKILLed. The child's environment names this process (``$EMBEDTRAIN_PARENT_PID``) for
+    :func:`die_with_parent`. The signal handlers in place before are restored at the end.
+    Call from the main thread.
+
+    Returns:
+        ``(status, signal)``: the child's exit status as :mod:`subprocess` gives it (negative:
+        killed by that signal) and the first stop signal this process got (None if none).
+    """
+    import subprocess
+
+    got: list[int] = []
+    child: list[subprocess.Popen] = []
+    sent: list[bool] = []
+
+    def pass_on() -> None:  # once, the first signal, when there is a child
+        if got and child and not sent:
+            sent.append(True)  # before sending: a handler run in between sends nothing
+            try:
+                child[0].send_signal(got[0])
+            except ProcessLookupError:
+                pass
+
+    def forward(signum: int, frame: Any) -> None:
+        got.append(signum)
+        pass_on()
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else \
+            {"start_new_session": True}
+        env = {**(os.environ if env is None else env), PARENT_PID_ENV: str(os.getpid())}
+        child.append(subprocess.Popen(list(cmd), env=env, **group))
+        proc = child[0]
+        pass_on()  # a signal that came while the child started
+        deadline = None
+        while (code := proc.poll()) is None:
+            if got and deadline is None:
+                deadline = time.monotonic() + grace
+            if deadline is not None and (len(got) > 1 or time.monotonic() > deadline):
+                kill_tree(proc.pid)
+                code = proc.wait()
+                break
+            time.sleep(0.1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, (got[0] if got else None)
 
 
 def free_port() -> int:

@@ -165,3 +165,32 @@ def startup_record(first_step: float) -> dict[str, object]:
             previous = at
     parts["first_batch_s"] = round(first_step - previous, 3)
     return {"startup_s": round(first_step - start, 3), "startup": parts}
+
+
+def peak_rss_gb_per_rank() -> list[float]:
+    """Every rank's peak resident memory so far (GiB), gathered (a collective).
+
+    From ``VmHWM`` in ``/proc/self/status``: ``ru_maxrss`` is inherited across fork + exec, so a
+    run started by a big process would report its launcher's peak.
+    """
+    import torch.distributed as dist
+
+    mine = _peak_rss_gb()
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [mine]
+    every = [0.0] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def _peak_rss_gb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 2**20, 3)  # kB
+    except OSError:
+        pass
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)

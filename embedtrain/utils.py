@@ -18,6 +18,7 @@ import numbers
 import os
 import re
 import sys
+import tempfile
 from typing import Any, Optional
 
 from tqdm import tqdm
@@ -29,6 +30,42 @@ def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name if the message is empty."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Writes ``data`` to ``path`` whole or not at all: a temporary file beside it, fsynced, then
+    renamed over it (a reader, or a process killed mid-write, never sees a partial file)."""
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
+                               prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = path  # a full disk names the file it was writing
+        raise
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Appends one whole line (a single ``write`` of the line and its newline, fsynced)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line.rstrip("\n") + "\n").encode())
+        os.fsync(fd)
+    except OSError as e:
+        if e.filename is None:
+            e.filename = os.fspath(path)
+        raise
+    finally:
+        os.close(fd)
 
 
 def is_int(value: Any, least: Optional[int] = None) -> bool:

@@ -23,6 +23,14 @@ rules, the split writer, the output folder's rules), and no family imports anoth
 (importing :mod:`pipelines.core` and :mod:`pipelines.engines.base`) and one entry in
 :data:`FAMILIES`.
 
+The output appears whole or not at all: the job writes into a temporary folder beside
+``--out`` (``.<name>.tmp-<host>-<pid>``) that replaces ``--out`` only once complete
+(:mod:`pipelines.core.atomic`; ``embedtrain datagen`` writes the same way through
+:func:`atomic_output`), so an interrupted or failed job leaves ``--out`` as it was, and the next
+job removes what a killed one left. An earlier ingest output at ``--out`` is replaced;
+``overwrite`` (``--overwrite``) replaces any earlier data set (:func:`pipelines.core.output.
+ingest_refusal`).
+
 Importing this package imports no Polars: the families load on first use.
 
 The synthetic generators live in ``embedtrain.datagen`` (torch-free): ``embedtrain.datagen.ctr``
@@ -36,9 +44,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from typing import Optional, Sequence
+
+from pipelines.core.atomic import OutputError, Staging, atomic_output, foreign_entries
 
 # kind -> the family's package; each has spec.load_spec, passes.ingest and report.summary_lines
 FAMILIES = {"tabular": "pipelines.tabular", "xc": "pipelines.xc", "graph": "pipelines.graph"}
@@ -71,8 +82,9 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
                out: str | os.PathLike, *, overrides: Sequence[str] = (),
                nodes: Sequence[str | os.PathLike] = (), engine: str = "polars",
                address: Optional[str] = None, num_cpus: Optional[int] = None,
-               progress: bool = True) -> tuple[dict, list[str]]:
-    """Loads the spec, runs its family's job on the named engine; returns the report and the
+               progress: bool = True, overwrite: bool = False) -> tuple[dict, list[str]]:
+    """Loads the spec, runs its family's job on the named engine in a temporary folder beside
+    ``out`` that then replaces ``out`` (:func:`atomic_output`); returns the report and the
     summary lines to print.
 
     Args:
@@ -83,12 +95,17 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
         nodes: graph specs only: the node table (``--nodes``).
         engine, address, num_cpus: :func:`pipelines.engines.open_engine`.
         progress: progress bars on stderr.
+        overwrite: replace any earlier data set at ``out``, not only an earlier ingest output.
 
     Raises:
         IngestError: bad input, or ``--nodes`` with a spec that is not a graph spec.
+        OutputError: ``out`` may not be replaced (a file, under a file, a folder that is not
+            an earlier output, another job writing it) or cannot be written (a full disk); the
+            earlier data set at ``out`` is then untouched.
         ConfigError: a bad spec.
     """
     from pipelines.core.errors import IngestError
+    from pipelines.core.output import ingest_refusal
     from pipelines.engines import open_engine
 
     kind = kind_of(spec_path)
@@ -98,7 +115,15 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     spec = importlib.import_module(f"{family}.spec").load_spec(spec_path, list(overrides))
     job = importlib.import_module(f"{family}.passes")
     extra = {"nodes": list(nodes)} if kind == "graph" else {}
-    with open_engine(engine, address, num_cpus) as eng:
-        report = job.ingest(spec, list(inputs), out, progress=progress, engine=eng, **extra)
+    refusal = functools.partial(ingest_refusal, overwrite=overwrite)
+    with atomic_output(out, refusal, job="ingest") as staging:
+        with open_engine(engine, address, num_cpus) as eng:
+            report = job.ingest(spec, list(inputs), staging.path, progress=progress, engine=eng,
+                                **extra)
+    report = staging.unmask(report)
     lines = importlib.import_module(f"{family}.report").summary_lines(report, out, engine)
     return report, lines
+
+
+__all__ = ["FAMILIES", "OutputError", "Staging", "atomic_output", "foreign_entries", "kind_of",
+           "run_ingest"]

@@ -76,8 +76,17 @@ def test_bad_values(tmp_path, text, expected):
 
 
 def test_bad_override(tmp_path):
-    path = _write(tmp_path, "")
+    path = _write(tmp_path, "train: {}\n")
     assert "train.max_step: unknown key (did you mean 'max_steps'?)" in _error(path, ["train.max_step=3"])
+    # an empty value names the key, not a path it would leave relative
+    assert _error(path, ["data.path="]).endswith(": --set data.path=: no value given (--set "
+                                                 "data.path=VALUE; data.path=null clears an "
+                                                 "optional key)")
+
+
+def test_an_empty_config_file_is_an_error(tmp_path):
+    assert _error(_write(tmp_path, "")).endswith(": the file is empty (a config names at least its "
+                                                 "data; see configs/ for examples)")
 
 
 def test_missing_file(tmp_path):
@@ -137,7 +146,7 @@ def test_shipped_config_paths_are_relative_to_the_config_file(tmp_path, monkeypa
 def test_yaml_1_2_floats(tmp_path, text):
     cfg = load_config(_write(tmp_path, f"optim:\n  dense_lr: {text}\n"))
     assert cfg.optim.dense_lr == pytest.approx(0.001)
-    cfg = load_config(_write(tmp_path, ""), [f"optim.dense_lr={text}", "optim.sparse_lr=5E-2"])
+    cfg = load_config(_write(tmp_path, "optim: {}\n"), [f"optim.dense_lr={text}", "optim.sparse_lr=5E-2"])
     assert cfg.optim.dense_lr == pytest.approx(0.001) and cfg.optim.sparse_lr == 0.05
 
 
@@ -156,7 +165,7 @@ def test_yaml_1_2_floats(tmp_path, text):
 def test_out_of_range_values_are_one_line(tmp_path, text, expected):
     assert expected in _error(_write(tmp_path, text))
     key, _, value = text.replace(":\n    ", ".").replace(":\n  ", ".").strip().partition(": ")
-    assert expected in _error(_write(tmp_path, ""), [f"{key}={value}"])  # and through --set
+    assert expected in _error(_write(tmp_path, "model: {}\n"), [f"{key}={value}"])  # and through --set
 
 
 def test_generic_loader_required_keys_mappings_and_extra_keys(tmp_path):

@@ -61,6 +61,24 @@ def test_cluster_typo_names_key(tmp_path):
         load_cluster(bad)
 
 
+def test_a_cluster_file_names_its_device_and_memory(tmp_path):
+    """``name: x`` alone would plan for an 80 GB GPU: refused unless the defaults are asked for."""
+    bad = tmp_path / "c.yaml"
+    bad.write_text("name: x\n")
+    with pytest.raises(ValueError) as err:
+        load_cluster(bad)
+    assert str(err.value) == (
+        f"{bad}: device and hbm_gb: not given; a cluster file names its device kind and memory "
+        "per device (e.g. device: cuda, hbm_gb: 80), or says defaults: true to plan for cuda "
+        "with 80 GB (hbm_gb)")
+    bad.write_text("name: x\ndevice: cpu\n")
+    with pytest.raises(ValueError, match=r"c.yaml: ddr_gb: not given"):
+        load_cluster(bad)
+    assert load_cluster(bad, ["ddr_gb=4"]).ddr_gb == 4  # named through --set
+    bad.write_text("name: x\ndefaults: true\n")
+    assert load_cluster(bad).hbm_gb == 80
+
+
 def test_compact_estimates_equal_stock_enumerator():
     """Every shard of every option: the same perf and storage as TorchRec's enumerator."""
     m = model(5, seed=1)
@@ -289,7 +307,7 @@ def test_cli_plan_writes_reports(tmp_path, capsys):
 
 def test_cli_plan_failure_is_one_line(tmp_path, capsys):
     small = tmp_path / "tiny.yaml"
-    small.write_text("name: tiny\nhosts: 1\ndevices_per_host: 2\nhbm_gb: 8\nddr_gb: 1\n")
+    small.write_text("name: tiny\nhosts: 1\ndevices_per_host: 2\ndevice: cuda\nhbm_gb: 8\nddr_gb: 1\n")
     rc = main(["plan", str(ROOT / "configs/dlrm.yaml"), "--cluster", str(small),
                "--out", str(tmp_path / "p"), "--format", "json"])
     err = capsys.readouterr().err.strip()

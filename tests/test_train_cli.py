@@ -130,11 +130,11 @@ def test_train_eval_and_resume(tiny, tmp_path):
     b = _params(part / "checkpoints" / "step_00000026", tmp_path)
     assert any("embedding_bags" in k for k in a["model"])
     _assert_equal(a, b)  # model, fused sparse and dense optimizer state: bit for bit
-    # The history is append-only: the crashed run's evaluation at step 16 stays, followed by the
-    # resume at 15 (which supersedes it) and the resumed run's records.
+    # The crashed run's evaluation at step 16 is not in its checkpoint: the resume at 15 drops
+    # it, so every step has one record, as in the uninterrupted run, and the resume is marked.
     history = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
     assert [(r.get("event"), r["step"]) for r in history] == [
-        (None, 6), (None, 12), (None, 16), ("resume", 15), (None, 18), (None, 24), (None, 26)]
+        (None, 6), (None, 12), ("resume", 15), (None, 18), (None, 24), (None, 26)]
     resumed = RunDir(part).read_metrics()
     assert [r["step"] for r in resumed] == [6, 12, 18, 24, 26]
     assert resumed[-1]["auc"] == records[-1]["auc"]

@@ -50,11 +50,12 @@ def entry() -> None:
     :func:`embedtrain.processes.exit_process` (barrier on success, group destroyed, output
     flushed, no interpreter finalization while gloo's threads run; see that module).
     """
-    from embedtrain.processes import exit_process, joined_process_group  # torch-free
+    from embedtrain.processes import exit_process, joined_process_group, start_worker
 
     if "LOCAL_RANK" in os.environ:  # a torchrun worker: a fatal signal prints every thread
         import faulthandler
 
+        start_worker()  # dies with torchrun; SIGINT ends it as SIGTERM does (torchrun says it)
         faulthandler.enable()
     code, clean = 1, False
     tune_allocator()  # before anything allocates (see embedtrain.runtime)

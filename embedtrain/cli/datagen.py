@@ -1,12 +1,49 @@
 """``embedtrain datagen``: synthetic CTR (parquet or raw TSV, optionally drifting), XC and graph
-data sets with their planted models (``embedtrain.datagen``, torch-free)."""
+data sets with their planted models (``embedtrain.datagen``, torch-free).
+
+Every kind is written into a temporary folder beside ``--out`` that replaces ``--out`` only when
+complete (:func:`pipelines.atomic_output`, as for ``embedtrain ingest``): a failed or killed run
+leaves ``--out`` as it was, and the next one removes a killed one's leftovers (one line). An
+earlier datagen output at ``--out`` is replaced; a folder holding anything else, a file, or a
+path under a file is refused in one line (exit status 2), as is a full disk (naming ``--out``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+from pathlib import Path
+from typing import Iterator, Optional
 
 from embedtrain.cli.errors import UsageError
+
+# what datagen writes at the top of --out: name -> whether it is a folder (of data files)
+DATAGEN_ENTRIES = {"metadata.json": False, "metadata.json.tmp": False, "datagen.json": False,
+                   "train": True, "valid": True, "test": True, "graph": True, "nodes": True,
+                   "splits": True}
+TSV_PARTS = r"part-\d{5}\.tsv"
+
+
+def datagen_refusal(out: Path) -> Optional[str]:
+    """Why datagen may not replace the existing non-empty folder ``out``, or None (it holds only
+    what a datagen run writes)."""
+    from pipelines import foreign_entries
+
+    foreign = foreign_entries(out, DATAGEN_ENTRIES, files=[TSV_PARTS])
+    if foreign:
+        return (f"not empty and not an earlier datagen output ({', '.join(foreign[:5])}); "
+                "choose another --out")
+    return None
+
+
+@contextlib.contextmanager
+def writing(out: str, complete: str = "metadata.json") -> Iterator[str]:
+    """The temporary folder to generate into; it replaces ``out`` when the block ends normally."""
+    from pipelines import atomic_output
+
+    with atomic_output(out, datagen_refusal, job="datagen", complete=(complete,)) as staging:
+        yield str(staging.path)
 
 
 def register(sub) -> None:
@@ -55,6 +92,17 @@ def register(sub) -> None:
 
 
 def _datagen(args: argparse.Namespace) -> int:
+    try:
+        return _generate(args)
+    except ValueError as e:  # "CTRDataSpec.rows must be ..." -> the option the user gave: --rows
+        def option(m: re.Match) -> str:
+            name = m.group(1)
+            return f"--{name.replace('_', '-')}" if hasattr(args, name) else name
+
+        raise UsageError(re.sub(r"\b[A-Z]\w*Spec\.(\w+)", option, str(e))) from None
+
+
+def _generate(args: argparse.Namespace) -> int:
     from embedtrain.datagen import CTRDataSpec, generate_ctr
 
     if args.kind == "xc":
@@ -66,14 +114,17 @@ def _datagen(args: argparse.Namespace) -> int:
     knobs = [f for f in ("periods", "lifetime", "new_ids") if getattr(args, f"drift_{f}") is not None]
     if knobs:
         raise UsageError(f"--drift-{knobs[0].replace('_', '-')}: only with --drift")
+    spec = CTRDataSpec(rows=args.rows, seed=args.seed)
     if args.format == "tsv":
         from embedtrain.datagen import generate_ctr_tsv
 
-        info = generate_ctr_tsv(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
+        with writing(args.out, complete="datagen.json") as out:
+            info = generate_ctr_tsv(spec, out)
         print(f"wrote {args.out}: {info['rows']:,} rows of raw TSV in {len(info['files'])} file(s) "
               "(ingest with configs/ingest/criteo_synthetic.yaml)")
         return 0
-    meta = generate_ctr(CTRDataSpec(rows=args.rows, seed=args.seed), args.out)
+    with writing(args.out) as out:
+        meta = generate_ctr(spec, out)
     rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
     oracle = meta["oracle_auc"].get("test")
     note = f", oracle AUC on test {oracle:.4f}" if oracle is not None else ""
@@ -93,7 +144,8 @@ def _datagen_drift(args: argparse.Namespace) -> int:
     try:
         spec = DriftDataSpec(rows=args.rows, seed=args.seed,
                              **{k: v for k, v in knobs.items() if v is not None})
-        meta = generate_ctr_drift(spec, args.out)
+        with writing(args.out) as out:
+            meta = generate_ctr_drift(spec, out)
     except ValueError as e:  # "DriftDataSpec.lifetime must be ..." -> the flag's name
         raise UsageError(re.sub(r"DriftDataSpec\.(\w+)",
                                 lambda m: flags.get(m.group(1), "--" + m.group(1).replace("_", "-")),
@@ -120,7 +172,8 @@ def _datagen_xc(args: argparse.Namespace) -> int:
     except ValueError as e:  # "XCDataSpec.classes must be ..." -> the flag's name
         raise UsageError(re.sub(r"XCDataSpec\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"),
                                 str(e))) from None
-    meta = generate_xc(spec, args.out)
+    with writing(args.out) as out:
+        meta = generate_xc(spec, out)
     rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
     oracle = meta.get("oracle_p_at_1", {}).get("test")
     note = f", Bayes-optimal P@1 on test {oracle:.4f}" if oracle is not None else ""
@@ -135,7 +188,8 @@ def _datagen_graph(args: argparse.Namespace) -> int:
         spec = GraphDataSpec(nodes=args.nodes, avg_degree=args.avg_degree,
                              communities=args.communities, feature_dim=args.feature_dim,
                              link_fraction=args.link_fraction, seed=args.seed)
-        meta = generate_graph(spec, args.out)
+        with writing(args.out) as out:
+            meta = generate_graph(spec, out)
     except ValueError as e:  # "GraphDataSpec.avg_degree must be ..." -> the flag's name
         raise UsageError(re.sub(r"GraphDataSpec\.(\w+)",
                                 lambda m: "--" + m.group(1).replace("_", "-"), str(e))) from None

@@ -4,6 +4,7 @@ because a peer did as one line and exit status 1, anything else a traceback (a b
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -32,6 +33,11 @@ def run_command(args: argparse.Namespace) -> int:
     except (ConfigError, UsageError, ValueError, FileNotFoundError, MissingDependency) as e:
         print(f"embedtrain {args.command}:{rank_tag()} error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the disk or the file system, not the input: one line naming the file
+        why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"embedtrain {args.command}:{rank_tag()} error: {where}{why}", file=sys.stderr)
+        return 1
     except RuntimeError as e:
         checkpoint = sys.modules.get("embedtrain.train.checkpoint")  # not imported by datagen
         if checkpoint is not None and isinstance(e, checkpoint.CheckpointError):

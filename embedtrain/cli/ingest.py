@@ -1,4 +1,12 @@
-"""``embedtrain ingest``: an ingestion spec run over raw files (the jobs live in ``pipelines/``)."""
+"""``embedtrain ingest``: an ingestion spec run over raw files (the jobs live in ``pipelines/``).
+
+The data set is written into a temporary folder beside ``--out`` that replaces ``--out`` only
+when complete (:func:`pipelines.run_ingest`): a failed or killed ingest leaves ``--out`` as it
+was, and the next one removes a killed one's leftovers (one line). An earlier ingest output at
+``--out`` is replaced; ``--overwrite`` replaces any earlier data set there (one that
+``embedtrain datagen`` wrote, an unfinished ingest output, one holding other files too). A folder
+that is not a data set, a file, or a path under a file is refused in one line (exit status 2),
+as is a full disk while writing (naming ``--out``; the earlier data set stays)."""
 
 from __future__ import annotations
 
@@ -13,7 +21,13 @@ def register(sub) -> None:
                    "kind: xc select the graph and extreme-classification jobs")
     p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
                    help="input file, directory or quoted glob (repeatable)")
-    p.add_argument("--out", required=True, help="output data set directory")
+    p.add_argument("--out", required=True,
+                   help="output data set directory; an earlier ingest output there is replaced "
+                        "once the new one is complete")
+    p.add_argument("--overwrite", action="store_true",
+                   help="also replace another data set at --out (one from embedtrain datagen, "
+                        "an unfinished ingest output, one holding other files too); a folder "
+                        "that is not a data set is never replaced")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec key, e.g. --set output.rows_per_file=500000 or, for an "
                         "XC spec, --set split.files.test=test.txt (repeatable)")
@@ -37,6 +51,6 @@ def _ingest(args: argparse.Namespace) -> int:
     _, lines = run_ingest(args.spec, args.inputs, args.out, overrides=args.overrides,
                           nodes=args.node_inputs or (), engine=args.engine,
                           address=args.address, num_cpus=args.num_cpus,
-                          progress=not args.quiet)
+                          progress=not args.quiet, overwrite=args.overwrite)
     print("\n".join(lines))
     return 0

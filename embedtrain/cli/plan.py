@@ -85,6 +85,9 @@ def _host_counts(text: str) -> list[int]:
     try:
         if ".." in text:
             low, high = (int(x) for x in text.split(".."))
+            if low > high:
+                raise UsageError(f"--hosts {text}: A..B needs A <= B (a range of host counts, "
+                                 f"e.g. {high}..{low})")
             counts = list(range(low, high + 1))
         else:
             counts = [int(x) for x in text.split(",")]

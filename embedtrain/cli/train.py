@@ -9,11 +9,13 @@ launches ``--nproc`` ranks through torchrun, then builds the run through its rec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from embedtrain.cli.errors import UsageError
 from embedtrain.config import (
@@ -26,7 +28,7 @@ from embedtrain.config import (
     load_run_config,
 )
 from embedtrain.runtime import allocator_setting, mark, threads_per_rank, usable_cores
-from embedtrain.train.run_dir import RunDir
+from embedtrain.train.run_dir import LOCK_FILE, RunDir
 
 
 def register(sub) -> None:
@@ -62,17 +64,31 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     cluster = load_cluster(args.cluster) if args.cluster else None
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    if args.nproc is not None and "LOCAL_RANK" not in os.environ:
+    RunDir.check_out(out)
+    launching = args.nproc is not None and "LOCAL_RANK" not in os.environ
+    if launching:
         if args.nproc < 1:
             raise UsageError(f"--nproc: must be at least 1, got {args.nproc}")
         check_world_size(cfg, args.nproc, str(args.config))  # before launching, not in N ranks
-        if _check_run_dir(cfg, out, args.resume, args.overwrite) is None:
-            return 0  # a finished run: nothing to launch
-        return _launch(args, args.argv)
     # torchrun restarts the workers after a rank dies: they continue from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     resume = args.resume or restarted
-    changes = _check_run_dir(cfg, out, resume, args.overwrite)
+    # Refusals and "nothing to resume" first, touching nothing (not even the lock file) ...
+    if os.environ.get(_LOCKED_ENV) != str(out.resolve()) and _rank() == 0:
+        RunDir(out, create=False).check_unlocked()
+    if _check_run_dir(cfg, out, resume, args.overwrite) is None:
+        return 0
+    with _writer_lock(out):  # ... then again as the one writer (held while torchrun runs)
+        if launching:
+            if _check_run_dir(cfg, out, resume, args.overwrite, quiet=True) is None:
+                return 0
+            return _launch(args, args.argv)
+        return _train_here(args, cfg, cluster, out, resume)
+
+
+def _train_here(args: argparse.Namespace, cfg, cluster, out: Path, resume: bool) -> int:
+    """This process's part of ``train``: one rank (of torchrun's), or the whole run."""
+    changes = _check_run_dir(cfg, out, resume, args.overwrite, quiet=True)
     if changes is None:  # a finished run: said so, nothing changed
         return 0
     if not resume and RunDir(out, create=False).has_run() and _rank() == 0:
@@ -103,8 +119,20 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Re-runs this command under ``torchrun`` with ``--nproc`` processes on this machine."""
-    from embedtrain.processes import free_port
+    """Re-runs this command under ``torchrun`` with ``--nproc`` processes on this machine.
+
+    torchrun runs in a process group of its own, so SIGTERM, SIGINT or SIGHUP to this process
+    or to its group reaches it once, passed on here; it stops every worker, and whatever still
+    runs 8 s later (or after a second signal) is SIGKILLed. Such a run ends with one line,
+    ``embedtrain: stopped by SIGTERM; continue the run in runs/x with --resume``, and exit
+    status 128 + the signal's number (143, 130, 129). torchrun dies with this process and each
+    worker with torchrun, even when this process is SIGKILLed (a parent-death signal, see
+    :func:`embedtrain.processes.die_with_parent`).
+    """
+    import signal
+
+    from embedtrain.processes import free_port, run_supervised
+    from embedtrain.train.launch import RUN_DIR_ENV, stopped_line
 
     rest, skip = [], False
     for a in argv:  # drop --nproc N / --max-restarts K (and their = forms)
@@ -122,17 +150,54 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
            f"--master-port={free_port()}", "-m", "embedtrain", *rest]
     print(f"launching {args.nproc} processes: torchrun --nproc-per-node={args.nproc} "
           f"--max-restarts={args.max_restarts} -m embedtrain {' '.join(rest)}", file=sys.stderr)
-    import subprocess
-
-    env = dict(os.environ)
+    out = str(args.out) if args.out else str(Path("runs") / Path(args.config).stem)
+    env = {**os.environ, RUN_DIR_ENV: out}
     # torchrun sets 1 thread per rank (and warns) unless told: share this machine's cores (each
     # rank then sets its own count, embedtrain.runtime.threads_per_rank).
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // args.nproc)))
-    return subprocess.call(cmd, env=env)
+    code, signum = run_supervised(cmd, env=env, grace=8.0)
+    if signum is not None and code not in (0, 128 + signum):  # torchrun did not say it
+        print(stopped_line(signum, out), file=sys.stderr)
+        return 128 + signum
+    if code < 0:  # torchrun itself killed (its workers die with it)
+        print(f"embedtrain: torchrun was killed by {signal.Signals(-code).name}; continue the "
+              f"run in {out} with --resume", file=sys.stderr)
+        return 128 - code
+    return code
 
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+_LOCKED_ENV = "EMBEDTRAIN_RUN_LOCKED"  # set for the ranks of a run whose launcher holds the lock
+
+
+@contextlib.contextmanager
+def _writer_lock(out: Path) -> Iterator[None]:
+    """One writer per run directory: this process (or the launcher above it) holds ``.lock``.
+
+    ``embedtrain train --nproc N`` takes it before launching and keeps it while torchrun and its
+    ranks run (they skip it); a rank started by a user's own torchrun takes it on rank 0. A run
+    directory this created and that holds nothing else when the command ends (it failed before
+    writing anything) is removed.
+    """
+    key = str(out.resolve())
+    if os.environ.get(_LOCKED_ENV) == key or _rank() != 0:
+        yield
+        return
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = RunDir(out)
+    run_dir.lock()
+    os.environ[_LOCKED_ENV] = key  # inherited by the ranks _launch starts
+    try:
+        yield
+    finally:
+        os.environ.pop(_LOCKED_ENV, None)
+        run_dir.unlock()
+        if created and [p.name for p in out.iterdir()] == [LOCK_FILE]:
+            shutil.rmtree(out, ignore_errors=True)
 
 
 def _set_threads(requested: Optional[int]) -> tuple[int, str]:
@@ -144,7 +209,8 @@ def _set_threads(requested: Optional[int]) -> tuple[int, str]:
     return threads, source
 
 
-def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[dict]:
+def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool,
+                   quiet: bool = False) -> Optional[dict]:
     """What ``train`` may do with ``out`` (read-only checks, before anything is built).
 
     Returns:
@@ -166,7 +232,8 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[di
     saved_file = out / "config.yaml"
     if not saved_file.is_file():
         return {}
-    changes = changed_keys(load_run_config(saved_file), cfg)
+    saved = load_run_config(saved_file)
+    changes = changed_keys(saved, cfg)
     unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE_KEYS}
     if unsafe:
         shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(unsafe.items())[:4])
@@ -183,15 +250,34 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool) -> Optional[di
         info = checkpoints.info(latest) if latest else {}
     except CheckpointError:
         info = {}  # unreadable: the trainer falls back to an older checkpoint
-    longer = {"train.epochs", "train.max_steps"} & set(changes)
+    step, total = info.get("step"), _resumed_total(info, saved, cfg)
+    if total is not None and step is not None and total < step:
+        raise UsageError(f"{out}: --resume would shorten the run to {total:,} steps, below its "
+                         f"checkpoint at step {step:,} (train.max_steps / train.epochs); the run's "
+                         "files are untouched: start a new run (--out) to train fewer steps")
+    longer = {"train.epochs", "train.max_steps"} & set(changes) and (total is None or total > step)
     if info.get("finished") and not longer and (out / "summary.json").is_file():
-        if _rank() == 0:
+        if _rank() == 0 and not quiet:
             total = info.get("total_steps", info["step"])
             print(f"{out}: finished at step {info['step']:,} of {total:,}; nothing to resume "
                   "(to train longer, raise train.max_steps or train.epochs with --set)",
                   file=sys.stderr)
         return None
     return changes
+
+
+def _resumed_total(info: dict, saved, cfg) -> Optional[int]:
+    """The steps a resumed run would end at under ``cfg`` (None where it cannot be known without
+    the data: the saved run was bounded by ``max_steps`` and ``cfg`` counts in epochs)."""
+    total = info.get("total_steps")
+    if not isinstance(total, int):
+        return None
+    old_max, epochs = saved.train.max_steps, saved.train.epochs
+    per_epoch = total // epochs if (old_max is None or old_max > total) and epochs else None
+    bounds = [b for b in (cfg.train.max_steps,
+                          cfg.train.epochs * per_epoch if per_epoch is not None else None)
+              if b is not None]
+    return min(bounds) if bounds else None
 
 
 def _banner(run, trainer) -> str:

@@ -12,6 +12,11 @@
 - :mod:`embedtrain.datagen.graph`: a degree-corrected block model graph with the Bayes
   accuracies (:func:`generate_graph`).
 
+The functions write into the folder they are given. ``embedtrain datagen`` gives them a
+temporary folder beside ``--out`` that replaces ``--out`` only once complete
+(:func:`pipelines.atomic_output`, see :mod:`embedtrain.cli.datagen`): a failed or killed run there
+leaves the earlier data set as it was.
+
 Nothing here imports torch or torchrec (only NumPy, PyArrow and the graph store), so generating
 data needs neither; a test checks it.
 

@@ -51,7 +51,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -100,7 +99,6 @@ from embedtrain.utils import progress_bar
 
 FORMATS = ("npy", "parquet")
 PROGRAM_FILE, SCRIPT_FILE = "dense.pt2", "dense.ts"
-_STEP = re.compile(r"^(?:step_)?(\d+)$")
 
 
 @dataclass
@@ -175,7 +173,20 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
     model = recipe.planning_model()  # on meta: no table memory
     tables = model_tables(model)
     parts = recipe.export_parts(model, [(t.name, t.rows, t.dim) for t in tables])
-    ckpt, info = _find_checkpoint(run_dir, checkpoint)
+    manager = CheckpointManager(run_dir / "checkpoints")
+    if checkpoint is None and manager.latest() is None:
+        raise CheckpointError(f"{run_dir / 'checkpoints'}: no complete checkpoint to export")
+    # Pinned while it is read: a training run's pruning passes over it.
+    with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt:
+        return _export_checkpoint(cfg, recipe, parts, tables, run_dir, out, ckpt,
+                                  manager.info(ckpt), quantize, formats, progress, overwrite,
+                                  start)
+
+
+def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec"],
+                       run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
+                       formats: Sequence[str], progress: bool, overwrite: bool,
+                       start: float) -> ExportResult:
     saved = checkpoint_tensors(ckpt)
     h = parts.head
     remapped = [(f"{t.remap}.{b}", (t.rows,)) for t in tables if t.remap
@@ -256,22 +267,6 @@ def _check_options(quantize: str, formats: Sequence[str]) -> list[str]:
         raise ExportError(f"--format parquet: parquet tables are float32; with --quantize "
                           f"{quantize} use --format npy (fused {quantize} rows)")
     return formats
-
-
-def _find_checkpoint(run_dir: Path, checkpoint: Optional[str]) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint to export and its trainer state."""
-    manager = CheckpointManager(run_dir / "checkpoints")
-    if checkpoint is None:
-        path = manager.latest()
-        if path is None:
-            raise CheckpointError(f"{run_dir / 'checkpoints'}: no complete checkpoint to export")
-    else:
-        match = _STEP.match(str(checkpoint))
-        path = manager.path(int(match.group(1))) if match else Path(checkpoint)
-        if not path.is_dir():
-            steps = ", ".join(str(int(p.name.split("_")[1])) for p in manager.all()) or "none"
-            raise CheckpointError(f"{path}: no such checkpoint (steps of {run_dir}: {steps})")
-    return path, manager.info(path)
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:

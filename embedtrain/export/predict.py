@@ -316,8 +316,12 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
     schemas = [_schema(f, spec) for f in files]
     label_type = _label_type(files, schemas, spec)
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    out = Path(out)
+    out = _check_out(Path(out))
+    if total == 0:
+        raise ValueError(f"{files[0] if len(files) == 1 else f'{len(files)} input files'}: no "
+                         f"rows to score; nothing written to {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # renamed to ``out`` when complete
     metrics = None
     if label_type is not None:
         metrics = _TopOneMetrics() if head is not None else _ClickMetrics()
@@ -334,15 +338,32 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
                         metrics.update(columns, labels)
                     table = pa.table(columns)
                     if writer is None:
-                        writer = pq.ParquetWriter(out, table.schema)
+                        writer = pq.ParquetWriter(partial, table.schema)
                     writer.write_table(table)
                     rows += table.num_rows
                     bar.update(table.num_rows)
+        writer.close()
+        writer = None
+        os.replace(partial, out)
     finally:
         if writer is not None:
             writer.close()
+        partial.unlink(missing_ok=True)
     return PredictResult(out, rows, len(files), time.perf_counter() - start,
                          metrics.compute() if metrics is not None else {})
+
+
+def _check_out(out: Path) -> Path:
+    """``predict --out``: a file to (re)write, not a directory, not under a file."""
+    if out.is_dir():
+        raise ValueError(f"{out}: is a directory; --out names the predictions file (e.g. "
+                         f"{out / 'predictions.parquet'})")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{out}: lies under the file {parent}; choose another --out")
+            break
+    return out
 
 
 def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:

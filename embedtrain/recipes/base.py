@@ -67,6 +67,7 @@ from embedtrain.train.optim import (
     register_dense_allreduce,
 )
 from embedtrain.train.run_dir import RunDir
+from embedtrain.utils import write_atomic
 from embedtrain.train.options import Selection
 from embedtrain.train.task import Task, higher_is_better
 from embedtrain.train.trainer import EpochData, Trainer, TrainerOptions
@@ -458,8 +459,8 @@ class Recipe:
         dist.all_gather_object(gathered, held)
         if out_dir is not None and dist.get_rank() == 0 and report is not None:
             write_report(report, out_dir, ("json", "md"))
-            with open(os.path.join(out_dir, "plan_vs_measured.json"), "w") as f:
-                json.dump(plan_vs_measured(report, gathered), f, indent=2)
+            write_atomic(os.path.join(out_dir, "plan_vs_measured.json"),
+                         json.dumps(plan_vs_measured(report, gathered), indent=2))
         return dmp
 
     def fuse_sparse(self, model: nn.Module) -> nn.Module:

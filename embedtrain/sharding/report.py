@@ -27,6 +27,7 @@ from typing import Optional
 from embedtrain.sharding.cluster import GIB
 from embedtrain.sharding.report_types import PlanReport, RankLoad
 from embedtrain.sharding.types import MemoryTier
+from embedtrain.utils import write_atomic
 
 MIB = 1024**2
 FORMATS = ("json", "md", "html")
@@ -445,6 +446,6 @@ def write_report(report: PlanReport, out_dir: str | pathlib.Path,
     paths = []
     for fmt in formats:
         path = out / f"plan.{fmt}"
-        path.write_text(render[fmt](report), encoding="utf-8")
+        write_atomic(path, render[fmt](report))
         paths.append(path)
     return paths

@@ -19,13 +19,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,6 +38,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimiz
 
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d{8,})$")
+_STEP = re.compile(r"^(?:step_)?(\d+)$")  # how a user names a checkpoint: 500, step_00000500
 
 
 # What a failed DCP read or write raises: DCP gathers the ranks' errors into a
@@ -138,6 +141,28 @@ class CheckpointManager:
         _barrier()
         return final
 
+    def find(self, checkpoint: str | os.PathLike) -> Path:
+        """The checkpoint a user named: a step (``500``, ``step_00000500``) or a directory.
+
+        Raises:
+            CheckpointError: no such checkpoint (the run's steps listed).
+        """
+        match = _STEP.match(str(checkpoint))
+        path = self.path(int(match.group(1))) if match else Path(checkpoint)
+        if not path.is_dir():
+            steps = ", ".join(str(int(p.name.split("_")[1])) for p in self.all()) or "none"
+            raise CheckpointError(f"{path}: no such checkpoint (steps of this run: {steps})")
+        return path
+
+    def remove_leftovers(self) -> int:
+        """Removes the temporary directories of saves a killed run left; returns how many."""
+        if not self.root.is_dir():
+            return 0
+        left = [p for p in self.root.iterdir() if p.name.startswith(".tmp-step_")]
+        for p in left:
+            shutil.rmtree(p, ignore_errors=True)
+        return len(left)
+
     def all(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
         if not self.root.is_dir():
@@ -203,6 +228,32 @@ class CheckpointManager:
             raise CheckpointError(f"{path}: cannot read: {why}") from None
         return {**info, "missing_keys": missing}
 
+    @contextlib.contextmanager
+    def reading(self, path: Optional[str | os.PathLike] = None) -> Iterator[Path]:
+        """Keeps a checkpoint from being pruned while the block reads it (its path yielded).
+
+        A shared ``flock`` on its ``trainer_state.json``: the pruner of a training run skips a
+        checkpoint a reader holds (and removes it at a later save). Without ``path``, the
+        newest complete checkpoint; one pruned between finding and pinning it is passed over.
+
+        Raises:
+            CheckpointError: ``path`` is not a complete checkpoint (or was just removed), or the
+                run has none.
+        """
+        candidates = [Path(path)] if path is not None else self.all()[::-1]
+        for ckpt in candidates:
+            held = _pin(ckpt)
+            if held is None:
+                continue
+            try:
+                yield ckpt
+            finally:
+                os.close(held)
+            return
+        if path is not None:
+            raise CheckpointError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
+        raise CheckpointError(f"{self.root}: no complete checkpoint")
+
     def load_rank_state(self, path: str | os.PathLike) -> dict[str, torch.Tensor]:
         """This rank's ``rank_state`` (rank 0's when saved by fewer ranks; {} when none)."""
         path = Path(path)
@@ -217,8 +268,38 @@ class CheckpointManager:
     def _prune(self) -> None:
         pinned = self.path(self.pinned) if self.pinned is not None else None
         for old in self.all()[: -self.keep]:
-            if old != pinned:
-                shutil.rmtree(old, ignore_errors=True)
+            if old == pinned:
+                continue
+            try:
+                fd = os.open(old / STATE_FILE, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # a reader (eval, export) holds it: pruned at a later save
+                os.close(fd)
+                continue
+            # Not complete any more first (its state file goes), then the rest.
+            (old / STATE_FILE).unlink(missing_ok=True)
+            os.close(fd)
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _pin(ckpt: Path) -> Optional[int]:
+    """A shared lock on ``ckpt``'s state file (its descriptor), or None when it is gone."""
+    try:
+        fd = os.open(ckpt / STATE_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a pruner removes it
+    try:
+        alive = os.fstat(fd).st_ino == os.stat(ckpt / STATE_FILE).st_ino
+    except OSError:
+        alive = False
+    if not alive:  # removed while we waited
+        os.close(fd)
+        return None
+    return fd
 
 
 def _flat_keys(state: dict[str, Any]) -> list[str]:

@@ -2,27 +2,43 @@
 
 Users script against these names; keep them stable.
 
-``metrics.jsonl`` is append-only history: one JSON object per evaluation, and, where a run was
-resumed, one ``{"event": "resume", "step": S, ...}`` line. A run that crashed after its last
-checkpoint may have logged evaluations past ``S``; they stay in the file, superseded by what the
-resumed run logs (:meth:`RunDir.read_metrics` returns the records in effect, :meth:`RunDir.
-read_records` every line). Nothing but training appends to it: ``embedtrain eval`` writes its own
-``eval_<split>_<step>.json``.
+``metrics.jsonl`` is the run's history: one JSON object per evaluation, and, where a run was
+resumed, one ``{"event": "resume", "step": S, ...}`` line. Each line is appended whole and fsynced.
+A run that crashed after its last checkpoint may have logged evaluations past ``S`` (and a torn
+last line): a resume from ``S`` drops them, rewriting the file atomically, before it appends its
+event, so the file never holds one step's record twice (:meth:`RunDir.truncate_after`). Nothing
+but training writes it: ``embedtrain eval`` writes its own ``eval_<split>_<step>.json``.
+
+Every other file is written whole or not at all (a temporary file renamed over it). One process
+writes a run directory at a time: ``train`` holds an OS lock on ``.lock`` for its life
+(:meth:`RunDir.lock`), released by the OS when the process ends, however it ends.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any, Optional
 
 from embedtrain.dependencies import import_optional
+from embedtrain.utils import append_line, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CURVES_FILE = "curves.png"
+LOCK_FILE = ".lock"
+# What makes a directory a run's (an earlier run, or one that started): ``--out`` that exists and
+# holds none of these is a user's folder, refused unless empty.
+RUN_FILES = ("config.yaml", METRICS_FILE, SUMMARY_FILE, "checkpoints", "plan.json", LOCK_FILE)
+_HELD: dict[str, int] = {}  # run directory -> the descriptor of its lock (held for the process)
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used; ``str(err)`` is one line naming it."""
 
 
 class RunDir:
@@ -32,6 +48,76 @@ class RunDir:
         self.root = Path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
+
+    def lock(self) -> None:
+        """Takes the run directory's writer lock for this process's life (idempotent).
+
+        An ``flock`` on ``.lock``: the OS drops it when the process dies (a SIGKILLed run leaves
+        no stale lock), and a second writer is refused at once.
+
+        Raises:
+            RunDirError: another live process holds it (its PID and host named).
+        """
+        key = str(self.root.resolve())
+        if key in _HELD:
+            return
+        path = self.root / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._refuse(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        _HELD[key] = fd
+
+    def check_unlocked(self) -> None:
+        """Refuses (as :meth:`lock`) when another process holds the lock; writes nothing."""
+        if str(self.root.resolve()) in _HELD:
+            return
+        try:
+            fd = os.open(self.root / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return  # no lock file: no writer yet
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._refuse(fd)
+        os.close(fd)
+
+    def _refuse(self, fd: int) -> None:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+        os.close(fd)
+        who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
+        raise RunDirError(f"{self.root}: another embedtrain train is writing this run "
+                          f"({who}); wait for it to end, or choose another --out")
+
+    def unlock(self) -> None:
+        """Releases :meth:`lock` (the file stays: removing it would race a new writer)."""
+        fd = _HELD.pop(str(self.root.resolve()), None)
+        if fd is not None:
+            os.close(fd)
+
+    @staticmethod
+    def check_out(root: Path) -> None:
+        """Whether ``root`` can hold a run: absent, an empty folder, or a run's (read-only).
+
+        Raises:
+            RunDirError: a file, a path under a file, or a folder of other files.
+        """
+        for parent in (root, *root.parents):
+            if parent.exists() and not parent.is_dir():
+                where = "is a file" if parent == root else f"lies under the file {parent}"
+                raise RunDirError(f"{root}: {where}, not a run directory; choose another --out")
+            if parent.is_dir():
+                break
+        if root.is_dir() and not any((root / name).exists() for name in RUN_FILES):
+            others = sorted(p.name for p in root.iterdir())
+            if others:
+                shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more"
+                                                 if len(others) > 3 else "")
+                raise RunDirError(f"{root}: not empty and not a run directory (holds {shown}); "
+                                  "choose another --out")
 
     def has_run(self) -> bool:
         """Whether an earlier run left records or checkpoints here."""
@@ -52,8 +138,28 @@ class RunDir:
         return self.root / "checkpoints"
 
     def log_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.root / METRICS_FILE, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.root / METRICS_FILE, json.dumps(record))
+
+    def truncate_after(self, step: int) -> int:
+        """Drops the records past ``step`` (a crashed run's, not in its checkpoint) and a torn
+        last line, rewriting ``metrics.jsonl`` atomically; returns how many lines went."""
+        path = self.root / METRICS_FILE
+        if not path.is_file():
+            return 0
+        lines = path.read_text().splitlines(keepends=True)
+        kept = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill: only ever the last
+                continue
+            if not line.endswith("\n"):
+                continue
+            if record.get("event") == "resume" or record.get("step", 0) <= step:
+                kept.append(line)
+        if len(kept) != len(lines):
+            write_atomic(path, "".join(kept))
+        return len(lines) - len(kept)
 
     def log_resume(self, step: int, checkpoint: str, note: Optional[dict[str, Any]] = None) -> None:
         """Marks in the history that training continued from ``checkpoint`` at ``step``."""
@@ -65,7 +171,13 @@ class RunDir:
         path = self.root / METRICS_FILE
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = []
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a last line cut short by a kill (dropped on resume)
+                continue
+        return records
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The evaluation records in effect: a resume at step S supersedes earlier records past S."""
@@ -80,12 +192,12 @@ class RunDir:
     def write_eval(self, split: str, step: int, result: dict[str, Any]) -> Path:
         """``eval_<split>_<step>.json`` (``embedtrain eval``'s result; the history is untouched)."""
         path = self.root / f"eval_{split}_{step:08d}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(path, json.dumps(result, indent=2) + "\n")
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.root / SUMMARY_FILE
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(path, json.dumps(summary, indent=2) + "\n")
         return path
 
     def plot_curves(
@@ -120,6 +232,8 @@ class RunDir:
             fig.suptitle(title)
         fig.tight_layout()
         path = self.root / CURVES_FILE
-        fig.savefig(path, dpi=100)
+        buffer = __import__("io").BytesIO()
+        fig.savefig(buffer, dpi=100, format="png")
         plt.close(fig)
+        write_atomic(path, buffer.getvalue())
         return path

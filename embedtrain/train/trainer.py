@@ -28,7 +28,7 @@ from torch import nn
 from torchrec.optim.keyed import KeyedOptimizer
 from tqdm import tqdm
 
-from embedtrain.runtime import startup_record
+from embedtrain.runtime import peak_rss_gb_per_rank, startup_record
 from embedtrain.train.checkpoint import (
     CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok, init_optimizer_state)
 from embedtrain.train.run_dir import RunDir
@@ -169,6 +169,7 @@ class Trainer:
         self.resume_note: dict[str, Any] = {}  # e.g. config keys changed on resume, for the record
         self._saved_step: Optional[int] = None
         self._saved_final = False
+        self._final_valid: Optional[dict[str, float]] = None  # the end's validation (checkpointed)
         self._first_step_at: Optional[float] = None  # time.time() of this process's first step
         param = next(model.parameters(), None)
         self._device_type = param.device.type if param is not None else "cpu"
@@ -226,9 +227,13 @@ class Trainer:
         if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
             self._optimizer_step()
         final_valid = {}
-        if self.valid_data is not None:
+        if self.valid_data is not None and self._final_valid is not None \
+                and self._saved_final and self._saved_step == st.step:
+            final_valid = self._final_valid  # resumed at the final checkpoint: logged, tracked
+        elif self.valid_data is not None:
             final_valid = self._evaluate_and_log(max_batches=None)
             self._track(final_valid, save=False)
+        self._final_valid = final_valid
         if self._saved_step != st.step or not self._saved_final:
             self.save(final=True)
         valid, selected = final_valid, None
@@ -419,6 +424,8 @@ class Trainer:
             self.before_checkpoint(self.model)
         info = {**asdict(self.state), "world_size": self.world_size, "finished": final,
                 "total_steps": self.total_steps}
+        if final:
+            info["final_valid"] = self._final_valid
         self._saved_final = final
         if self.lr_scheduler is not None:
             info["lr_scheduler"] = self.lr_scheduler.state_dict()
@@ -427,7 +434,7 @@ class Trainer:
         self._saved_step = self.state.step
 
     def restore(self, path: Optional[str | os.PathLike] = None) -> Optional[Path]:
-        """Loads the given checkpoint, or else the newest readable one.
+        """Loads the given checkpoint (a directory or a step), or else the newest readable one.
 
         Without ``path``, a checkpoint that cannot be read (on any rank) is skipped with a
         one-line warning naming it, and the next older one is tried.
@@ -438,12 +445,14 @@ class Trainer:
         Raises:
             CheckpointError: ``path`` cannot be read, or no checkpoint of the run can.
         """
-        candidates = [Path(path)] if path is not None else self.checkpoints.all()[::-1]
+        candidates = [self.checkpoints.find(path)] if path is not None \
+            else self.checkpoints.all()[::-1]
         failures: list[str] = []
         for ckpt in candidates:
             error: Optional[CheckpointError] = None
             try:
-                self._load_checkpoint(ckpt)
+                with self.checkpoints.reading(ckpt):  # not pruned by a run training meanwhile
+                    self._load_checkpoint(ckpt)
             except CheckpointMismatch:
                 raise  # every checkpoint of the run is of the same model: no fallback
             except CheckpointError as e:
@@ -483,6 +492,8 @@ class Trainer:
             for group, lr in zip(self.lr_scheduler.optimizer.param_groups,
                                  self.lr_scheduler.get_last_lr()):
                 group["lr"] = lr  # the schedule's, not the construction-time warmup value
+        self._saved_final = bool(info.pop("finished", False))
+        self._final_valid = info.pop("final_valid", None) if self._saved_final else None
         known = {f.name for f in dataclasses.fields(TrainState)}
         self.state = TrainState(**{k: v for k, v in info.items() if k in known})
         if self.options.select is Selection.BEST:
@@ -504,14 +515,19 @@ class Trainer:
         Returns:
             The checkpoint, or None (none yet: training starts from step 0).
         """
+        if self.rank == 0:
+            left = self.checkpoints.remove_leftovers()
+            if left:
+                tqdm.write(f"removed {left} half-written checkpoint(s) of an interrupted save")
         path = self.restore()
         if path is None:
             if self.rank == 0:
                 tqdm.write(f"no checkpoint in {self.checkpoints.root}: starting from step 0")
             return None
         if self.rank == 0:
-            # Append-only history: records a crashed run wrote after this step stay in the
-            # file, superseded from here on (RunDir.read_metrics applies it).
+            # Records a crashed run wrote after this step are not in the checkpoint: they go,
+            # and the resumed run logs them again (one record per step, as uninterrupted).
+            self.run_dir.truncate_after(self.state.step)
             self.run_dir.log_resume(self.state.step, str(path), self.resume_note)
             tqdm.write(f"resumed from {path} at step {self.state.step}")
         return path
@@ -536,7 +552,7 @@ class Trainer:
             "train_time_s": st.train_time_s,
             "wall_time_s": wall_s,
             "world_size": self.world_size,
-            "peak_rss_gb_per_rank": _peak_rss_gb_per_rank(),
+            "peak_rss_gb_per_rank": peak_rss_gb_per_rank(),
             # process start to this process's first training step, and where it went
             **(startup_record(self._first_step_at) if self._first_step_at is not None
                else {"startup_s": None, "startup": {}}),
@@ -552,33 +568,6 @@ class Trainer:
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
                                      reference=self.reference)
         return summary
-
-
-def _peak_rss_gb_per_rank() -> list[float]:
-    """Every rank's peak resident memory so far (GiB), gathered (a collective).
-
-    From ``VmHWM`` in ``/proc/self/status``: ``ru_maxrss`` is inherited across fork + exec, so a
-    run started by a big process would report its launcher's peak.
-    """
-    mine = _peak_rss_gb()
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [mine]
-    every = [0.0] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return every
-
-
-def _peak_rss_gb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 2**20, 3)  # kB
-    except OSError:
-        pass
-    import resource
-
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
 
 def _max_over_ranks(value: int, device: str = "cpu") -> int:

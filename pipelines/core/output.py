@@ -1,9 +1,12 @@
 """The output side every family shares: phase timing, the split writer, the output folder.
 
 A data set folder holds ``metadata.json`` (written last: a folder without it is visibly
-unfinished), ``ingest_report.json`` and the family's own files. :func:`check_out_dir` refuses a
-non-empty folder that is not an earlier ingest output; :func:`clear_out_dir` removes an earlier
-one's outputs before a new job writes.
+unfinished), ``ingest_report.json`` and the family's own files. :func:`pipelines.run_ingest`
+runs a job in a temporary folder beside ``--out`` that replaces ``--out`` only once complete
+(:func:`pipelines.core.atomic.atomic_output`); :func:`ingest_refusal` says which existing
+``--out`` it may replace. Inside that folder (or called directly, with a folder of its own) a
+family checks it with :func:`check_out_dir` (a non-empty folder that is not an earlier ingest
+output is refused) and clears it with :func:`clear_out_dir`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Iterator, Optional
 import polars as pl
 
 from embedtrain.utils import progress_bar
+from pipelines.core.atomic import foreign_entries
 from pipelines.core.errors import IngestError
 
 METADATA_FILE, REPORT_FILE, VOCAB_DIR = "metadata.json", "ingest_report.json", "vocab"
@@ -109,3 +113,35 @@ def clear_out_dir(out: Path) -> None:
     for name in (*SPLITS, VOCAB_DIR):
         shutil.rmtree(out / name, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+
+
+# what an ingest writes at the top of --out: name -> whether it is a folder (of data files)
+INGEST_ENTRIES = {METADATA_FILE: False, f"{METADATA_FILE}.tmp": False, REPORT_FILE: False,
+                  **{split: True for split in SPLITS}, VOCAB_DIR: True,
+                  "graph": True, "nodes": True, "splits": True}
+
+
+def ingest_refusal(out: Path, overwrite: bool = False) -> Optional[str]:
+    """Why an ingest may not replace the existing non-empty folder ``out`` (the end of a one-line
+    message), or None.
+
+    Replaced without ``overwrite``: an earlier ingest output (an ``ingest_report.json`` and only
+    what an ingest writes). With ``overwrite`` also: a data set ingest did not write (a
+    ``metadata.json``, e.g. from ``embedtrain datagen``), an unfinished ingest output (only
+    ingest's folders), an earlier output holding other files too. Never: a folder with neither
+    ``metadata.json`` nor ``ingest_report.json`` that holds other files.
+    """
+    foreign = foreign_entries(out, INGEST_ENTRIES)
+    report, meta = (out / REPORT_FILE).is_file(), (out / METADATA_FILE).is_file()
+    if foreign and not (report or meta):
+        return "not empty and not an earlier ingest output; choose another --out"
+    if overwrite:
+        return None
+    if foreign:
+        return (f"an earlier data set that also holds other files ({', '.join(foreign[:5])}); "
+                "pass --overwrite to replace all of it, or choose another --out")
+    if not report:
+        what = ("a data set that ingest did not write (no ingest_report.json)" if meta else
+                "an unfinished ingest output (no ingest_report.json)")
+        return f"holds {what}; pass --overwrite to replace it, or choose another --out"
+    return None
