@@ -457,7 +457,7 @@ def test_parquet_lists_nulls_and_empty_lists(tmp_path):
     spec = """
 input: {format: parquet}
 label: y
-dense: [{name: x}]
+dense: [{name: x, non_finite: fill}]
 sparse:
   - {name: tags, multi_hot: true, max_length: 2}
   - {name: more, multi_hot: true, empty_list: oov}

@@ -143,7 +143,7 @@ def test_one_column_feeds_dense_bucketized_and_quantile_features(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"y": [i % 2 for i in range(10)], "age": AGES}), path)
     spec = ("input: {format: parquet}\nlabel: y\n"
-            "dense: [{name: age, fill_null: 0}]\nsparse:\n"
+            "dense: [{name: age, fill_null: 0, non_finite: fill}]\nsparse:\n"
             "  - {name: age_bucket, column: age, bucketize: [18, 30, 65]}\n"
             "  - {name: age_q, column: age, quantiles: 2}\n" + ALL_TRAIN)
     report = run(tmp_path, spec, [path])

@@ -131,7 +131,7 @@ name: lists
 input: {format: parquet}
 label: label
 dense:
-  - {name: price, log1p: true, standardize: true, clip_max: 50}
+  - {name: price, log1p: true, standardize: true, clip_max: 50, non_finite: fill}
 sparse:
   - {name: user, min_frequency: 2}
   - {name: tags, multi_hot: true, max_length: 3, max_vocab_size: 40, empty_list: oov}

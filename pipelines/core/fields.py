@@ -10,6 +10,8 @@ one ``dense`` feature or one ``output`` section means the same in every family:
 - :class:`Encoding`, :class:`EmptyList`: how a categorical value (list) becomes ids (id 0 is the
   null/unknown bucket; the id conventions are in :mod:`pipelines.tabular.spec`);
 - :class:`SplitMethod`: how rows are split into train/valid/test;
+- :class:`NonFinite`: what a dense feature's NaN or infinite value does (an error unless the
+  spec asks for ``fill``);
 - :class:`DenseSpec`, :class:`SparseSpec`, :class:`OutputSpec`: a dense feature, a categorical
   feature (single-valued or a list), the written files' layout.
 
@@ -59,6 +61,13 @@ class SplitMethod(enum.Enum):
     FILES = "files"    # by input file: split.files gives a glob per split, the rest train
 
 
+class NonFinite(enum.Enum):
+    """What a NaN or infinite value of a dense feature does (the model cannot take one)."""
+
+    ERROR = "error"  # the job stops naming the file, row (line) and column of the first one
+    FILL = "fill"    # replaced with fill_null, counted (repairs: dense_non_finite_filled)
+
+
 class Cast(enum.Enum):
     """How a dense column stored as text (parquet strings, CSV) is read as numbers."""
 
@@ -67,15 +76,21 @@ class Cast(enum.Enum):
 
 @dataclass
 class DenseSpec:
-    """A dense column. Applied in this order: fill nulls, clip, log1p, standardise."""
+    """A dense column. Applied in this order: fill nulls, clip, log1p, standardise.
+
+    A NaN or infinite value (``nan``/``inf`` text, a parquet float) stops the job, one line
+    naming the file, row (line) and column, unless ``non_finite: fill`` asks to replace it with
+    ``fill_null`` (counted in the report as ``dense_non_finite_filled``).
+    """
 
     name: str
-    fill_null: float = 0.0           # a null, NaN or infinite value becomes this (counted)
+    fill_null: float = 0.0           # a null value becomes this (counted); NaN/inf: non_finite
     cast: Optional[Cast] = None      # float: numbers stored as strings; unparsable -> fill_null
     clip_min: Optional[float] = None
     clip_max: Optional[float] = None
     log1p: bool = False              # log(1 + max(x, 0)), as for Criteo's counts
     standardize: bool = False        # (x - mean) / std with the training split's mean and std
+    non_finite: NonFinite = NonFinite.ERROR  # NaN/inf: error | fill (with fill_null, counted)
 
 
 @dataclass
@@ -88,6 +103,12 @@ class SparseSpec:
     text) overrides how values are typed. ``bucketize`` (ascending boundaries b1..bk) or
     ``quantiles: N`` (boundaries at the training split's i/N quantiles) turn a numeric column
     into ids ``1 + #{b_i <= x}`` in ``1..k+1``, 0 for null/NaN: ``num_embeddings = k + 2``.
+
+    In a CSV input a value's shape is checked against ``multi_hot``: a single-valued feature's
+    value that reads as a list (two or more ids joined by ``,`` ``;`` ``|`` or a list
+    ``separator`` of the spec, e.g. ``a1,b2``) stops the job naming the file, line and column,
+    and so does a ``multi_hot`` value without its ``separator`` that reads as a list joined by
+    another of them. (Parquet list columns are checked against ``multi_hot`` from the footer.)
     """
 
     name: str

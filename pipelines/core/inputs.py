@@ -4,7 +4,13 @@
 - :func:`parquet_types`, :func:`value_type`, :func:`check_csv_header`: what a parquet footer or a
   CSV header line says about a file's columns, read without scanning it, with one-line errors
   naming the file;
-- :func:`file_splits`: split method ``files``, each input file's split from the spec's globs.
+- :func:`file_splits`: split method ``files``, each input file's split from the spec's globs;
+- :func:`csv_header`: a CSV header line's names as written, refused when not UTF-8 or when a
+  name appears twice (a scan would silently read the first);
+- :func:`invalid_utf8`, :func:`utf8_failure`: the line of a file's first byte that is not
+  UTF-8, found by a cheap scan once a read has failed on it;
+- :func:`csv_lines`: the 1-based lines of a CSV file's 0-based data rows (a quoted field may
+  span lines, so a row is not always at line ``row + 2``).
 
 :data:`ROW` and :data:`FILE` are the columns the scans add: a row's 0-based position in the whole
 input, and (split method ``files``) its input file. A family's own ``read.py`` holds its layouts'
@@ -17,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+import codecs
+import csv
 import fnmatch
 import glob
 import os
@@ -106,9 +114,11 @@ def parquet_types(path: Path, columns: Sequence[str]) -> dict[str, pa.DataType]:
 
 def check_csv_header(path: Path, separator: Optional[str], columns: list[str]
                      ) -> Optional[list[str]]:
-    """The CSV file's column names, checked to hold ``columns`` (``None``: an empty file)."""
+    """The CSV file's column names, checked to hold ``columns`` and to name each column once
+    (:func:`csv_header`); ``None``: an empty file."""
     if path.stat().st_size == 0:
         return None  # no header, no rows: counted as an empty file
+    csv_header(path, separator)
     try:
         names = pl.scan_csv(path, separator=separator or ",", infer_schema=False,
                             n_rows=0).collect_schema().names()
@@ -137,3 +147,91 @@ def file_splits(files: list, spec: Any) -> dict[str, str]:
             raise IngestError(f"{path}: matches split.files of both {hits[0]} and {hits[1]}")
         out[str(path)] = hits[0] if hits else "train"
     return out
+
+
+def csv_header(path: Path, separator: Optional[str]) -> list[str]:
+    """The names of a CSV file's header line (line 1) as written.
+
+    Raises:
+        IngestError: ``<file>: line 1: ...`` for a header that is not UTF-8 text or that names a
+            column twice (a scan would read the first of the two and never the other).
+    """
+    with open(path, "rb") as f:
+        raw = f.readline(1 << 20)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise IngestError(f"{path}: line 1: {_not_utf8(raw[e.start])}") from None
+    names = next(csv.reader([text.rstrip("\r\n")], delimiter=separator or ",", quotechar='"'),
+                 [])
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names, start=1):
+        if name in seen:
+            raise IngestError(f"{path}: line 1: column {name} appears twice in the header "
+                              f"(fields {seen[name]} and {i}); column names must be unique: "
+                              "rename or remove one of them")
+        seen[name] = i
+    return names
+
+
+def _not_utf8(byte: int) -> str:
+    return (f"not UTF-8 text (byte 0x{byte:02x}); re-encode the file as UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8)")
+
+
+def invalid_utf8(path: Path, chunk: int = 1 << 24) -> Optional[tuple[int, int]]:
+    """``(line, byte)``: the 1-based line and the value of the file's first byte that is not
+    valid UTF-8; ``None`` if the whole file is. One sequential read, in chunks."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines = 0
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(chunk)
+            try:
+                decoder.decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                # e.object: the previous chunk's incomplete tail (no newline in it) + data
+                return lines + e.object[:e.start].count(b"\n") + 1, e.object[e.start]
+            if not data:
+                return None
+            lines += data.count(b"\n")
+
+
+def utf8_failure(paths: Sequence[Path], error: Exception) -> Optional[IngestError]:
+    """For a read that failed on invalid UTF-8: the one-line error naming the first of the
+    (text) ``paths`` holding such a byte and its line; ``None`` for another failure, or when
+    no file holds one."""
+    if "utf8" not in str(error).lower().replace("-", ""):
+        return None
+    for path in paths:
+        found = invalid_utf8(Path(path))
+        if found is not None:
+            return IngestError(f"{path}: line {found[0]}: {_not_utf8(found[1])}")
+    return None
+
+
+def _holds(path: Path, needle: bytes, chunk: int = 1 << 24) -> bool:
+    with open(path, "rb") as f:
+        while data := f.read(chunk):
+            if needle in data:
+                return True
+    return False
+
+
+def csv_lines(path: Path, separator: Optional[str], rows: Sequence[int]) -> dict[int, int]:
+    """The 1-based line of each of a CSV file's 0-based data ``rows`` (the header is line 1).
+
+    ``row + 2`` unless a quoted field before the row spans several lines; then the file is
+    scanned (as the job reads it, up to the last row asked for) counting the line breaks inside
+    fields. Only for messages and the report's examples: never on a job's normal path.
+    """
+    wanted = sorted({int(r) for r in rows})
+    if not wanted or not _holds(Path(path), b'"'):
+        return {r: r + 2 for r in wanted}
+    frame = pl.scan_csv(path, separator=separator or ",", infer_schema=False, quote_char='"',
+                        raise_if_empty=False)
+    header = sum(name.count("\n") for name in frame.collect_schema().names())
+    breaks = frame.head(wanted[-1] + 1).select(pl.sum_horizontal(
+        pl.all().str.count_matches("\n", literal=True).fill_null(0)).alias("n")).collect()["n"]
+    before = (breaks.cum_sum() - breaks).to_list()
+    return {r: r + 2 + header + (int(before[r]) if r < len(before) else 0) for r in wanted}

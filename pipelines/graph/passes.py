@@ -176,6 +176,8 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
         duplicates=g.duplicates)
     dropped["self_loop"] = edge_counts.self_loops_dropped
     dropped["duplicate"] = edge_counts.duplicates_dropped
+    if edge_counts.edges == 0:
+        _no_edges(edge_files, rows_read, dropped, edge_counts.duplicates_merged)
     t = phase("CSR", t)
 
     s = spec.split
@@ -348,6 +350,23 @@ def _pair_times(src: np.ndarray, dst: np.ndarray, times: np.ndarray, indptr: np.
     pairs = pl.DataFrame({"k": ps * big + pd})
     return pairs.join(first, on="k", how="left", maintain_order="left")["t"].fill_null(
         -np.inf).to_numpy()
+
+
+def _no_edges(files: Sequence[Path], rows_read: int, dropped: dict[str, int],
+              merged: int) -> None:
+    """A graph without edges after cleaning is no graph to train on: one line with what was
+    dropped, by reason."""
+    where = files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"
+    counts = ", ".join(f"{k} {v:,}" for k, v in dropped.items() if v) or "none"
+    if merged:
+        counts += f"; duplicates merged {merged:,}"
+    hint = {"self_loop": "; graph.self_loops: keep keeps self-loops",
+            "invalid_weight": "; weights must be finite numbers > 0",
+            "edge_type_not_selected": "; edges.edge_types lists the types kept",
+            "endpoint_not_in_node_table": "; nodes.missing_nodes: add keeps such edges"}
+    top = max(dropped, key=lambda k: dropped[k]) if any(dropped.values()) else None
+    raise IngestError(f"{where}: no edges left after cleaning ({rows_read:,} rows read; dropped: "
+                      f"{counts}); a graph needs at least one edge{hint.get(top, '')}")
 
 
 def _check_out_dir(out: Path) -> None:

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from embedtrain.utils import first_line, natural_key
 from pipelines.core.errors import IngestError
 from pipelines.core.fields import InputFormat, ValueType
+from pipelines.core.inputs import csv_header, utf8_failure
 from pipelines.graph.spec import (
     EXTENSIONS, EdgeTableSpec, GraphIngestSpec, NodeTableSpec, SplitMethod)
 from pipelines.graph.splits import NodeTable, check_parquet_type
@@ -63,6 +64,7 @@ def _schema(path: Path, table: EdgeTableSpec | NodeTableSpec) -> dict[str, Any]:
             raise IngestError(f"{path}: not a readable parquet file: {first_line(e)}") from None
     if path.stat().st_size == 0:
         raise IngestError(f"{path}: empty file (no CSV header)")
+    csv_header(path, table.separator)  # not UTF-8, or a column named twice: one line
     try:
         names = pl.scan_csv(path, separator=table.separator or ",", infer_schema=False,
                             n_rows=0).collect_schema().names()
@@ -302,6 +304,9 @@ def locate_failure(spec: GraphIngestSpec, edge_files: Sequence[Path], node_files
     """The one-line error for a Polars read failure: the first file that does not read."""
     tables: list[tuple[Path, Any]] = [(f, spec.edges) for f in edge_files]
     tables += [(f, spec.nodes) for f in node_files] if spec.nodes is not None else []
+    utf8 = utf8_failure([f for f, t in tables if t.format is InputFormat.CSV], error)
+    if utf8 is not None:  # the file and line of the byte, found by a cheap scan
+        return utf8
     for path, table in tables:  # the error does not say which file: read them one by one
         try:
             frame = (pl.scan_parquet(path) if table.format is InputFormat.PARQUET else

@@ -58,6 +58,7 @@ from pipelines.core.report import DROP
 from pipelines.core.stats import build_vocabulary
 from pipelines.engines.base import Engine, Pass, Shard
 from pipelines.engines.local import LocalEngine
+from pipelines.tabular.checks import check_values, dropped_values, split_warning
 from pipelines.tabular.read import (
     MAX_ROWS, check_inputs, check_row_limit, criteo_field_counts, describe_row, reading,
     scan_inputs)
@@ -131,7 +132,9 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
         counts, kept = engine.run(Pass("row statistics", _row_stats, _merge_stats), shards, split)
         stats = PassStats(counts, kept, {}, reasons)
         rec["rows"] = stats.rows_read
-    check_counts(stats, spec, files, inputs)
+    check_values(files, spec, stats)  # NaN/inf dense values, lists in the wrong kind of column
+    check_counts(stats, spec, files, inputs, values=lambda reason, column: dropped_values(
+        files, spec, reasons, reason, column))
     if spec.on_invalid is OnInvalid.ERROR and stats.dropped():
         raise_first_invalid(files, spec, reasons)
     if any(s.encoding is Encoding.VOCAB and not s.bucketized for s in spec.sparse):
@@ -189,18 +192,19 @@ def _count_rows(shard: Shard, shared) -> tuple[Optional[int], Optional[pl.DataFr
     return int(n), wrong
 
 
-def _parsed(shard: Shard, spec: IngestSpec) -> pl.LazyFrame:
-    """The shard's rows parsed, numbered from its offset."""
+def _parsed(shard: Shard, spec: IngestSpec, checks: bool = False) -> pl.LazyFrame:
+    """The shard's rows parsed, numbered from its offset; ``checks``: with the value checks
+    that stop the job (the row statistics pass: :mod:`pipelines.tabular.checks`)."""
     raw = scan_inputs(list(shard.files), spec, shard.extra)
     if shard.offset is not None:
         raw = raw.with_columns((pl.col(ROW).cast(pl.Int64) + shard.offset).alias(ROW))
-    return parse(time_to_seconds(raw, spec), spec)[0]
+    return parse(time_to_seconds(raw, spec), spec, checks)[0]
 
 
-def _frame(shard: Shard, shared) -> pl.LazyFrame:
+def _frame(shard: Shard, shared, checks: bool = False) -> pl.LazyFrame:
     """The shard's rows parsed and split, as every pass after the cut-offs reads them."""
     spec, cutoffs, by_file = shared[:3]
-    return assign_split(_parsed(shard, spec), spec, cutoffs, by_file)
+    return assign_split(_parsed(shard, spec, checks), spec, cutoffs, by_file)
 
 
 def _reasons(spec: IngestSpec, shards: list[Shard]) -> list[DropReason]:
@@ -258,7 +262,7 @@ def _quantile_cutoffs(counts: pl.DataFrame, *shares: float) -> tuple[float, floa
 
 def _row_stats(shard: Shard, shared) -> tuple[pl.DataFrame, pl.DataFrame]:
     with reading(list(shard.files), shared[0]):
-        return row_statistics(_frame(shard, shared), shared[0])
+        return row_statistics(_frame(shard, shared, checks=True), shared[0])
 
 
 def _merge_stats(parts: list[tuple[pl.DataFrame, pl.DataFrame]]
@@ -313,7 +317,8 @@ def finish(spec: IngestSpec, files: Sequence[Path], out: Path, stats: PassStats,
             rec["rows"] = sum(rows for part in written.values() for _, rows in part)
 
     warnings = [f"{out}: {w}" for w in empty_split_warnings(stats, spec)]
-    for w in warnings:
+    split = split_warning(files, spec, stats)  # on stderr only: the report counts the rows
+    for w in ([split] if split else []) + warnings:
         print(f"warning: {w}", file=sys.stderr)
     report = build_report(spec, files, stats, written, vocabs, dense_stats, cutoffs,
                           log.phases, time.perf_counter() - started, boundaries, warnings)
@@ -339,15 +344,19 @@ def raise_first_invalid(files: Sequence[Path], spec: IngestSpec, reasons: list[D
                          ) -> None:
     """``on_invalid: error``: names the first invalid row's file, line/row, column and value."""
     for path in files:
-        raw = time_to_seconds(scan_inputs([path], spec), spec)
-        parsed, _ = parse(raw, spec)
-        first = parsed.filter(pl.col(DROP).is_not_null()).select(ROW, DROP).head(1).collect(
-            engine="streaming")
+        if spec.is_text and not path.stat().st_size:
+            continue  # a 0-byte text file: no rows (and a scan of it alone fails)
+        with reading([path], spec):
+            raw = time_to_seconds(scan_inputs([path], spec), spec)
+            parsed, _ = parse(raw, spec)
+            first = parsed.filter(pl.col(DROP).is_not_null()).select(ROW, DROP).head(1).collect(
+                engine="streaming")
         if first.height:
             row, code = int(first[ROW][0]), int(first[DROP][0])
             r = reasons[code]
-            value = scan_inputs([path], spec).filter(pl.col(ROW) == row).select(r.column).collect(
-                engine="streaming").item()
+            with reading([path], spec):
+                value = scan_inputs([path], spec).filter(pl.col(ROW) == row).select(
+                    r.column).collect(engine="streaming").item()
             if isinstance(value, pl.Series):  # a list column's value: shown as a list, one line
                 value = value.to_list()
             if r.reason == "wrong_field_count":
@@ -356,6 +365,6 @@ def raise_first_invalid(files: Sequence[Path], spec: IngestSpec, reasons: list[D
                                   "(on_invalid: drop would drop and count such lines)")
             limits = (", raw ids must lie in [0, 2^63 - 1)" if r.reason == "raw_id_out_of_range"
                       else "")
-            raise IngestError(f"{path}: {describe_row(spec, row)}: column {r.column}: "
+            raise IngestError(f"{path}: {describe_row(spec, row, path)}: column {r.column}: "
                               f"{r.reason.replace('_', ' ')} (value {value!r}{limits}; on_invalid: "
                               "drop would drop and count such rows)")

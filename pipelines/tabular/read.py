@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 from embedtrain.utils import first_line
 from pipelines.core.errors import IngestError
 from pipelines.core.fields import Encoding, InputFormat, SplitMethod, ValueType
-from pipelines.core.inputs import FILE, ROW, check_csv_header, parquet_types, value_type
+from pipelines.core.inputs import (
+    FILE, ROW, check_csv_header, csv_lines, parquet_types, utf8_failure, value_type)
 from pipelines.tabular.spec import CRITEO_COLUMNS, IngestSpec
 
 FIELDS = "__fields"  # Criteo TSV: tab-separated fields of the line (a wrong count is dropped)
@@ -190,11 +191,16 @@ def _scan_criteo(paths: list[str], columns: list[str], null_values: list[str],
     return frame.select(ROW, fields.alias(FIELDS), *columns, *([FILE] if files_kw else []))
 
 
-def describe_row(spec: IngestSpec, row: int) -> str:
-    """How a user finds a row in a file: a 1-based line for text, a 0-based row for parquet."""
+def describe_row(spec: IngestSpec, row: int, path: Optional[Path] = None) -> str:
+    """How a user finds a row in a file: a 1-based line for text, a 0-based row for parquet.
+    With the CSV file's ``path``, the line counts the line breaks inside quoted fields before
+    the row (:func:`pipelines.core.inputs.csv_lines`)."""
     if spec.input.format is InputFormat.PARQUET:
         return f"row {row}"
-    return f"line {row + (2 if spec.input.format is InputFormat.CSV else 1)}"
+    if spec.input.format is InputFormat.CSV:
+        line = csv_lines(path, spec.input.separator, [row])[row] if path else row + 2
+        return f"line {line}"
+    return f"line {row + 1}"
 
 
 def _parquet_column(name: str, spec: IngestSpec) -> pl.Expr:
@@ -289,7 +295,8 @@ def _infer_csv_types(path: Path, spec: IngestSpec) -> dict[str, tuple[ValueType,
                            null_values=spec.input.null_values or None,
                            columns=sorted({s.source for s in todo}))
     except pl.exceptions.PolarsError as e:
-        raise IngestError(f"{path}: cannot read the first rows: {first_line(e)}") from None
+        raise utf8_failure([path], e) or IngestError(
+            f"{path}: cannot read the first rows: {first_line(e)}") from None
     out: dict[str, tuple[ValueType, Path]] = {}
     for s in todo:
         v = head[s.source]
@@ -330,6 +337,11 @@ def reading(files: Sequence[Path], spec: IngestSpec) -> Iterator[None]:
 
 
 def _locate_failure(files: Sequence[Path], spec: IngestSpec, error: Exception) -> IngestError:
+    if spec.is_text:  # a 0-byte file has no rows (and a scan of it alone fails): never the one
+        files = [f for f in files if f.stat().st_size] or list(files)
+        utf8 = utf8_failure(files, error)  # the file and line of the byte, by a cheap scan
+        if utf8 is not None:
+            return utf8
     if len(files) > 1:  # the error does not say which file: read them one by one to find out
         for path in files:
             try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import polars as pl
 
@@ -110,7 +110,7 @@ def _max_length(s: SparseSpec, stats: PassStats) -> int:
 
 # keys added to the spec after format 1 shipped: left out of metadata.json's ``spec`` while at
 # their defaults, so that the data set of an older spec is byte-identical to what it was
-_NEW_SPEC_KEYS = {"dense": {"cast": None},
+_NEW_SPEC_KEYS = {"dense": {"cast": None, "non_finite": "error"},
                   "sparse": {"column": None, "bucketize": None, "quantiles": None},
                   "split": {"values": None, "files": None}}
 
@@ -272,8 +272,11 @@ def _rate(n: float, total: float) -> Optional[float]:
 
 
 def check_counts(stats: PassStats, spec: IngestSpec, files: Sequence[Path],
-                 inputs: Sequence[str | os.PathLike]) -> None:
-    """Refuses a job with no rows, no kept rows or no training rows (one line each)."""
+                 inputs: Sequence[str | os.PathLike],
+                 values: Optional[Callable[[str, str], list]] = None) -> None:
+    """Refuses a job with no rows, no kept rows or no training rows (one line each). Without
+    kept rows the line names the column behind the most drops and, given ``values`` (reason,
+    column -> a few of the values that dropped rows), what it held."""
     where = files[0] if len(files) == 1 else ", ".join(map(str, inputs))
     if stats.rows_read == 0:
         raise IngestError(f"{where}: no rows to ingest ({len(files)} file(s), all empty)")
@@ -281,11 +284,32 @@ def check_counts(stats: PassStats, spec: IngestSpec, files: Sequence[Path],
     if kept == 0:
         dropped = ", ".join(f"{k} {v:,}" for k, v in stats.dropped().items()) or "none"
         raise IngestError(f"{where}: no training rows to build vocabularies and statistics on "
-                          f"({stats.rows_read:,} rows read; dropped: {dropped})")
+                          f"({stats.rows_read:,} rows read; dropped: {dropped})"
+                          f"{_drop_detail(stats, spec, values)}")
     if stats.kept_rows("train") == 0:
         others = ", ".join(f"{s} {stats.kept_rows(s):,}" for s in SPLITS if s != "train")
         raise IngestError(f"{where}: split train receives no rows ({others}); "
                           f"{_SPLIT_FIX[spec.split.method]('train')}")
+
+
+def _drop_detail(stats: PassStats, spec: IngestSpec,
+                 values: Optional[Callable[[str, str], list]]) -> str:
+    """``; column y: unparsable_value 299, values seen: 'yes', 'no'; ...``: the (reason, column)
+    behind the most dropped rows, a few of its values, and what the rule is."""
+    ranked = sorted(((n, reason, column) for reason, by_col in stats.dropped_by_column().items()
+                     for column, n in by_col.items()), key=lambda t: (-t[0], t[1], t[2]))
+    if not ranked:
+        return ""
+    n, reason, column = ranked[0]
+    if reason == "wrong_field_count":
+        return ""  # the count is the value: no column to name
+    seen = values(reason, column) if values is not None else []
+    text = f"; column {column}: {reason} {n:,}"
+    if seen:
+        text += ", values seen: " + ", ".join(repr(v) for v in seen)
+    if column == spec.label and reason in ("unparsable_value", "label_out_of_range"):
+        text += "; the label must be a number in [0, 1] (map text labels such as yes/no to 1/0)"
+    return text
 
 
 _SPLIT_FIX = {

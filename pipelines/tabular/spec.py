@@ -72,8 +72,11 @@ class SplitSpec:
 
     Column splits: ``values: {train: [...], valid: [...], test: [...]}`` (strings, compared with
     the column's text; ``valid``/``test`` optional); rows whose value is in no list are dropped
-    (``split_value_not_listed``). File splits: ``files: {test: GLOB, valid: GLOB}``, matched
-    against each input file's path or name; files matching none go to train.
+    (``split_value_not_listed``); when they are more than 10% of the rows read
+    (:data:`pipelines.tabular.checks.SPLIT_DROP_WARNING`) the job prints one warning line on
+    stderr with the count and the most frequent values not listed. File splits:
+    ``files: {test: GLOB, valid: GLOB}``, matched against each input file's path or name; files
+    matching none go to train.
     """
 
     method: SplitMethod = SplitMethod.HASH

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,6 +31,10 @@ from pipelines.tabular.read import FIELDS
 from pipelines.tabular.spec import CRITEO_COLUMNS, IngestSpec
 
 
+LIST_IN_SINGLE, SEPARATOR_MISMATCH = "list_in_single_valued_column", "list_separator_mismatch"
+LIST_SEPARATORS = ",;|"  # what joins ids into a list in text, besides the spec's separators
+
+
 @dataclass(frozen=True)
 class DropReason:
     """Why a row was dropped (its code is the value of ``__drop``) and the column that said so.
@@ -41,13 +46,20 @@ class DropReason:
     bucketized features are repaired instead), ``null_id`` and ``id_out_of_range`` (pre-encoded
     ids), ``raw_id_out_of_range`` (an ``encoding: raw`` integer outside ``[0, 2^63 - 1)``).
     ``column`` is the input column.
+
+    Two reasons are never drops but errors (:mod:`pipelines.tabular.checks` stops the job at
+    the first such row): ``list_in_single_valued_column`` (CSV inputs: a single-valued
+    feature's value that reads as a list, two or more ids joined by ``,`` ``;`` ``|`` or a
+    ``separator`` of the spec, e.g. ``a1,b2``) and ``list_separator_mismatch`` (a ``multi_hot``
+    value without its ``separator`` that reads as a list joined by another of them).
     """
 
     reason: str
     column: str
 
 
-def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[DropReason]]:
+def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True
+          ) -> tuple[pl.LazyFrame, list[DropReason]]:
     """Parses raw columns in place and adds the ``__drop`` code (UInt16, null when kept).
 
     Text values that do not parse (``"abc"`` in a number column) become a drop reason, never a
@@ -57,6 +69,9 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
     Args:
         frame: from :func:`pipelines.tabular.read.scan_inputs`.
         spec: the job's spec.
+        checks: test the values for the reasons that stop the job (lists in the wrong kind of
+            column); a pass after the row statistics, which found none, leaves them out (same
+            codes, no cost).
 
     Returns:
         ``(frame, reasons)``: ``reasons[code]`` explains each ``__drop`` code.
@@ -95,6 +110,8 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
     if spec.input.format is InputFormat.CRITEO_TSV:  # before anything read from its fields
         conditions.append((pl.col(FIELDS) != len(CRITEO_COLUMNS),
                            DropReason("wrong_field_count", FIELDS)))
+    if spec.input.format is InputFormat.CSV:  # criteo_tsv: tokens by the format's definition
+        conditions += _list_shape_conditions(spec, checks)
     conditions.append((pl.col(spec.label).is_null(), DropReason("null_label", spec.label)))
     if text:
         conditions.append((unparsable(spec.label), DropReason("unparsable_value", spec.label)))
@@ -144,6 +161,39 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec) -> tuple[pl.LazyFrame, list[Dro
     frame = frame.with_columns(code.alias(DROP))
     frame = frame.drop(list(tmp), strict=False).rename({v: k for k, v in tmp.items()})
     return frame, [reason for _, reason in conditions]
+
+
+def list_like(x: pl.Expr, separators: str) -> pl.Expr:
+    """Text that reads as two or more ids (letters, digits, ``_.+-``) joined by one of
+    ``separators``, nothing else: ``a1,b2``, ``3|7``; not ``Smith, John`` or ``1.5``."""
+    if not separators:
+        return pl.lit(False)
+    ids, seps = r"[\w.+-]+", "[" + "".join(re.escape(c) for c in separators) + "]"
+    return x.str.contains(f"^{ids}(?:{seps}{ids})+$")
+
+
+def _list_shape_conditions(spec: IngestSpec, checks: bool = True
+                           ) -> list[tuple[pl.Expr, DropReason]]:
+    """CSV inputs: a single-valued feature holding lists, a list feature holding lists joined by
+    another separator than its own (each stops the job; never a silent category). Without
+    ``checks`` the same reasons, never true."""
+    declared = "".join(s.separator for s in spec.sparse
+                       if s.multi_hot and s.separator and len(s.separator) == 1)
+    known = "".join(dict.fromkeys(LIST_SEPARATORS + declared))
+    out: list[tuple[pl.Expr, DropReason]] = []
+    for s in spec.sparse:
+        if s.bucketized:
+            continue
+        col = pl.col(s.source)
+        if not s.multi_hot:
+            bad = list_like(col, known) if checks else pl.lit(False)
+            out.append((bad, DropReason(LIST_IN_SINGLE, s.source)))
+        elif s.separator:
+            others = "".join(c for c in known if c not in s.separator)
+            bad = (~col.str.contains(s.separator, literal=True) & list_like(col, others)
+                   if checks else pl.lit(False))
+            out.append((bad, DropReason(SEPARATOR_MISMATCH, s.source)))
+    return out
 
 
 def _split_text(spec: IngestSpec, text: bool) -> pl.Expr:

@@ -64,9 +64,10 @@ from embedtrain.utils import first_line
 from pipelines.core.encode import (
     Vocabulary, dense_output, dense_value, sparse_output, sparse_values)
 from pipelines.core.errors import IngestError
-from pipelines.core.fields import EmptyList, Encoding, SparseSpec, SplitMethod, ValueType
+from pipelines.core.fields import (
+    EmptyList, Encoding, NonFinite, SparseSpec, SplitMethod, ValueType)
 from pipelines.core.hashing import splitmix64, string_hash, unit_interval
-from pipelines.core.inputs import FILE, ROW, file_splits
+from pipelines.core.inputs import FILE, ROW, csv_lines, file_splits, utf8_failure
 from pipelines.core.output import (
     METADATA_FILE, REPORT_FILE, SPLIT, SPLIT_DTYPE, SPLITS, VOCAB_DIR, Phases, check_out_dir,
     clear_out_dir, merge_written, sink_splits)
@@ -156,6 +157,7 @@ def ingest(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
         rec["rows"] = int(groups["rows"].sum()) if groups.height else 0
     stats = XCStats(groups, reasons, [str(f) for f in files])
     _check_counts(stats, spec, files)
+    _check_dense(stats, job)  # NaN/inf dense values: an error unless non_finite: fill
 
     token_vocab, token_table, token_counts = None, None, None
     if spec.token_encoding is Encoding.VOCAB:
@@ -486,6 +488,11 @@ def _dropped_examples(found: pl.DataFrame, spec: XCIngestSpec, stats: XCStats,
                 entries.append({"file": path, key: []})
             entries[-1][key].append(int(row - start + base))
         out[reason] = entries
+    if spec.input.format is XCFormat.CSV:  # a quoted field spanning lines moves the rows after it
+        for entries in out.values():
+            for e in entries:
+                lines = csv_lines(Path(e["file"]), spec.input.separator, [x - 2 for x in e[key]])
+                e[key] = [lines[x - 2] for x in e[key]]
     return out
 
 
@@ -496,6 +503,9 @@ def _reading(files: Sequence[Path], spec: XCIngestSpec) -> Iterator[None]:
     try:
         yield
     except pl.exceptions.PolarsError as e:
+        utf8 = utf8_failure(files, e) if spec.input.format is not XCFormat.PARQUET else None
+        if utf8 is not None:  # the file and line of the byte, found by a cheap scan
+            raise utf8 from None
         for path in files if len(files) > 1 else []:  # the error does not say which file
             try:
                 scan_xc([path], spec).select(pl.len()).collect(engine="streaming")
@@ -520,6 +530,33 @@ def _check_counts(stats: XCStats, spec: XCIngestSpec, files: Sequence[Path]) -> 
                if spec.split.resolved_method is SplitMethod.FILES
                else "lower split.valid_fraction/split.test_fraction")
         raise IngestError(f"{where}: split train receives no rows ({others}); {fix}")
+
+
+def _check_dense(stats: XCStats, job: _Job) -> None:
+    """A NaN or infinite dense value of a kept row stops the job (``non_finite: error``), naming
+    the first one's file, line (parquet: 0-based row) and column."""
+    for i, d in enumerate(job.spec.dense):
+        n = stats.kept(key=f"{d.name}:non_finite")
+        if not n or d.non_finite is not NonFinite.ERROR:
+            continue
+        x = pl.col(d.name)
+        for path in job.files:
+            with _reading([path], job.spec):
+                hit = (_frame(Shard((path,)), job)
+                       .filter(pl.col(DROP).is_null() & (x.is_nan() | x.is_infinite()))
+                       .select(ROW).head(1).collect(engine="streaming"))
+                if not hit.height:
+                    continue
+                row = int(hit[ROW][0])
+                value = scan_xc([path], job.spec).filter(pl.col(ROW) == row).select(
+                    d.name).collect().item()
+            csv = job.spec.input.format is XCFormat.CSV
+            where = (f"line {csv_lines(path, job.spec.input.separator, [row])[row]}" if csv
+                     else f"row {row}")
+            raise IngestError(f"{path}: {where}: column {d.name}: value {value!r} is not finite "
+                              f"(NaN or infinite; {n:,} such value(s) in all); fix the input, or "
+                              f"set dense[{i}].non_finite: fill to replace them with fill_null "
+                              f"({d.fill_null:g}), counted in the report")
 
 
 def _warnings(spec: XCIngestSpec, layout: XCLayout, lines: dict[str, int], stats: XCStats,

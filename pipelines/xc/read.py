@@ -176,6 +176,9 @@ def check_xc_inputs(files: Sequence[Path], spec: XCIngestSpec) -> XCLayout:
     header: Optional[list[str]] = None
     for f in files:
         names = check_csv_header(f, spec.input.separator, input_columns(spec))
+        if names is None:
+            raise IngestError(f"{f}: empty file (0 bytes: no CSV header, no rows); remove it "
+                              "from --input")
         if names is not None and header is not None and names != header:
             raise IngestError(f"{f}: header differs from {files[0]}'s; files of one job must "
                               "share their columns and their order")

@@ -208,7 +208,8 @@ def build_report(c: XCOutputs, examples: dict[str, list[dict]], warnings: list[s
                       max_vocab_size=c.token.max_vocab_size,
                       distinct_train_values=int((c.token_counts[SPLIT] == "train").sum()),
                       oov_rate=oov_rates(c.token_counts, table))
-    repairs: dict[str, dict[str, int]] = {"dense_null_filled": {}, "unparsable_number": {}}
+    repairs: dict[str, dict[str, int]] = {"dense_null_filled": {}, "unparsable_number": {},
+                                          "dense_non_finite_filled": {}}
     dense = {}
     for d in spec.dense:
         nulls, bad = stats.kept(key=f"{d.name}:null"), stats.kept(key=f"{d.name}:unparsable")
@@ -216,6 +217,8 @@ def build_report(c: XCOutputs, examples: dict[str, list[dict]], warnings: list[s
             repairs["dense_null_filled"][d.name] = nulls - bad
         if bad:
             repairs["unparsable_number"][d.name] = bad
+        if stats.kept(key=f"{d.name}:non_finite"):  # non_finite: fill (else the job stopped)
+            repairs["dense_non_finite_filled"][d.name] = stats.kept(key=f"{d.name}:non_finite")
         dense[d.name] = {"null_rate": _rate(nulls, kept),
                          "train_mean": finite(c.dense_stats[d.name]["mean"]),
                          "train_std": finite(c.dense_stats[d.name]["std"])}
@@ -287,9 +290,19 @@ def build_metadata(c: XCOutputs) -> dict:
         "dense_stats": c.dense_stats,
         "source": {"format": spec.input.format.value, "files": [str(f) for f in c.files],
                    "rows_read": c.stats.rows_read},
-        "spec": to_dict(spec),
+        "spec": _spec_dict(spec),
     }
     return meta
+
+
+def _spec_dict(spec: XCIngestSpec) -> dict:
+    """The spec as plain data; ``non_finite`` left out of dense entries at its default, so that
+    the data set of an earlier spec is byte-identical to what it was."""
+    raw = to_dict(spec)
+    for entry in raw.get("dense", []):
+        if entry.get("non_finite") == "error":
+            entry.pop("non_finite")
+    return raw
 
 
 def _rate(n: float, total: float) -> Optional[float]:

@@ -147,7 +147,13 @@ class XCSplitSpec:
 
 @dataclass
 class XCIngestSpec:
-    """A whole XC ingestion job."""
+    """A whole XC ingestion job.
+
+    ``dense`` features (tables only) are the shared :class:`~pipelines.core.fields.DenseSpec`: a
+    NaN or infinite value stops the job naming its file, line (parquet: 0-based row) and column,
+    unless ``non_finite: fill`` replaces it with ``fill_null`` (counted in the report's
+    ``repairs.dense_non_finite_filled``).
+    """
 
     kind: str = "xc"
     name: str = "xc"
