@@ -122,9 +122,8 @@ def main() -> None:
         sets = [a for s in [f"data.path={data}", *args.overrides] for a in ("--set", s)]
         _cli("train", CONFIG, "--out", str(run), "--overwrite", "--no-progress",
              "--nproc", str(args.nproc), *sets)
-    _cli("eval", str(run), "--split", "test")
+    evaluated = json.loads(_cli("eval", str(run), "--split", "test").stdout)
     summary = json.loads((run / "summary.json").read_text())
-    evaluated = json.loads((run / f"eval_test_{summary['steps']:08d}.json").read_text())
 
     results: dict[str, Any] = {}
     diff = None

@@ -54,6 +54,21 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         raise
 
 
+def check_output_file(path: str | os.PathLike, option: str, example: str = "result.json"
+                      ) -> None:
+    """An output file named by ``option`` (e.g. ``--out``): to be (re)written, so not a directory
+    and not under a file (one-line ``ValueError`` otherwise, ``example`` the file name shown)."""
+    shown = os.fspath(path)
+    if os.path.isdir(shown):
+        raise ValueError(f"{shown}: is a directory; {option} names a file (e.g. "
+                         f"{os.path.join(shown, example)})")
+    parent = os.path.dirname(os.path.abspath(shown))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"{shown}: lies under the file {parent}; choose another {option}")
+
+
 def append_line(path: str | os.PathLike, line: str) -> None:
     """Appends one whole line (a single ``write`` of the line and its newline, fsynced)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -147,7 +147,7 @@ def test_checkpoint_of_two_ranks_loads_on_one(setup, tmp_path):
     r = embedtrain("eval", str(two), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
     final = _summary(two)
-    result = json.loads((two / f"eval_test_{final['steps']:08d}.json").read_text())
+    result = json.loads(r.stdout)  # eval writes nothing into the run
     assert result["step"] == final["steps"]
     assert result["auc"] == pytest.approx(final["auc"], abs=1e-9)
     assert result["logloss"] == pytest.approx(final["logloss"], rel=1e-6)
@@ -160,10 +160,12 @@ def test_checkpoint_of_one_rank_loads_on_two_and_resumes(setup, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--rdzv-backend=c10d",
-         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "embedtrain", "eval", str(one), "--split", "test"],
+         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "embedtrain", "eval", str(one), "--split", "test",
+         "--out", str(tmp_path / "eval.json")],
         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads((one / "eval_test_00000040.json").read_text())
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert json.loads(r.stdout) == result
     assert result["step"] == 40
     assert result["auc"] == pytest.approx(_summary(one)["auc"], abs=1e-9)
     # Training continues on two ranks from the one-rank checkpoint (optimizer state resharded).
@@ -203,7 +205,7 @@ def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
     assert final["world_size"] == 2 and len(final["peak_rss_gb_per_rank"]) == 2
     r = embedtrain("eval", str(run), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads((run / "eval_test_00000030.json").read_text())
+    result = json.loads(r.stdout)
     assert result["step"] == 30
     for key in ("p@1", "p@5", "ndcg@5"):
         assert result[key] == pytest.approx(final[key], abs=1e-9), key

@@ -263,6 +263,25 @@ def test_predict_without_labels_and_bad_inputs(ctr, ctr_export, tmp_path, capsys
                  "--out", str(tmp_path / "q.parquet"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "short.parquet: missing column(s): I2" in err[0]
+    dense = test.column("I5").to_numpy().astype(np.float32)
+    dense[77] = np.nan
+    pq.write_table(test.set_column(test.schema.get_field_index("I5"), "I5", pa.array(dense)),
+                   tmp_path / "nan.parquet")
+    assert main(["predict", str(ctr_export.out), "--input", str(tmp_path / "nan.parquet"),
+                 "--out", str(tmp_path / "q.parquet"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"embedtrain predict: error: {tmp_path / 'nan.parquet'}: column I5: row 77: "
+                   "value nan is not finite (NaN or infinite)"]
+    # --out: a directory, or a path under a file
+    for out, says in [(tmp_path, f"{tmp_path}: is a directory; --out names a file (e.g. "
+                                 f"{tmp_path / 'predictions.parquet'})"),
+                      (tmp_path / "nolabel.parquet" / "p.parquet",
+                       f"lies under the file {tmp_path / 'nolabel.parquet'}; choose another --out")]:
+        assert main(["predict", str(ctr_export.out), "--input", str(tmp_path / "nolabel.parquet"),
+                     "--out", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "q.parquet").exists()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -414,7 +433,7 @@ def test_two_rank_checkpoint_exports_on_one_process(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     r = embedtrain("eval", str(run), "--split", "test")
     assert r.returncode == 0, r.stderr[-4000:]
-    evaluated = json.loads((run / "eval_test_00000009.json").read_text())
+    evaluated = json.loads(r.stdout)
     reference, _ = _eval_outputs(run)
     preds = pq.read_table(tmp_path / "p.parquet")
     assert np.abs(preds.column("logit").to_numpy() - reference.numpy()).max() <= 1e-5

@@ -61,7 +61,9 @@ def _train_cli(config: Path, out: Path, *args: str) -> dict:
 def _eval_cli(run: Path, steps: int) -> dict:
     r = embedtrain("eval", str(run), "--split", "test")
     assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads((run / f"eval_test_{steps:08d}.json").read_text())
+    result = json.loads(r.stdout)
+    assert result["step"] == steps
+    return result
 
 
 def _checkpoint_id_map(ckpt: Path, prefix: str, name: str, rows: int, segments: list[int]):

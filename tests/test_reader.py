@@ -124,6 +124,16 @@ def test_null_is_named_with_row(tmp_path):
     _bad(tmp_path, table, spec, r"column d1: 1 null value\(s\) in row group 1, first at row 57")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_dense_value_is_named_with_row(tmp_path, value):
+    table, spec = random_ctr_table(rows=100)
+    d1 = table.column("d1").to_pylist()
+    d1[57] = d1[61] = value
+    table = table.set_column(table.schema.get_field_index("d1"), "d1", pa.array(d1, pa.float32()))
+    _bad(tmp_path, table, spec, rf"column d1: 2 value\(s\) not finite \(NaN or infinite\) in row "
+                                rf"group 1, first at row 57 \({value}\)")
+
+
 def test_out_of_range_id_is_named_with_row(tmp_path):
     table, spec = random_ctr_table(rows=100)
     s0 = table.column("s0").to_numpy().copy()

@@ -93,18 +93,23 @@ def test_train_eval_and_resume(tiny, tmp_path):
     assert r.returncode == 2 and "holds an earlier run; pass --resume" in r.stderr
 
     # eval of the final checkpoint reproduces the summary's test metrics, and of an older one
-    # leaves the run's history alone: eval only adds its own eval_<split>_<step>.json
+    # (by directory or by step) its own; eval prints its result and writes nothing into the run
     before = _files(full)
     r = embedtrain("eval", str(full), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
-    evaluated = json.loads((full / "eval_test_00000026.json").read_text())
+    evaluated = json.loads(r.stdout)
     assert evaluated["step"] == 26 and evaluated["auc"] == pytest.approx(summary["auc"], abs=1e-9)
     r = embedtrain("eval", str(full), "--split", "valid", "--checkpoint",
-                   str(full / "checkpoints" / "step_00000020"))
+                   str(full / "checkpoints" / "step_00000020"), "--out", str(tmp_path / "e.json"))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads((full / "eval_valid_00000020.json").read_text())["step"] == 20
+    assert json.loads((tmp_path / "e.json").read_text()) == json.loads(r.stdout)
+    assert json.loads(r.stdout)["step"] == 20
+    r = embedtrain("eval", str(full), "--split", "valid", "--checkpoint", "20")
+    assert r.returncode == 0 and json.loads(r.stdout)["step"] == 20, r.stderr[-3000:]
+    r = embedtrain("eval", str(full), "--out", str(full))
+    assert r.returncode == 2 and f"{full}: is a directory; --out names a file" in r.stderr
     after = _files(full)
-    assert {k: v for k, v in after.items() if not k.startswith("eval_")} == before
+    assert after == before
 
     # resuming the finished run says so and changes nothing
     r = embedtrain("train", str(config), "--out", str(full), "--resume")

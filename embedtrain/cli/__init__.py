@@ -19,7 +19,7 @@ Examples:
     embedtrain train configs/dlrm_synthetic.yaml --out runs/two --nproc 2   # 2 ranks via torchrun
     torchrun --nproc-per-node 2 -m embedtrain train configs/dlrm_synthetic.yaml --out runs/two
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --resume  # newest readable ckpt
-    embedtrain eval runs/demo --split test     # writes runs/demo/eval_test_<step>.json only
+    embedtrain eval runs/demo --split test     # prints the metrics (JSON); writes nothing
     embedtrain plan configs/dlrm.yaml --cluster configs/clusters/h100-16x8.yaml --out plans/dlrm
     embedtrain export runs/demo --out exports/demo --quantize int8   # tables, dense program
     embedtrain predict exports/demo --input 'data/synthetic_ctr/test/*.parquet' --out preds.parquet

@@ -28,6 +28,7 @@ from embedtrain.config import (
     load_run_config,
 )
 from embedtrain.runtime import allocator_setting, mark, threads_per_rank, usable_cores
+from embedtrain.utils import check_output_file, write_atomic
 from embedtrain.train.run_dir import LOCK_FILE, RunDir
 
 
@@ -54,7 +55,10 @@ def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a run's checkpoint on a split")
     p.add_argument("run_dir", help="a run directory written by `embedtrain train`")
     p.add_argument("--split", default="test", help="data split to evaluate (default: test)")
-    p.add_argument("--checkpoint", help="checkpoint directory (default: the run's newest)")
+    p.add_argument("--checkpoint", help="checkpoint directory or step number (default: the run's "
+                                        "newest)")
+    p.add_argument("--out", help="also write the result (JSON) to this file; nothing is ever "
+                                 "written into the run directory")
     p.set_defaults(func=_eval)
 
 
@@ -300,10 +304,14 @@ def _eval(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise UsageError(f"{run_dir}: not a run directory (no config.yaml)")
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_output_file(out, "--out")
     cfg = load_run_config(run_dir / "config.yaml")
     from embedtrain.recipes import build_run
 
-    # Read-only: no plan files, no records; the result goes to a file of its own.
+    # Read-only: no plan files, no records, no result file in the run (a reader of a training
+    # run must not race its writer); the result goes to stdout and, with --out, to that file.
     run = build_run(cfg, run_dir, progress=False, record_plan=False)
     if run.trainer.restore(args.checkpoint) is None:
         raise UsageError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
@@ -311,9 +319,11 @@ def _eval(args: argparse.Namespace) -> int:
     step = run.trainer.state.step
     result = {"split": args.split, "step": step, **run.trainer.evaluate(data)}
     if run.trainer.rank == 0:
-        path = RunDir(run_dir).write_eval(args.split, step, result)
-        print(json.dumps(result, indent=2))
-        print(f"written: {path}", file=sys.stderr)
+        text = json.dumps(result, indent=2) + "\n"
+        if out is not None:
+            write_atomic(out, text)
+            print(f"written: {out}", file=sys.stderr)
+        sys.stdout.write(text)
     return 0
 
 

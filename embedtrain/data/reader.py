@@ -430,6 +430,8 @@ def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
                 or pa.types.is_boolean(column.type)):
             raise DataError(f"{unit.file}: column {name}: expected a number, got {column.type}")
         _check_no_nulls(column, name, unit)
+        if name != features.label:  # a label's own check names what a click is
+            _check_finite(column, name, unit)
     if features.num_classes is None:
         _check_click_labels(table.column(features.label), features.label, unit)
     for feat in features.sparse:
@@ -507,6 +509,26 @@ def _first_row(column: pa.ChunkedArray, mask: Any, is_list: bool, unit: RowGroup
     if is_list:
         position = pc.list_parent_indices(column)[position].as_py()
     return unit.first_row + position
+
+
+def first_non_finite(column: pa.ChunkedArray) -> Optional[int]:
+    """The position of a float column's first NaN or infinite value (None: all finite, or not a
+    float column). A model trains on such a value and evaluation fails later, far from it."""
+    if not pa.types.is_floating(column.type):
+        return None
+    finite = pc.is_finite(column)
+    return None if pc.all(finite).as_py() else pc.index(finite, False).as_py()
+
+
+def _check_finite(column: pa.ChunkedArray, name: str, unit: RowGroup) -> None:
+    position = first_non_finite(column)
+    if position is not None:
+        count = len(column) - pc.sum(pc.is_finite(column)).as_py()
+        raise DataError(
+            f"{unit.file}: column {name}: {count} value(s) not finite (NaN or infinite) in row "
+            f"group {unit.index}, first at row {unit.first_row + position} "
+            f"({column[position].as_py()}) (`embedtrain ingest` refuses them, or replaces and "
+            f"counts them with non_finite: fill)")
 
 
 def _check_no_nulls(column: pa.ChunkedArray, name: str, unit: RowGroup) -> None:

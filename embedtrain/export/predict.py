@@ -63,7 +63,7 @@ from torch import Tensor
 from embedtrain.config import load_run_config
 from embedtrain.config_io import ConfigError
 from embedtrain.data.batching import Rows, SparseLayout, is_list_type, to_batch
-from embedtrain.data.reader import DataError
+from embedtrain.data.reader import DataError, first_non_finite
 from embedtrain.export.manifest import ExportError, load_manifest
 from embedtrain.export.tables import (
     float_collection,
@@ -82,7 +82,7 @@ from embedtrain.models.dynamic import (
 )
 from embedtrain.recipes import recipe_for
 from embedtrain.recipes.base import quiet_fx_tracing_warning
-from embedtrain.utils import natural_key, progress_bar
+from embedtrain.utils import check_output_file, natural_key, progress_bar
 
 _HEAD_BLOCK = 65_536  # classes scored at once (as evaluation does)
 RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)
@@ -316,7 +316,8 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
     schemas = [_schema(f, spec) for f in files]
     label_type = _label_type(files, schemas, spec)
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    out = _check_out(Path(out))
+    out = Path(out)
+    check_output_file(out, "--out", example="predictions.parquet")
     if total == 0:
         raise ValueError(f"{files[0] if len(files) == 1 else f'{len(files)} input files'}: no "
                          f"rows to score; nothing written to {out}")
@@ -351,19 +352,6 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         partial.unlink(missing_ok=True)
     return PredictResult(out, rows, len(files), time.perf_counter() - start,
                          metrics.compute() if metrics is not None else {})
-
-
-def _check_out(out: Path) -> Path:
-    """``predict --out``: a file to (re)write, not a directory, not under a file."""
-    if out.is_dir():
-        raise ValueError(f"{out}: is a directory; --out names the predictions file (e.g. "
-                         f"{out / 'predictions.parquet'})")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"{out}: lies under the file {parent}; choose another --out")
-            break
-    return out
 
 
 def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:
@@ -449,6 +437,10 @@ def _check(table: pa.Table, spec: FeatureSpec, path: Path, first: int,
                 or pa.types.is_boolean(column.type)):
             raise DataError(f"{path}: column {name}: expected a number, got {column.type}")
         _no_nulls(column, name, path, first)
+        position = first_non_finite(column)
+        if position is not None:
+            raise DataError(f"{path}: column {name}: row {first + position}: value "
+                            f"{column[position].as_py()} is not finite (NaN or infinite)")
     for feat in spec.sparse:
         column = table.column(feat.name)
         _no_nulls(column, feat.name, path, first)

@@ -7,7 +7,8 @@ resumed, one ``{"event": "resume", "step": S, ...}`` line. Each line is appended
 A run that crashed after its last checkpoint may have logged evaluations past ``S`` (and a torn
 last line): a resume from ``S`` drops them, rewriting the file atomically, before it appends its
 event, so the file never holds one step's record twice (:meth:`RunDir.truncate_after`). Nothing
-but training writes it: ``embedtrain eval`` writes its own ``eval_<split>_<step>.json``.
+but training writes it, and nothing but training writes into a run directory: ``embedtrain eval``
+prints its result (``--out FILE`` puts it in a file of the user's).
 
 Every other file is written whole or not at all (a temporary file renamed over it). One process
 writes a run directory at a time: ``train`` holds an OS lock on ``.lock`` for its life
@@ -129,7 +130,7 @@ class RunDir:
         """Removes an earlier run's records and checkpoints (for ``--overwrite``)."""
         for name in (METRICS_FILE, SUMMARY_FILE, CURVES_FILE):
             (self.root / name).unlink(missing_ok=True)
-        for old in self.root.glob("eval_*.json"):
+        for old in self.root.glob("eval_*.json"):  # what `embedtrain eval` wrote into runs once
             old.unlink()
         shutil.rmtree(self.checkpoints, ignore_errors=True)
 
@@ -188,12 +189,6 @@ class RunDir:
             else:
                 kept.append(record)
         return kept
-
-    def write_eval(self, split: str, step: int, result: dict[str, Any]) -> Path:
-        """``eval_<split>_<step>.json`` (``embedtrain eval``'s result; the history is untouched)."""
-        path = self.root / f"eval_{split}_{step:08d}.json"
-        write_atomic(path, json.dumps(result, indent=2) + "\n")
-        return path
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.root / SUMMARY_FILE

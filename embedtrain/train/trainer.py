@@ -506,7 +506,7 @@ class Trainer:
                 fresh = f"; {len(missing)} optimizer state entries start fresh (tables that " \
                         f"moved to or from data_parallel)" if missing else ""
                 tqdm.write(f"checkpoint written by {saved_world} rank(s), loaded on "
-                           f"{self.world_size}: tables resharded{fresh}")
+                           f"{self.world_size}: tables resharded{fresh}", file=sys.stderr)
         self._saved_step = self.state.step
 
     def resume(self) -> Optional[Path]:
