@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -115,21 +116,27 @@ def test_a_finished_run_is_never_shortened_and_a_crash_before_the_summary_resume
     assert "--resume would shorten the run to 5 steps, below its checkpoint at step 9" in r.stderr
     assert _files(full) == before  # not even the lock file
 
-    # killed after the final checkpoint, before summary.json: the resume writes the summary
-    # without a second record of the final evaluation
-    r = embedtrain("train", str(config), "--out", str(part))
-    assert r.returncode == 0, r.stderr[-2000:]
+    # killed after the final checkpoint and the curves, before summary.json (written last): the
+    # resume writes the summary without a second record of the final evaluation; killed before
+    # its first checkpoint, after evaluations were logged: the resume starts over and logs them
+    # once
+    early = tmp_path / "early"
+    shutil.copytree(full, part)
     (part / "summary.json").unlink()
-    r = embedtrain("train", str(config), "--out", str(part), "--resume")
-    assert r.returncode == 0, r.stderr[-2000:]
-    records = [x for x in RunDir(part).read_records() if "event" not in x]
-    assert [x["step"] for x in records] == [3, 6, 9]
-    assert records == [x for x in RunDir(full).read_records() if "event" not in x]
-    a, b = (json.loads((d / "summary.json").read_text()) for d in (full, part))
+    early.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        shutil.copy(full / name, early / name)
     timing = {"wall_time_s", "train_time_s", "train_examples_per_s", "startup_s", "startup",
               "peak_rss_gb_per_rank"}
-    assert {k: v for k, v in a.items() if k not in timing} == \
-        {k: v for k, v in b.items() if k not in timing}
+    for run in (part, early):
+        r = embedtrain("train", str(config), "--out", str(run), "--resume")
+        assert r.returncode == 0, r.stderr[-2000:]
+        records = [x for x in RunDir(run).read_records() if "event" not in x]
+        assert [x["step"] for x in records] == [3, 6, 9]
+        assert records == [x for x in RunDir(full).read_records() if "event" not in x]
+        a, b = (json.loads((d / "summary.json").read_text()) for d in (full, run))
+        assert {k: v for k, v in a.items() if k not in timing} == \
+            {k: v for k, v in b.items() if k not in timing}
 
 
 def test_a_torn_last_record_and_records_past_the_checkpoint_go_on_resume(tmp_path):
@@ -160,6 +167,44 @@ def test_a_pinned_checkpoint_is_not_pruned_while_read(tmp_path):
     assert ckpts.find("3") == ckpts.path(3)
     with pytest.raises(Exception, match=r"step_00000007: no such checkpoint \(steps of this run: 3\)"):
         ckpts.find("7")
+
+
+def test_a_prune_or_save_killed_half_way_leaves_nothing_the_next_run_keeps(tmp_path, monkeypatch):
+    import torch
+
+    from embedtrain.train import checkpoint
+    from embedtrain.train.checkpoint import CheckpointManager
+
+    ckpts = CheckpointManager(tmp_path, keep=1)
+    ckpts.save(1, {"w": torch.ones(2)}, {"step": 1})
+    with monkeypatch.context() as m:  # killed after the prune's rename, before its delete
+        m.setattr(checkpoint.shutil, "rmtree", lambda *a, **k: None)
+        ckpts.save(2, {"w": torch.ones(2)}, {"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # step 1 out of view, whole
+        ".tmp-pruned-step_00000001", "step_00000002"]
+    (tmp_path / "step_00000005").mkdir()  # an older version's prune, killed half-way
+    (tmp_path / "step_00000005" / ".metadata").write_bytes(b"")
+    (tmp_path / ".tmp-step_00000006").mkdir()  # a save killed half-way
+    assert ckpts.remove_leftovers() == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002"]
+
+
+def test_the_summary_is_written_last(tiny, tmp_path, monkeypatch):
+    """A run that has a summary has every file: a kill before it leaves a run to resume."""
+    from embedtrain.config import load_config
+    from embedtrain.recipes import build_run
+
+    _, config = tiny
+    run = build_run(load_config(config, ["train.max_steps=2", "train.eval_every=0"]), tmp_path)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunDir, "plot_curves", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run.trainer.fit()
+    assert not (tmp_path / "summary.json").exists()
+    assert (tmp_path / "checkpoints" / "step_00000002").is_dir()
 
 
 def test_run_dir_errors_are_value_errors():

@@ -155,10 +155,13 @@ class CheckpointManager:
         return path
 
     def remove_leftovers(self) -> int:
-        """Removes the temporary directories of saves a killed run left; returns how many."""
+        """Removes what a killed run left: the temporary directories of its saves and prunes, and
+        a checkpoint directory without its state file (a prune of an earlier version, killed
+        half-way); returns how many."""
         if not self.root.is_dir():
             return 0
-        left = [p for p in self.root.iterdir() if p.name.startswith(".tmp-step_")]
+        left = [p for p in self.root.iterdir() if p.name.startswith(".tmp-")
+                or (_NAME.match(p.name) and p.is_dir() and not (p / STATE_FILE).exists())]
         for p in left:
             shutil.rmtree(p, ignore_errors=True)
         return len(left)
@@ -279,10 +282,12 @@ class CheckpointManager:
             except BlockingIOError:  # a reader (eval, export) holds it: pruned at a later save
                 os.close(fd)
                 continue
-            # Not complete any more first (its state file goes), then the rest.
-            (old / STATE_FILE).unlink(missing_ok=True)
+            # Gone from view at once and whole (a rename), then deleted: a kill in between
+            # leaves a temporary directory, which the next run removes.
+            gone = self.root / f".tmp-pruned-{old.name}"
+            os.replace(old, gone)
             os.close(fd)
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(gone, ignore_errors=True)
 
 
 def _pin(ckpt: Path) -> Optional[int]:

@@ -522,6 +522,8 @@ class Trainer:
         path = self.restore()
         if path is None:
             if self.rank == 0:
+                # what a run killed before its first checkpoint logged is logged again
+                self.run_dir.truncate_after(0)
                 tqdm.write(f"no checkpoint in {self.checkpoints.root}: starting from step 0")
             return None
         if self.rank == 0:
@@ -563,10 +565,10 @@ class Trainer:
         }
         if stats:
             summary["tables"] = stats
-        if self.rank == 0:
-            self.run_dir.write_summary(summary)
+        if self.rank == 0:  # the summary last: a run that has one has every file
             self.run_dir.plot_curves(self.task.main_metric, title=self.dataset_name,
                                      reference=self.reference)
+            self.run_dir.write_summary(summary)
         return summary
 
 
