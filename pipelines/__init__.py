@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from pipelines.core.atomic import OutputError, Staging, atomic_output, foreign_entries
 
@@ -76,6 +76,12 @@ def kind_of(spec_path: str | os.PathLike) -> str:
                           f"{', '.join(k for k in FAMILIES if k != 'tabular')} (or no kind: a "
                           "tabular spec)")
     return kind
+
+
+def load_spec(spec_path: str | os.PathLike, overrides: Sequence[str] = ()) -> Any:
+    """The spec of its family (:func:`kind_of`), ``--set`` overrides applied."""
+    family = FAMILIES[kind_of(spec_path)]
+    return importlib.import_module(f"{family}.spec").load_spec(spec_path, list(overrides))
 
 
 def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike],
@@ -112,7 +118,7 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     if nodes and kind != "graph":
         raise IngestError("--nodes: only for graph specs (kind: graph)")
     family = FAMILIES[kind]
-    spec = importlib.import_module(f"{family}.spec").load_spec(spec_path, list(overrides))
+    spec = load_spec(spec_path, overrides)
     job = importlib.import_module(f"{family}.passes")
     extra = {"nodes": list(nodes)} if kind == "graph" else {}
     refusal = functools.partial(ingest_refusal, overwrite=overwrite)
@@ -126,4 +132,4 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
 
 
 __all__ = ["FAMILIES", "OutputError", "Staging", "atomic_output", "foreign_entries", "kind_of",
-           "run_ingest"]
+           "load_spec", "run_ingest"]
