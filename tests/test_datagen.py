@@ -309,3 +309,16 @@ def test_datagen_imports_no_torch():
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["ctr", "--rows", "0"], "--rows must be"),
+    (["xc", "--rows", "0"], "--rows must be"),
+])
+def test_cli_errors_name_the_option(tmp_path, capsys, argv, says):
+    from embedtrain.cli import main
+
+    assert main(["datagen", *argv, "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "Spec." not in err[0], err
+    assert not (tmp_path / "d").exists()

@@ -17,6 +17,7 @@ import pytest
 from embedtrain.processes import free_port
 from embedtrain.testing import tiny_ctr_dataset
 from embedtrain.train.run_dir import RunDir
+from conftest import run_cli
 from test_train_cli import _assert_equal, _params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,10 +129,11 @@ def test_every_training_row_once_per_epoch_on_1_2_3_ranks(tmp_path):
     assert rows == 7211 and rows % 2 == 1 and rows % 3 == 2
     for n in (1, 2, 3):
         run = tmp_path / f"ranks{n}"
-        r = embedtrain("train", "configs/dlrm_synthetic.yaml", "--out", str(run), "--nproc", str(n),
-                       "--no-progress", "--set", f"data.path={data}", "--set", "data.batch_size=192",
-                       "--set", "data.eval_batch_size=1536", "--set", "train.eval_every=0",
-                       "--set", "train.checkpoint_every=0", "--set", "train.epochs=1")
+        args = ["train", "configs/dlrm_synthetic.yaml", "--out", str(run), "--no-progress",
+                "--set", f"data.path={data}", "--set", "data.batch_size=192",
+                "--set", "data.eval_batch_size=1536", "--set", "train.eval_every=0",
+                "--set", "train.checkpoint_every=0", "--set", "train.epochs=1"]
+        r = run_cli(*args) if n == 1 else embedtrain(*args, "--nproc", str(n))
         assert r.returncode == 0, r.stderr[-3000:]
         s = _summary(run)
         assert s["examples"] == s["train_rows"] == rows, (n, s["examples"])
@@ -144,7 +146,7 @@ def test_every_training_row_once_per_epoch_on_1_2_3_ranks(tmp_path):
 
 def test_checkpoint_of_two_ranks_loads_on_one(setup, tmp_path):
     _, _, two = setup
-    r = embedtrain("eval", str(two), "--split", "test")
+    r = run_cli("eval", str(two), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
     final = _summary(two)
     result = json.loads(r.stdout)  # eval writes nothing into the run
@@ -156,7 +158,7 @@ def test_checkpoint_of_two_ranks_loads_on_one(setup, tmp_path):
 def test_checkpoint_of_one_rank_loads_on_two_and_resumes(setup, tmp_path):
     _, config, _ = setup
     one = tmp_path / "one"
-    r = embedtrain("train", str(config), "--out", str(one), "--set", "train.max_steps=40")
+    r = run_cli("train", str(config), "--out", str(one), "--set", "train.max_steps=40")
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--rdzv-backend=c10d",
@@ -203,7 +205,7 @@ def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
     assert measured["max_abs_deviation"] < 0.01, measured
     final = _summary(run)
     assert final["world_size"] == 2 and len(final["peak_rss_gb_per_rank"]) == 2
-    r = embedtrain("eval", str(run), "--split", "test")
+    r = run_cli("eval", str(run), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout)
     assert result["step"] == 30

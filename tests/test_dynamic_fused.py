@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from embedtrain.models.options import DynamicTable, Eviction
-from embedtrain.processes import spawn
+from conftest import run_ranks
 
 DIM, LOCAL, STEPS = 4, 24, 14
 BIG = 2**62
@@ -216,7 +216,7 @@ def _run(rank: int, world: int, schedule: str, layout: str = "one dim") -> dict:
 def test_fused_remap_equals_the_per_table_path_step_by_step(world, schedule):
     """Admission every step (this step's ids alone), every 3 steps (several steps' ids at
     once) and each table on its own interval (some tables' history kept while others admit)."""
-    results = spawn(_run, world, schedule)
+    results = run_ranks(_run, world, schedule)
     for r in results:
         assert r["checked"] > 0
         assert r["tails"] > 0  # new ids waited in tails (merged later)
@@ -229,7 +229,7 @@ def test_fused_remap_equals_the_per_table_path_step_by_step(world, schedule):
 def test_fused_row_reset_of_tables_of_two_dims_and_per_element_state():
     """The reset of rows that do not share one layout (two dimensions, Adagrad's state per
     element) goes table by table, with the same vectors."""
-    (r,) = spawn(_run, 1, "mixed", "two dims")
+    (r,) = run_ranks(_run, 1, "mixed", "two dims")
     assert r["checked"] > 0 and r["tails"] > 0
 
 
@@ -256,7 +256,7 @@ def _switch(rank: int, world: int) -> dict:
 
 
 def test_the_remap_path_switches_only_when_no_ids_wait():
-    (r,) = spawn(_switch, 1)
+    (r,) = run_ranks(_switch, 1)
     assert "ids wait for admission" in r["refused"]
 
 
@@ -290,5 +290,5 @@ def _one_rank_dist(rank: int, world: int) -> dict:
 def test_one_rank_input_dist_without_bucketize_equals_torchrecs():
     """In a world of one the row-wise input distribution skips FBGEMM's block bucketize (one
     bucket: the identity); its output is TorchRec's, id for id."""
-    (r,) = spawn(_one_rank_dist, 1)
+    (r,) = run_ranks(_one_rank_dist, 1)
     assert r["compared"] > 0

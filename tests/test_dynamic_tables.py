@@ -20,6 +20,7 @@ import torch
 from embedtrain.config import ConfigError, dynamic_tables, load_config
 from embedtrain.models.dynamic import EMPTY_ID, ManagedTable, managed_table, mix_ids, unmix_ids
 from embedtrain.models.options import DynamicTable, Eviction
+from conftest import run_ranks
 from embedtrain.processes import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -351,7 +352,7 @@ def _evicting_run(rank: int, world: int) -> dict:
 
 @pytest.mark.slow
 def test_an_evicted_row_is_reset_on_cpu():
-    r, = spawn(_evicting_run, 1)
+    r, = run_ranks(_evicting_run, 1)
     assert r["ids"] == [12, 13, 14] and r["row14"] == r["row11"]
     assert r["momentum_before"] > 0 and r["momentum_after"] == 0  # optimizer state reset
     assert not torch.equal(r["before"], r["after"])  # fresh weights, from the initial range
@@ -385,12 +386,13 @@ tables:
 @pytest.mark.slow
 def test_raw_ids_train_resume_bit_identical_and_a_two_rank_checkpoint_evaluates_on_one(
         drift, tmp_path):
+    from conftest import run_cli
     from test_distributed import embedtrain
     from test_train_cli import _assert_equal, _params
 
     _, config = drift
     full = tmp_path / "full"
-    r = embedtrain("train", str(config), "--out", str(full))
+    r = run_cli("train", str(config), "--out", str(full))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "t_C1: dynamic" in r.stdout and "evicted" in r.stdout
     summary = json.loads((full / "summary.json").read_text())
@@ -410,10 +412,10 @@ def test_raw_ids_train_resume_bit_identical_and_a_two_rank_checkpoint_evaluates_
     # killed after step 18, its last checkpoint at 16 (between t_C3's admissions every 3 steps:
     # the checkpoint admits what is pending), then resumed: bit for bit the same run
     part = tmp_path / "part"
-    r = embedtrain("train", str(config), "--out", str(part), "--set", "train.max_steps=18")
+    r = run_cli("train", str(config), "--out", str(part), "--set", "train.max_steps=18")
     assert r.returncode == 0, r.stderr[-3000:]
     shutil.rmtree(part / "checkpoints" / "step_00000018")
-    r = embedtrain("train", str(config), "--out", str(part), "--resume")
+    r = run_cli("train", str(config), "--out", str(part), "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     last = sorted((full / "checkpoints").glob("step_*"))[-1].name
     a = _params(full / "checkpoints" / last, tmp_path)
@@ -429,7 +431,7 @@ def test_raw_ids_train_resume_bit_identical_and_a_two_rank_checkpoint_evaluates_
     assert r.returncode == 0, r.stderr[-3000:]
     s2 = json.loads((two / "summary.json").read_text())
     assert s2["tables"]["t_C1"]["default_rows"] == 2  # one per shard
-    r = embedtrain("eval", str(two), "--split", "test")
+    r = run_cli("eval", str(two), "--split", "test")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout)
     assert result["auc"] == pytest.approx(s2["auc"], abs=1e-6)

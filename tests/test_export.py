@@ -29,6 +29,7 @@ from embedtrain.export.manifest import load_manifest
 from embedtrain.export.predict import ExportedModel, predict
 from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.testing import tiny_ctr_dataset, tiny_xc_dataset
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["data.batch_size=256", "data.eval_batch_size=1024", "data.num_workers=0",
@@ -281,6 +282,12 @@ def test_predict_without_labels_and_bad_inputs(ctr, ctr_export, tmp_path, capsys
                      "--out", str(out), "--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err
+    pq.write_table(test.slice(0, 0), tmp_path / "empty.parquet")  # the schema, no rows
+    assert main(["predict", str(ctr_export.out), "--input", str(tmp_path / "empty.parquet"),
+                 "--out", str(tmp_path / "q.parquet"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"embedtrain predict: error: {tmp_path / 'empty.parquet'}: no rows to score; "
+                   f"nothing written to {tmp_path / 'q.parquet'}"]
     assert not (tmp_path / "q.parquet").exists()
 
 
@@ -423,15 +430,15 @@ def test_two_rank_checkpoint_exports_on_one_process(tmp_path):
                    *[a for s in [f"data.path={data}", *TINY, "sharding.sharding_types=[row_wise]"]
                      for a in ("--set", s)])
     assert r.returncode == 0, r.stderr[-4000:]
-    r = embedtrain("export", str(run), "--out", str(tmp_path / "out"), "--no-progress")
+    r = run_cli("export", str(run), "--out", str(tmp_path / "out"), "--no-progress")
     assert r.returncode == 0, r.stderr[-4000:]
     m = load_manifest(tmp_path / "out")
     assert m.source.world_size == 2
     assert all(len(t.shards) == 2 for t in m.tables if t.rows > 1000), [t.shards for t in m.tables]
-    r = embedtrain("predict", str(tmp_path / "out"), "--input", str(data / "test"),
-                   "--out", str(tmp_path / "p.parquet"), "--no-progress")
+    r = run_cli("predict", str(tmp_path / "out"), "--input", str(data / "test"),
+                "--out", str(tmp_path / "p.parquet"), "--no-progress")
     assert r.returncode == 0, r.stderr[-4000:]
-    r = embedtrain("eval", str(run), "--split", "test")
+    r = run_cli("eval", str(run), "--split", "test")
     assert r.returncode == 0, r.stderr[-4000:]
     evaluated = json.loads(r.stdout)
     reference, _ = _eval_outputs(run)
@@ -491,8 +498,8 @@ def test_xc_head_sharded_over_two_ranks_exports_shard_by_shard(tmp_path):
     r = embedtrain("train", "configs/xc_synthetic.yaml", "--out", str(run), "--nproc", "2",
                    *[a for s in sets for a in ("--set", s)])
     assert r.returncode == 0, r.stderr[-4000:]
-    r = embedtrain("export", str(run), "--out", str(tmp_path / "out"), "--no-progress",
-                   "--format", "npy,parquet")
+    r = run_cli("export", str(run), "--out", str(tmp_path / "out"), "--no-progress",
+                "--format", "npy,parquet")
     assert r.returncode == 0, r.stderr[-4000:]
     m = load_manifest(tmp_path / "out")
     assert [(s.row_offset, s.rows) for s in m.head.shards] == [(0, 76), (76, 75)]

@@ -25,6 +25,7 @@ from embedtrain.export.predict import ExportedModel, predict
 from embedtrain.models.dynamic import EMPTY_ID, managed_table, mix_ids
 from embedtrain.models.options import DynamicTable
 
+from conftest import run_cli
 from test_export import _auc, _eval_outputs, embedtrain
 
 CAPACITY = 120
@@ -53,13 +54,14 @@ def _config(root: Path, data: Path, tables: str = '["t_*"]') -> Path:
 
 
 def _train_cli(config: Path, out: Path, *args: str) -> dict:
-    r = embedtrain("train", str(config), "--out", str(out), *args)
+    run = embedtrain if "--nproc" in args else run_cli  # ranks need processes of their own
+    r = run("train", str(config), "--out", str(out), *args)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads((out / "summary.json").read_text())
 
 
 def _eval_cli(run: Path, steps: int) -> dict:
-    r = embedtrain("eval", str(run), "--split", "test")
+    r = run_cli("eval", str(run), "--split", "test")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads(r.stdout)
     assert result["step"] == steps

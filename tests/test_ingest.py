@@ -21,6 +21,7 @@ import pytest
 from embedtrain.config import ConfigError
 from embedtrain.datagen.tsv import null_rate
 from embedtrain.features import load_dataset_meta
+from conftest import run_cli
 from pipelines import kind_of
 from pipelines.core.errors import IngestError
 from pipelines.core.hashing import fnv1a64
@@ -125,12 +126,12 @@ ROWS = 20_000
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
     root = tmp_path_factory.mktemp("e2e_ingest")
-    r = embedtrain("datagen", "ctr", "--rows", str(ROWS), "--out", str(root / "raw"),
-                   "--format", "tsv")
+    r = run_cli("datagen", "ctr", "--rows", str(ROWS), "--out", str(root / "raw"),
+                "--format", "tsv")
     assert r.returncode == 0, r.stderr[-2000:]
-    r = embedtrain("ingest", str(ROOT / "configs/ingest/criteo_synthetic.yaml"),
-                   "--input", str(root / "raw" / "*.tsv"), "--out", str(root / "data"),
-                   "--set", "output.rows_per_file=6000", "--set", "output.rows_per_row_group=2048")
+    r = run_cli("ingest", str(ROOT / "configs/ingest/criteo_synthetic.yaml"),
+                "--input", str(root / "raw" / "*.tsv"), "--out", str(root / "data"),
+                "--set", "output.rows_per_file=6000", "--set", "output.rows_per_row_group=2048")
     assert r.returncode == 0, r.stderr[-3000:]
     return root / "raw", root / "data", r
 
@@ -229,11 +230,11 @@ def test_standardised_with_training_statistics(ingested):
 @pytest.mark.slow
 def test_train_on_ingested_output(ingested, tmp_path):
     _, out, _ = ingested
-    r = embedtrain("train", str(ROOT / "configs/dlrm_synthetic.yaml"),
-                   "--out", str(tmp_path / "run"),
-                   "--no-progress", "--set", "train.max_steps=5", "--set", f"data.path={out}",
-                   "--set", "train.eval_every=0", "--set", "data.batch_size=256",
-                   "--set", "model.embedding_dim=8", "--set", "model.bottom_mlp=[16,8]")
+    r = run_cli("train", str(ROOT / "configs/dlrm_synthetic.yaml"),
+                "--out", str(tmp_path / "run"),
+                "--no-progress", "--set", "train.max_steps=5", "--set", f"data.path={out}",
+                "--set", "train.eval_every=0", "--set", "data.batch_size=256",
+                "--set", "model.embedding_dim=8", "--set", "model.bottom_mlp=[16,8]")
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["dataset"] == "synthetic_ctr_ingested" and 0 <= summary["auc"] <= 1

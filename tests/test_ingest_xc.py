@@ -26,6 +26,7 @@ import pytest
 from embedtrain.config import ConfigError
 from embedtrain.data.stats import class_counts
 from embedtrain.features import load_dataset_meta
+from conftest import run_cli
 from pipelines import kind_of
 from pipelines.core.errors import IngestError
 from pipelines.xc.passes import ingest as ingest_xc
@@ -453,8 +454,8 @@ def ingested_repository(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("xc_repository")
     train, test = root / "train.txt", root / "test.txt"
     planted_repository({"train": train, "test": test}, {"train": 3000, "test": 600}, 20, 200)
-    r = embedtrain("ingest", str(REPOSITORY_SPEC), "--input", str(train), "--set",
-                   f"split.files.test={test}", "--out", str(root / "data"), "--quiet")
+    r = run_cli("ingest", str(REPOSITORY_SPEC), "--input", str(train), "--set",
+                f"split.files.test={test}", "--out", str(root / "data"), "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "read 3,600 rows from 2 file(s)" in r.stdout
     return root / "data"
@@ -466,15 +467,15 @@ def test_xc_trainer_trains_on_an_ingested_repository_data_set(ingested_repositor
                                                               head):
     run_dir = tmp_path / "run"
     kind, _, loss = head.partition("+")  # the softmax and the one-vs-all (bce) losses
-    r = embedtrain("train", str(ROOT / "configs/xc_synthetic.yaml"), "--out", str(run_dir),
-                   "--no-progress", "--set", f"data.path={ingested_repository}",
-                   "--set", f"xc.head.kind={kind}", "--set", f"xc.head.loss={loss or 'softmax'}",
-                   "--set", "xc.head.sample_rate=0.5",
-                   "--set", "xc.embedding_dim=16", "--set", "xc.mlp=[32,16]",
-                   "--set", "data.batch_size=128", "--set", "data.eval_batch_size=256",
-                   "--set", "data.num_workers=0", "--set", "train.epochs=3",
-                   "--set", "optim.dense_lr=0.01", "--set", "train.eval_every=20",
-                   "--set", "train.checkpoint_every=0")
+    r = run_cli("train", str(ROOT / "configs/xc_synthetic.yaml"), "--out", str(run_dir),
+                "--no-progress", "--set", f"data.path={ingested_repository}",
+                "--set", f"xc.head.kind={kind}", "--set", f"xc.head.loss={loss or 'softmax'}",
+                "--set", "xc.head.sample_rate=0.5",
+                "--set", "xc.embedding_dim=16", "--set", "xc.mlp=[32,16]",
+                "--set", "data.batch_size=128", "--set", "data.eval_batch_size=256",
+                "--set", "data.num_workers=0", "--set", "train.epochs=3",
+                "--set", "optim.dense_lr=0.01", "--set", "train.eval_every=20",
+                "--set", "train.checkpoint_every=0")
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["split"] == "test" and summary["dataset"] == "xc_repository"

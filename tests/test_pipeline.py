@@ -2,6 +2,7 @@
 loop does on 2 gloo ranks, through evaluations and checkpoints, and resumes bit for bit."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,6 @@ import torch
 from embedtrain.testing import tiny_ctr_dataset
 from test_distributed import embedtrain
 from test_train_cli import _assert_equal, _params
-
-
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +61,17 @@ def test_sparse_dist_equals_the_plain_loop_and_resumes_bit_for_bit(tiny, tmp_pat
     for key in ("auc", "loss", "logloss", "examples"):
         assert piped[key] == plain[key], key
     assert _valid_aucs(tmp_path / "piped") == _valid_aucs(tmp_path / "plain")
-    # 20 plain steps, then resumed with the pipeline to 50 (a checkpoint, batches in flight at
-    # steps 30 and 40): the same weights.
+    # the plain run as if killed after its checkpoint at step 20, then resumed with the pipeline
+    # to 50 (a checkpoint, batches in flight at steps 30 and 40): the same weights.
     part = tmp_path / "part"
-    _train(config, part, "train.max_steps=20")
+    shutil.copytree(tmp_path / "plain", part)
+    (part / "summary.json").unlink()
+    for later in ("step_00000040", "step_00000050"):
+        shutil.rmtree(part / "checkpoints" / later)
     r = embedtrain("train", str(config), "--out", str(part), "--nproc", "2", "--resume",
-                   "--set", "train.pipeline=sparse_dist", "--set", "train.max_steps=50")
+                   "--set", "train.pipeline=sparse_dist")
     assert r.returncode == 0, r.stderr[-4000:]
+    assert "step_00000020 at step 20" in r.stdout + r.stderr
     _assert_equal(_final(part, tmp_path)["model"], b["model"])
     _assert_equal(_final(part, tmp_path)["optimizer"], b["optimizer"])
 

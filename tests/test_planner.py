@@ -425,6 +425,10 @@ def test_plan_sweep_over_clusters_and_host_counts(tmp_path, capsys):
     assert main(["plan", config, "--cluster", cpu, "--hosts", "1", "--out",
                  str(tmp_path / "n")]) == 1
     assert main(["plan", config, "--cluster", cpu, "--hosts", "0..2"]) == 2  # one-line usage error
+    capsys.readouterr()
+    assert main(["plan", config, "--cluster", cpu, "--hosts", "4..2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--hosts 4..2: A..B needs A <= B" in err[0], err
     # a constraint error is the config's (one line, exit 2), not "does not fit" on every row
     assert main(["plan", config, "--cluster", a100, "--hosts", "1", "--set",
                  "sharding.tables=[{tables: [nope], sharding_types: [row_wise]}]"]) == 2

@@ -14,6 +14,7 @@ import pytest
 
 from embedtrain.testing import tiny_ctr_dataset
 from embedtrain.train.run_dir import RunDir, RunDirError
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +99,7 @@ def test_out_that_is_not_a_run_is_refused(tiny, tmp_path, make, expected):
     target = tmp_path / "out"
     make(target)
     out = tmp_path / "f" / "run" if "under" in expected else target
-    r = embedtrain("train", str(config), "--out", str(out))
+    r = run_cli("train", str(config), "--out", str(out))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["embedtrain train: error: " + expected.format(
         out=out, file=tmp_path / "f")]
@@ -107,10 +108,10 @@ def test_out_that_is_not_a_run_is_refused(tiny, tmp_path, make, expected):
 def test_a_finished_run_is_never_shortened_and_a_crash_before_the_summary_resumes(tiny, tmp_path):
     _, config = tiny
     full, part = tmp_path / "full", tmp_path / "part"
-    r = embedtrain("train", str(config), "--out", str(full))
+    r = run_cli("train", str(config), "--out", str(full))
     assert r.returncode == 0, r.stderr[-2000:]
     before = _files(full)
-    r = embedtrain("train", str(config), "--out", str(full), "--resume",
+    r = run_cli("train", str(config), "--out", str(full), "--resume",
                    "--set", "train.max_steps=5")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--resume would shorten the run to 5 steps, below its checkpoint at step 9" in r.stderr
@@ -129,7 +130,7 @@ def test_a_finished_run_is_never_shortened_and_a_crash_before_the_summary_resume
     timing = {"wall_time_s", "train_time_s", "train_examples_per_s", "startup_s", "startup",
               "peak_rss_gb_per_rank"}
     for run in (part, early):
-        r = embedtrain("train", str(config), "--out", str(run), "--resume")
+        r = run_cli("train", str(config), "--out", str(run), "--resume")
         assert r.returncode == 0, r.stderr[-2000:]
         records = [x for x in RunDir(run).read_records() if "event" not in x]
         assert [x["step"] for x in records] == [3, 6, 9]

@@ -112,6 +112,35 @@ def test_full_disk_keeps_the_earlier_checkpoints(data, run_dir, tmp_path, monkey
     assert _trainer(data, run).restore().name == "step_00000009"
 
 
+def test_full_disk_at_the_summary_leaves_no_partial_file_and_the_resume_writes_it(
+        data, run_dir, tmp_path, monkeypatch):
+    import embedtrain.utils as utils
+
+    run = _copy(run_dir, tmp_path)
+    expected = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").unlink()  # killed after the final checkpoint, before the summary
+    fsync = os.fsync
+
+    def full_disk(fd):  # the summary's bytes do not fit (the other files do)
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".summary.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(utils.os, "fsync", full_disk)
+    with pytest.raises(OSError) as err:
+        _trainer(data, run).fit(resume=True)
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(run / "summary.json")
+    assert not (run / "summary.json").exists()
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".summary")]
+    monkeypatch.undo()  # space again: the resume writes the summary of the finished run
+    summary = _trainer(data, run).fit(resume=True)
+    timing = {"wall_time_s", "train_time_s", "train_examples_per_s", "startup_s", "startup",
+              "peak_rss_gb_per_rank"}
+    assert {k: v for k, v in summary.items() if k not in timing} == \
+        {k: v for k, v in expected.items() if k not in timing}
+    assert json.loads((run / "summary.json").read_text())["auc"] == expected["auc"]
+
+
 def test_a_checkpoint_of_another_model_is_refused_without_fallback(data, run_dir, tmp_path):
     from embedtrain.recipes import build_run
 

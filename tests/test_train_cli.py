@@ -2,10 +2,8 @@
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,14 +12,13 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from embedtrain.testing import tiny_ctr_dataset
 from embedtrain.train.run_dir import RunDir
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def embedtrain(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "embedtrain", *args], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=300)
+    return run_cli(*args)
 
 
 @pytest.fixture(scope="module")

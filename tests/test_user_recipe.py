@@ -18,6 +18,7 @@ from embedtrain.config import Config, ConfigError, load_config
 from embedtrain.recipes import recipe_class, recipe_for
 from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.testing import tiny_ctr_dataset
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "examples.two_tower:TwoTowerRecipe"
@@ -69,7 +70,7 @@ def test_a_bad_recipe_is_one_line_naming_the_key(tiny, tmp_path, value, message)
     with pytest.raises(ConfigError, match="recipe: ") as e:
         recipe_class(load_config(config))
     assert message in str(e.value)
-    r = embedtrain("train", str(config), "--out", str(tmp_path / "run"))
+    r = run_cli("train", str(config), "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
 
 
@@ -77,35 +78,36 @@ def test_a_bad_recipe_is_one_line_naming_the_key(tiny, tmp_path, value, message)
 def test_a_user_recipe_gets_run_dir_eval_plan_and_export(tiny, tmp_path):
     root, config = tiny
     run = tmp_path / "run"
-    r = embedtrain("train", str(config), "--out", str(run))
+    r = run_cli("train", str(config), "--out", str(run))
     assert r.returncode == 0, r.stderr
     saved = (run / "config.yaml").read_text()
     assert f"recipe: {RECIPE}" in saved  # the run directory says which recipe built it
     summary = json.loads((run / "summary.json").read_text())
     assert summary["auc"] > 0.6  # it learns (the planted click model is learnable)
 
-    r = embedtrain("eval", str(run), "--split", "test")  # the saved config rebuilds the model
+    r = run_cli("eval", str(run), "--split", "test")  # the saved config rebuilds the model
     assert r.returncode == 0, r.stderr
     evaluated = json.loads(r.stdout)
     assert evaluated["auc"] == pytest.approx(summary["auc"], abs=1e-9)
 
-    r = embedtrain("eval", str(run), cwd=tmp_path)  # elsewhere the module does not import
+    # elsewhere (a process of its own: this one imported it) the module does not import
+    r = embedtrain("eval", str(run), cwd=tmp_path)
     assert r.returncode == 2 and "cannot import examples.two_tower" in r.stderr, r.stderr
 
-    r = embedtrain("plan", str(config), "--cluster", "configs/clusters/cpu-1x2.yaml",
-                   "--out", str(tmp_path / "plan"), "--format", "json")
+    r = run_cli("plan", str(config), "--cluster", "configs/clusters/cpu-1x2.yaml",
+                "--out", str(tmp_path / "plan"), "--format", "json")
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     planned = {t["name"] for t in plan["tables"]}
     sparse = json.loads((root / "data" / "metadata.json").read_text())["sparse"]
     assert planned == {f"t_{f['name']}" for f in sparse}, planned
 
-    r = embedtrain("export", str(run), "--out", str(tmp_path / "export"))
+    r = run_cli("export", str(run), "--out", str(tmp_path / "export"))
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "export" / "model.json").read_text())
     assert manifest["model"] == "TwoTower" and manifest["dense_program"] is not None
-    r = embedtrain("predict", str(tmp_path / "export"), "--input", str(root / "data" / "test"),
-                   "--out", str(tmp_path / "p.parquet"))
+    r = run_cli("predict", str(tmp_path / "export"), "--input", str(root / "data" / "test"),
+                "--out", str(tmp_path / "p.parquet"))
     assert r.returncode == 0, r.stderr
     assert "auc" in r.stdout  # the exported towers score the test split as the run did:
     printed = {line.split()[0]: float(line.split()[1]) for line in r.stdout.splitlines()
