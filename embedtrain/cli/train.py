@@ -28,8 +28,8 @@ from embedtrain.config import (
     load_run_config,
 )
 from embedtrain.runtime import allocator_setting, mark, threads_per_rank, usable_cores
-from embedtrain.utils import check_output_file, write_atomic
 from embedtrain.train.run_dir import LOCK_FILE, RunDir
+from embedtrain.utils import check_output_file, write_atomic
 
 
 def register(sub) -> None:
