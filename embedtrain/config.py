@@ -113,7 +113,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """DLRM / DCNv2 architecture; all embedding tables share ``embedding_dim``."""
+    """DLRM / DCNv2 / DeepFM architecture; all embedding tables share ``embedding_dim``."""
 
     interaction: Interaction = Interaction.DOT
     embedding_dim: int = config_field(16, check=POSITIVE)
@@ -123,6 +123,9 @@ class ModelConfig:
     dcn_low_rank_dim: int = config_field(64, check=POSITIVE)
     # dropout after each hidden layer of the bottom and top MLPs (0: none)
     dropout: float = config_field(0.0, check=PROBABILITY)
+    # a first-order (wide) term: one weight per id, summed into the logit; None: on for
+    # interaction fm (DeepFM has it), off for dot and dcn
+    linear: Optional[bool] = None
 
 
 @dataclass
@@ -203,6 +206,9 @@ class OptimConfig:
     dense: DenseOptimizer = DenseOptimizer.ADAM
     dense_lr: float = config_field(1e-3, check=POSITIVE)
     weight_decay: float = config_field(0.0, check=NON_NEGATIVE)
+    # L2 penalty on the embeddings a training batch looks up (task ctr): lambda * mean over
+    # the batch's examples of the squared norms of their pooled embeddings, added to the loss
+    embedding_l2: float = config_field(0.0, check=NON_NEGATIVE)
     momentum: float = config_field(0.9, check=PROBABILITY)  # sgd and lars
     warmup_steps: int = config_field(0, check=NON_NEGATIVE)  # linear warmup of the dense lr
     lr_decay: LRDecay = LRDecay.NONE

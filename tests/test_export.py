@@ -205,6 +205,35 @@ def test_dcn_predictions_equal_eval(ctr, tmp_path):
     assert round(r.metrics["auc"], 5) == round(metrics["auc"], 5)
 
 
+@pytest.mark.parametrize("config, overrides, name", [
+    ("dlrm_synthetic.yaml", ["model.interaction=fm"], "deepfm"),
+    ("dcn_synthetic.yaml", ["model.linear=true", "optim.embedding_l2=0.001"], "dcn"),
+])
+def test_first_order_models_predict_as_they_evaluate(ctr, tmp_path, config, overrides, name):
+    """DeepFM and DCN with the first-order tables: the l_ tables export after the embeddings
+    (each feature then feeds two tables), the program takes their weights, and predictions equal
+    the evaluation's logits, fp32 and int8."""
+    data = ctr[0]
+    run = _train(config, data, tmp_path / "run", *TINY[:3], "train.max_steps=3",
+                 "train.eval_every=0", "train.progress=false", *overrides)
+    reference, metrics = _eval_outputs(run)
+    m = export_run(run, tmp_path / "out", progress=False).manifest
+    n = len(m.features.sparse)
+    assert m.model == name and [t.name[:2] for t in m.tables] == ["t_"] * n + ["l_"] * n
+    assert [t.features for t in m.tables[n:]] == [t.features for t in m.tables[:n]]
+    assert {t.dim for t in m.tables[n:]} == {4}
+    assert [f.table for f in m.features.sparse] == [t.name for t in m.tables[:n]]
+    assert any("linear" in i for i in m.dense_program.inputs)
+    r = predict(tmp_path / "out", [str(data / "test")], tmp_path / "p.parquet", progress=False)
+    logits = pq.read_table(tmp_path / "p.parquet").column("logit").to_numpy()
+    assert np.abs(logits - reference.numpy()).max() <= 1e-5
+    assert round(r.metrics["auc"], 5) == round(metrics["auc"], 5)
+    export_run(run, tmp_path / "int8", quantize="int8", progress=False)
+    r8 = predict(tmp_path / "int8", [str(data / "test")], tmp_path / "p8.parquet",
+                 progress=False)
+    assert abs(r8.metrics["auc"] - metrics["auc"]) < 0.005
+
+
 def test_int8_tables_are_torchrecs_quantization(ctr, ctr_export, tmp_path):
     """int8 rows equal TorchRec's quantize_embeddings of the whole table (written block by
     block), ~(dim + 4) / (4 dim) of the float bytes; predictions keep the AUC."""

@@ -434,7 +434,10 @@ def _head_entry(h: HeadExport, shards: list[Shard], root: Path, out: Path,
 def _features(parts: ExportParts, tables: list[_TableSpec], root: Path, out: Path) -> Features:
     """The rows' columns and what ingestion did to them; vocabularies copied from ``root``."""
     spec, extra = parts.features, parts.ingest
-    table_of = {f: t.name for t in tables for f in t.features}
+    table_of: dict[str, str] = {}  # a feature's table: its embedding's (not its first-order)
+    for t in tables:
+        for f in t.features:
+            table_of.setdefault(f, t.name)
     stats = extra.get("dense_stats") or {}
     casts = {d.get("name"): d.get("cast") for d in (extra.get("spec") or {}).get("dense", [])
              if isinstance(d, dict)}

@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from embedtrain.config import load_run_config
 from embedtrain.config_io import ConfigError
@@ -159,9 +159,24 @@ class ExportedModel:
             else:
                 arrays.append(read_table(self.root, t.files.npy, t.files.parquet,
                                          (t.rows, t.dim), np.float32))
-        self.tables = (quantized_collection(m.tables, arrays, m.quantize) if quantized
-                       else float_collection(m.tables, arrays))
-        self.feature_order = [name for t in m.tables for name in t.features]
+        # A feature may feed two tables (its embedding and its first-order weight): each
+        # collection holds at most one table per feature, the n-th table of a feature in the n-th
+        # (a TorchRec collection's outputs are keyed by feature)
+        groups: list[list[int]] = []
+        for i, t in enumerate(m.tables):
+            g = next((g for g in groups if not set(t.features) & {
+                f for j in g for f in m.tables[j].features}), None)
+            if g is None:
+                groups.append(g := [])
+            g.append(i)
+        self.collections = nn.ModuleList(
+            quantized_collection([m.tables[i] for i in g], [arrays[i] for i in g], m.quantize)
+            if quantized else float_collection([m.tables[i] for i in g], [arrays[i] for i in g])
+            for g in groups)
+        # (collection, feature) of each table's pooled embeddings, in the manifest's order
+        self.feature_order = sorted(
+            ((k, i, f) for k, g in enumerate(groups) for i in g for f in m.tables[i].features),
+            key=lambda x: x[1])
         # dynamic tables: feature -> its table's id map
         self.id_maps: dict[str, IdMap] = {}
         for t in m.tables:
@@ -193,9 +208,9 @@ class ExportedModel:
         """Bytes of the tables as the lookup modules hold them: the float32 weights, or the
         rows (codes, scale and bias, aligned) of the quantized module's FBGEMM kernels."""
         if self.manifest.quantize == "none":
-            return sum(p.numel() * p.element_size() for p in self.tables.parameters())
+            return sum(p.numel() * p.element_size() for p in self.collections.parameters())
         return sum(m.weights_host.numel() * m.weights_host.element_size()
-                   for m in self.tables._emb_modules)  # one buffer of rows per kernel
+                   for c in self.collections for m in c._emb_modules)  # rows per kernel
 
     @torch.no_grad()
     def rows(self, sparse):
@@ -221,15 +236,17 @@ class ExportedModel:
         """The tables' pooled embeddings of a ``KeyedJaggedTensor`` of the data's ids (raw ids
         for dynamic tables, mapped by :meth:`rows`), ``[B, dim]`` per feature, in the manifest's
         table order (the model's feature order, which the dense program takes)."""
-        by_key = self.tables(self.rows(sparse)).to_dict()
-        return [by_key[name] for name in self.feature_order]
+        rows = self.rows(sparse)
+        by_key = [c(rows).to_dict() for c in self.collections]
+        return [by_key[k][name] for k, _, name in self.feature_order]
 
     @torch.no_grad()
     def outputs(self, dense: Tensor, sparse) -> Tensor:
         """The dense program's output: click logits ``[B]`` (no head), or the features ``[B, D]``
         the class head scores. The pooled embeddings take the program's layout from the run's
         recipe (:meth:`~embedtrain.recipes.base.Recipe.predict_pooled`)."""
-        return self.program(dense, self.recipe.predict_pooled(self.pooled(sparse)))
+        pooled = self.recipe.predict_pooled(self.pooled(sparse))
+        return self.program(dense, *(pooled if isinstance(pooled, tuple) else (pooled,)))
 
     @torch.no_grad()
     def topk(self, dense: Tensor, sparse, k: int) -> tuple[Tensor, Tensor]:

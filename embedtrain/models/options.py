@@ -14,6 +14,7 @@ class Interaction(enum.Enum):
 
     DOT = "dot"  # DLRM's pairwise dot products
     DCN = "dcn"  # DCNv2 low-rank cross layers
+    FM = "fm"  # DeepFM: the FM pairwise term added to the logit, the MLP over all embeddings
 
 
 class Pooling(enum.Enum):

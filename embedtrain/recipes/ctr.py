@@ -7,13 +7,13 @@ dense program is the model after its sparse arch: ``(dense, pooled [B, tables, D
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
 from embedtrain.config import Interaction
-from embedtrain.models.dlrm import dcn, dlrm
+from embedtrain.models.dlrm import ctr_model, embedding_penalty
 from embedtrain.recipes.base import DenseExport, ExportParts, Oracle, oracle_of
 from embedtrain.recipes.tabular import TabularRecipe
 from embedtrain.train.ctr import CTRTask
@@ -28,20 +28,22 @@ class CTRRecipe(TabularRecipe):
     def planning_model(self) -> nn.Module:
         """``model``'s DLRM (``interaction: dot``) or DCNv2 (``dcn``) on ``meta``, tables fused."""
         m, features = self.cfg.model, self.dataset.features
-        meta_device = torch.device("meta")
-        dynamic = self.feature_dynamic_tables()
-        if m.interaction is Interaction.DCN:
-            model = dcn(features, m.embedding_dim, m.bottom_mlp, m.top_mlp, m.dcn_num_layers,
-                        m.dcn_low_rank_dim, device=meta_device, dropout=m.dropout,
-                        dynamic=dynamic)
-        else:
-            model = dlrm(features, m.embedding_dim, m.bottom_mlp, m.top_mlp, device=meta_device,
-                         dropout=m.dropout, dynamic=dynamic)
+        model = ctr_model(features, m.interaction, m.embedding_dim, m.bottom_mlp, m.top_mlp,
+                          m.dcn_num_layers, m.dcn_low_rank_dim, torch.device("meta"), m.dropout,
+                          self.feature_dynamic_tables(), self.linear,
+                          self.cfg.optim.embedding_l2)
         return self.fuse_sparse(model)
 
+    @property
+    def linear(self) -> bool:
+        """Whether the model has the first-order term (``model.linear``; unset: with ``fm``)."""
+        m = self.cfg.model
+        return m.linear if m.linear is not None else m.interaction is Interaction.FM
+
     def task(self) -> CTRTask:
-        """Binary cross-entropy; AUC, NE, log loss, calibration."""
-        return CTRTask()
+        """Binary cross-entropy (plus the model's embedding penalty); AUC, NE, log loss,
+        calibration."""
+        return CTRTask(penalty=embedding_penalty)
 
     def summary_extra(self) -> dict[str, Any]:
         """The data set's oracle AUC on the test split, if it has one (synthetic data)."""
@@ -57,17 +59,29 @@ class CTRRecipe(TabularRecipe):
         bottom MLP, interaction and top MLP)."""
         meta = self.dataset
         n_dense, dim = len(meta.features.dense), self.cfg.model.embedding_dim
-        example = (torch.randn(4, n_dense), torch.randn(4, len(tables), dim))
+        n = len(tables) - self._linear_tables(tables)
+        example = (torch.randn(4, n_dense), torch.randn(4, n, dim))
         inputs = [f"dense: float32 [B, {n_dense}] (features.dense, in order)",
-                  f"pooled: float32 [B, {len(tables)}, {dim}] (the tables' pooled embeddings, "
-                  f"in the order of tables)"]
+                  f"pooled: float32 [B, {n}, {dim}] (the pooled embeddings of the first {n} "
+                  f"tables, in the order of tables)"]
+        if n < len(tables):
+            example += (torch.randn(4, len(tables) - n),)
+            inputs.append(f"linear: float32 [B, {len(tables) - n}] (column 0 of the pooled "
+                          f"first-order tables l_*, the last {len(tables) - n} of tables)")
         module, prefix = self.after_lookup(model)
         dense = DenseExport(module, prefix, example, inputs,
                             "logit: float32 [B] (click probability = sigmoid(logit))")
         name = type(model).__name__  # a user recipe's model: its class
         if isinstance(module, DLRMDense):
-            name = "dcn" if self.cfg.model.interaction is Interaction.DCN else "dlrm"
+            name = self.cfg.model.interaction.value
+            name = {"dot": "dlrm", "fm": "deepfm"}.get(name, name)
         return ExportParts(name, meta.features, meta.extra, dense)
+
+    @staticmethod
+    def _linear_tables(tables: Sequence[tuple[str, int, int]]) -> int:
+        """How many of ``tables`` (the model's order: the first-order ones last) are first-order
+        tables."""
+        return sum(1 for name, _, _ in tables if name.startswith("l_"))
 
     def after_lookup(self, model: nn.Module) -> tuple[nn.Module, str]:
         """The model after its tables, ``(dense [B, n_dense], pooled [B, tables, D]) -> logit
@@ -76,23 +90,30 @@ class CTRRecipe(TabularRecipe):
         overrides this alone to export and predict."""
         return DLRMDense(model), "model."
 
-    def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor:
-        """Stacked: ``[B, tables, D]``."""
-        return torch.stack(pooled, dim=1)
+    def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor | tuple:
+        """Stacked: ``[B, tables, D]``; with first-order tables (``dim`` 4, listed last), the
+        tuple of that and their weights ``[B, F]`` (column 0 of each)."""
+        n = len(self.dataset.features.sparse)
+        if len(pooled) == n or not self.linear:
+            return torch.stack(pooled, dim=1)
+        return torch.stack(pooled[:n], dim=1), torch.stack([p[:, 0] for p in pooled[n:]], dim=1)
 
 
 class DLRMDense(nn.Module):
-    """DLRM / DCNv2 without its tables: ``(dense [B, n_dense], pooled [B, F, D]) -> logit [B]``
-    (TorchRec's ``DLRM.forward`` after the sparse arch)."""
+    """DLRM / DCNv2 / DeepFM without its tables: ``(dense [B, n_dense], pooled [B, F, D][,
+    linear [B, F]]) -> logit [B]`` (:class:`~embedtrain.models.dlrm.CTRModel`'s forward after
+    the lookups; ``linear``: the first-order weights, summed into the logit)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.dense_arch, self.inter_arch, self.over_arch = (model.dense_arch, model.inter_arch,
                                                             model.over_arch)
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor,
+                linear: Optional[torch.Tensor] = None) -> torch.Tensor:
         features = self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=pooled)
-        return self.over_arch(features).squeeze(-1)
+        logit = self.over_arch(features).squeeze(-1)
+        return logit if linear is None else logit + linear.sum(dim=1)
 
 
 def _dlrm_args(batch: Any) -> tuple:

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,12 @@ class CTRTask:
     name = "ctr"
     main_metric = "auc"
 
+    def __init__(self, penalty: Optional[Callable[[nn.Module], Optional[torch.Tensor]]] = None
+                 ) -> None:
+        """``penalty``: the model -> a regulariser of its last forward to add to the training
+        loss, or None (e.g. :func:`embedtrain.models.dlrm.embedding_penalty`)."""
+        self.penalty = penalty
+
     def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
         """Mean binary cross-entropy of the real rows; predictions: their click probabilities."""
         logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
@@ -82,6 +89,9 @@ class CTRTask:
             loss = F.binary_cross_entropy_with_logits(real, batch.labels[:n])
         else:  # a rank with only padding in the epoch's last step: no gradient, same graph
             loss = logits.sum() * 0.0
+        penalty = self.penalty(model) if self.penalty is not None else None
+        if penalty is not None:
+            loss = loss + penalty
         return StepOutput(loss=loss, predictions=torch.sigmoid(real), num_examples=n)
 
     def new_metrics(self) -> CTRMetrics:

@@ -65,6 +65,11 @@ class _OnBatch:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(self.batch)
 
+    @property
+    def module(self) -> nn.Module:
+        """The model (what a task reads its state from, e.g. a penalty, as through a wrapper)."""
+        return self.model
+
 
 def _batch_class(cls: type, batch_args: BatchArgs) -> type:
     def forward(self, batch):
