@@ -1,6 +1,7 @@
 """Tests for embedtrain.datagen.ctr and .tsv (small sizes: the whole file runs in a few seconds)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedtrain.datagen.ctr import (
-    DENSE_NAMES, MULTI_HOT, SPARSE_NAMES, SPLITS, CTRDataSpec, generate_ctr, log_loss, roc_auc,
-    vocab_size)
+    DENSE_NAMES, MULTI_HOT, SPARSE_NAMES, SPLITS, CTRDataSpec, CTRStructure, PlantedModel,
+    generate_ctr, log_loss, planted_description, roc_auc, vocab_size)
 
 ROWS = 20_000
 SPEC = CTRDataSpec(rows=ROWS, seed=0, rows_per_file=6_000, rows_per_row_group=2_048)
@@ -203,6 +204,8 @@ def test_refuses_to_clobber_foreign_files(tmp_path):
     ({"rows_per_row_group": 0}, "rows_per_row_group"),
     ({"rows_per_file": 0}, "rows_per_file"),
     ({"zipf_exponent": 0.0}, "zipf_exponent"),
+    ({"structure": "bogus"}, "structure"),
+    ({"structure": None}, "structure"),
 ])
 def test_spec_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -314,6 +317,8 @@ def test_datagen_imports_no_torch():
 @pytest.mark.parametrize("argv, says", [
     (["ctr", "--rows", "0"], "--rows must be"),
     (["xc", "--rows", "0"], "--rows must be"),
+    (["ctr", "--structure", "bogus"], "--structure must be one of criteo, fm, got 'bogus'"),
+    (["ctr", "--structure", "fm", "--drift"], "--structure: not with --drift"),
 ])
 def test_cli_errors_name_the_option(tmp_path, capsys, argv, says):
     from embedtrain.cli import main
@@ -322,3 +327,142 @@ def test_cli_errors_name_the_option(tmp_path, capsys, argv, says):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0] and "Spec." not in err[0], err
     assert not (tmp_path / "d").exists()
+
+
+# --- `--structure`: the default (criteo) is unchanged; fm (per-id biases + user x item factors) -
+
+# The SPEC data set as the generator wrote it before `structure` existed: metadata (floats to 10
+# digits) and every split's decoded columns. A change to the default's rows or metadata fails.
+DEFAULT_CONTENT_SHA256 = "9b29db30a3bfbbcea6c55bb087b811a6383325ca63690928ea894d88ccdee9e7"
+
+
+def _content_sha256(out: Path, meta: dict) -> str:
+    def rounded(x):
+        if isinstance(x, float):
+            return float(f"{x:.10g}")
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        return [rounded(v) for v in x] if isinstance(x, list) else x
+
+    h = hashlib.sha256(json.dumps(rounded(meta), sort_keys=True).encode())
+    for split in SPLITS:
+        for f in meta["splits"][split]["files"]:
+            t = pq.read_table(out / f)
+            for name in t.column_names:
+                col = t[name].combine_chunks()
+                if pa.types.is_list(col.type):
+                    h.update(col.offsets.to_numpy().astype("<i8").tobytes())
+                    col = col.values
+                h.update(col.to_numpy().astype("<i8").tobytes())
+    return h.hexdigest()
+
+
+def test_default_structure_is_unchanged(dataset):
+    out, meta = dataset
+    assert CTRDataSpec().structure is CTRStructure.CRITEO
+    assert "structure" not in meta["generator"] and meta["name"] == "synthetic_ctr"
+    assert meta["generator"]["planted"] == planted_description()
+    assert _content_sha256(out, meta) == DEFAULT_CONTENT_SHA256
+
+
+FM_SPEC = CTRDataSpec(rows=ROWS, seed=0, rows_per_file=6_000, rows_per_row_group=2_048,
+                      structure="fm")
+
+
+@pytest.fixture(scope="module")
+def fm_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("ctr_fm")
+    return out, generate_ctr(FM_SPEC, out, progress=False)
+
+
+def test_fm_structure_is_recorded_and_keeps_the_layout(dataset, fm_dataset):
+    (out, meta), (fm_out, fm) = dataset, fm_dataset
+    assert FM_SPEC.structure is CTRStructure.FM  # the value "fm" becomes the enum
+    assert fm["name"] == "synthetic_ctr_fm" and fm["generator"]["structure"] == "fm"
+    assert fm["generator"]["planted"] == planted_description(CTRStructure.FM)
+    assert "C3, C11, C18" in fm["generator"]["planted"] != meta["generator"]["planted"]
+    assert json.loads((fm_out / "metadata.json").read_text()) == fm
+    same = {k: v for k, v in fm.items() if k not in ("name", "generator", "oracle_auc",
+                                                       "oracle_logloss", "ctr")}
+    assert same == {k: meta[k] for k in same} and set(fm) == set(meta)
+    assert 0.2 < fm["ctr"]["train"] < 0.3
+    # for a seed, the same features but for the 8 signal fields (more concentrated ids)
+    signal = ["C3", "C11", "C18", "C7", "C14", "C22", "C10", "C21"]
+    train, fm_train = _read_split(out, meta, "train"), _read_split(fm_out, fm, "train")
+    assert fm_train.drop(["label", *signal]).equals(train.drop(["label", *signal]))
+    assert not fm_train["label"].equals(train["label"])
+    for name in signal:
+        top = np.bincount(fm_train[name].to_numpy()).max() / fm_train.num_rows
+        assert 0.44 < top < 0.54, name  # Zipf(1.7): the top id holds ~49% of the rows
+
+
+def test_fm_terms_have_the_planted_sizes():
+    """Under the id distribution: biases sd 0.40, factors centred with E[U U^T] = c^2 I, so each
+    of the 9 user x item pairs has sd 0.38; only the top 50 ids carry anything, and each is
+    expected in >= 500 of 800k training rows."""
+    from embedtrain.datagen.ctr_clicks import _FM_ITEM, _FM_USER
+
+    model = PlantedModel(FM_SPEC)
+    clicks = model.clicks
+    assert sorted(clicks.bias) == sorted(["C3", "C11", "C18", "C7", "C14", "C22", "C10", "C21"])
+    for name, b in clicks.bias.items():
+        w = model.pmf[name]
+        assert 1_000 < len(w) < 50_000 and not b[50:].any() and b[:50].all()
+        assert 800_000 * w[49] > 500 and w[:50].sum() > 0.95
+        assert abs(w @ b) < 1e-12 and np.sqrt(w @ b**2) == pytest.approx(0.40, abs=1e-12)
+    moments = {}
+    for name in _FM_USER + _FM_ITEM:
+        u, w = clicks.factors[name], model.pmf[name]
+        assert u.shape == (len(w), 8) and not u[50:].any()
+        assert np.abs(w @ u).max() < 1e-12
+        moments[name] = u.T @ (w[:, None] * u)
+    for a in _FM_USER:
+        for b in _FM_ITEM:  # Var <U_a[i], V_b[j]> = tr(E[U U^T] E[V V^T]) for independent ids
+            assert np.sqrt(np.trace(moments[a] @ moments[b])) == pytest.approx(0.38, abs=1e-9)
+
+
+def _fm_logit_from_rows(model: PlantedModel, t: pa.Table) -> np.ndarray:
+    """The planted fm logit of the rows as written, term by term, each pair on its own."""
+    from embedtrain.datagen.ctr_clicks import _FM_ITEM, _FM_USER
+
+    def rank(name):  # the files hold permuted ids; the model's tables are indexed by Zipf rank
+        inverse = np.argsort(model.perm[name])
+        return inverse[t[name].to_numpy()]
+
+    def z(name):
+        j = DENSE_NAMES.index(name)
+        return (np.log1p(t[name].to_numpy()) - model.dense_mean[j]) / model.dense_std[j]
+
+    logit = model.bias + 0.30 * z("I1") + 0.30 * z("I3")
+    for name, b in model.clicks.bias.items():
+        logit = logit + b[rank(name)]
+    f = model.clicks.factors
+    for a in _FM_USER:
+        for b in _FM_ITEM:
+            logit = logit + (f[a][rank(a)] * f[b][rank(b)]).sum(axis=1)
+    return logit
+
+
+def test_fm_oracle_is_the_planted_click_probability(fm_dataset):
+    out, meta = fm_dataset
+    model = PlantedModel(FM_SPEC)
+    for split in SPLITS:
+        t = _read_split(out, meta, split)
+        p = 1 / (1 + np.exp(-_fm_logit_from_rows(model, t)))
+        y = t["label"].to_numpy()
+        assert roc_auc(p, y) == pytest.approx(meta["oracle_auc"][split], abs=1e-12)
+        assert log_loss(p, y) == pytest.approx(meta["oracle_logloss"][split], abs=1e-9)
+    assert 0.78 < meta["oracle_auc"]["test"] < 0.87
+
+
+def test_cli_structure_fm_and_help(tmp_path, capsys):
+    from embedtrain.cli import main
+
+    assert main(["datagen", "ctr", "--structure", "fm", "--rows", "1000",
+                 "--out", str(tmp_path / "fm")]) == 0
+    meta = json.loads((tmp_path / "fm" / "metadata.json").read_text())
+    assert meta["generator"]["structure"] == "fm" and meta["generator"]["rows"] == 1000
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["datagen", "ctr", "--help"])
+    assert "--structure {criteo,fm}" in capsys.readouterr().out

@@ -57,6 +57,13 @@ def register(sub) -> None:
     g.add_argument("--format", choices=["parquet", "tsv"], default="parquet",
                    help="parquet: a split, training-ready data set (default); tsv: the same rows "
                         "as raw Criteo-style TSV logs, for `embedtrain ingest`")
+    # Not argparse's choices: a bad value is then one line naming the option, as for --rows.
+    g.add_argument("--structure", default="criteo", metavar="{criteo,fm}",
+                   help="the planted click model: criteo (default) mixes dense, per-id, "
+                        "pairwise-table and multi-hot terms; fm is shaped like user-item logs: "
+                        "per-id biases on 8 fields plus rank-8 latent-factor interactions "
+                        "between 3 user-like and 3 item-like fields, on ids frequent enough to "
+                        "learn from ~1M rows (the same schema and files)")
     g.add_argument("--drift", action="store_true",
                    help="a drifting data set instead: raw int64 ids born and dying over time "
                         "periods, split by time (embedtrain.datagen.drift)")
@@ -110,11 +117,14 @@ def _generate(args: argparse.Namespace) -> int:
     if args.kind == "graph":
         return _datagen_graph(args)
     if args.drift:
+        if args.structure != "criteo":
+            raise UsageError("--structure: not with --drift (the drifting data set has its own "
+                             "click model)")
         return _datagen_drift(args)
     knobs = [f for f in ("periods", "lifetime", "new_ids") if getattr(args, f"drift_{f}") is not None]
     if knobs:
         raise UsageError(f"--drift-{knobs[0].replace('_', '-')}: only with --drift")
-    spec = CTRDataSpec(rows=args.rows, seed=args.seed)
+    spec = CTRDataSpec(rows=args.rows, seed=args.seed, structure=args.structure)
     if args.format == "tsv":
         from embedtrain.datagen import generate_ctr_tsv
 

@@ -5,6 +5,11 @@ categorical features ``C1..C26`` (``C24..C26`` are multi-hot lists). Labels are
 drawn from a known click probability, so the metadata can report the oracle
 AUC / log loss that a perfect model would reach on each split.
 
+Two planted click models share that layout (:class:`CTRStructure`, ``CTRDataSpec.structure``):
+``criteo`` (the default) mixes dense, per-id, head, pairwise-table, dense-by-id and multi-hot
+terms; ``fm`` is shaped like user-item interaction logs: per-id biases plus rank-8 latent-factor
+interactions between three user-like and three item-like fields (:mod:`.ctr_clicks`).
+
 Example:
     >>> from embedtrain.datagen import CTRDataSpec, generate_ctr
     >>> meta = generate_ctr(CTRDataSpec(rows=20_000, seed=1), "/tmp/ctr", progress=False)
@@ -27,6 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedtrain.datagen.ctr_clicks import (  # noqa: F401  (CTRStructure: the spec's)
+    _CLICK_MODELS, _TARGET_CTR, CTRStructure, _Chunk)
 from embedtrain.utils import is_int, progress_bar
 
 DENSE_NAMES = [f"I{i}" for i in range(1, 14)]
@@ -36,28 +43,12 @@ MAX_LENGTH = 5
 SPLITS = ("train", "valid", "test")
 _CHUNK_ROWS = 250_000
 _CALIBRATION_ROWS = 50_000
-_TARGET_CTR = 0.25
 _PART_RE = re.compile(r"part-\d{5}\.parquet")
 
 # Criteo-like counts: a share of zeros, then a log-normal body with a long tail.
 _DENSE_MU = np.array([0.5 + 0.35 * ((5 * j) % 13) for j in range(13)])
 _DENSE_SIGMA = np.array([0.9 + 0.15 * (j % 5) for j in range(13)])
 _DENSE_ZERO = np.array([0.05 + 0.1 * (j % 4) for j in range(13)])
-
-# The planted model. Every weight is the standard deviation of that term's
-# contribution to the logit under the data distribution (effect tables are
-# standardised with the Zipf frequencies), so the signal sits on ids that occur
-# often enough to be learned and the oracle AUC barely depends on the seed.
-_DENSE_LINEAR = {"I1": 0.35, "I3": 0.30, "I6": -0.25}
-_DENSE_TANH = ("I9", 0.40)                   # w * tanh(1.5 * z)
-_MAIN_EFFECTS = {"C8": 0.45, "C9": 0.40, "C13": 0.40, "C17": 0.35, "C20": 0.35, "C21": 0.30}
-_HEAD_EFFECT = ("C4", 100, 0.30)             # only the 100 most frequent ids matter
-_PAIR = ("C1", "C12", 0.45)                  # per-(id_a, id_b) table; C1, C12 have no other effect
-# z(I2) * (0.25 + slope[C23 id]), slope sd 0.15: a centred slope alone (no main
-# effect) was not picked up by a DLRM within one epoch, a modulated one is.
-_DENSE_X_CAT = ("I2", "C23", 0.25, 0.15)
-_MULTI_HOT_EFFECT = ("C24", 0.60)            # mean of per-id effects over the list
-
 
 def vocab_size(index: int) -> int:
     """Vocabulary size of sparse feature ``C{index + 1}`` (0-based ``index``).
@@ -85,8 +76,12 @@ class CTRDataSpec:
     rows_per_row_group: int = 65_536
     rows_per_file: int = 1_000_000   # a split larger than this gets several part files
     zipf_exponent: float = 1.1
+    structure: CTRStructure = CTRStructure.CRITEO   # or its value: "criteo", "fm"
 
     def __post_init__(self) -> None:
+        if isinstance(self.structure, str):  # "fm" -> CTRStructure.FM; a bad one fails validate()
+            by_value = {s.value: s for s in CTRStructure}
+            object.__setattr__(self, "structure", by_value.get(self.structure, self.structure))
         self.validate()
 
     def validate(self) -> None:
@@ -95,6 +90,8 @@ class CTRDataSpec:
             *SIZE_CHECKS,
             *SPLIT_FILE_CHECKS,
             ("zipf_exponent", is_real, lambda v: 0 < v < math.inf, "positive and finite"),
+            ("structure", lambda v: isinstance(v, CTRStructure), lambda v: True,
+             "one of " + ", ".join(s.value for s in CTRStructure)),
         ]
         check_fields(self, checks)
         if self.valid_fraction + self.test_fraction >= 1:
@@ -155,51 +152,28 @@ def _draw_dense(rng: np.random.Generator, n: int) -> np.ndarray:
     return d  # (13, n), one contiguous row per feature
 
 
-def _standardize(e: np.ndarray, w: np.ndarray, sd: float, support: int | None = None
-                 ) -> np.ndarray:
-    """Scale effects ``e`` so that E_w[e] = 0 and Std_w[e] = sd; ids past ``support`` get 0."""
-    e = e.astype(np.float64).ravel()
-    w = w.ravel()
-    if support is not None:
-        e[support:] = 0.0
-    k = slice(0, support)
-    e[k] -= np.dot(w[k], e[k]) / w[k].sum()
-    return sd * e / math.sqrt(np.dot(w, e * e))
-
-
-class _Chunk(NamedTuple):
-    """Raw draws for n rows; categorical values are Zipf ranks (0 = most frequent)."""
-
-    dense: np.ndarray                # (13, n) counts
-    ranks: dict[str, np.ndarray]     # per feature; flattened list elements for multi-hot
-    lengths: dict[str, np.ndarray]   # list lengths of the multi-hot features
-
-
 class PlantedModel:
-    """Feature distributions plus the ground-truth click model, all derived from the spec."""
+    """Feature distributions plus the ground-truth click model, all derived from the spec.
+
+    For a seed, both structures draw the same dense counts, lists and ids, but for the eight
+    fields that carry the fm signal, whose ids are more concentrated with ``fm``; the labels
+    differ.
+    """
 
     def __init__(self, spec: CTRDataSpec):
         rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0]))
+        self.structure = spec.structure
+        clicks = _CLICK_MODELS[spec.structure]
         self.vocab = {name: vocab_size(i) for i, name in enumerate(SPARSE_NAMES)}
         self.pmf, self.cdf, self.perm = {}, {}, {}
         for name, v in self.vocab.items():
-            w = np.arange(1, v + 1, dtype=np.float64) ** -spec.zipf_exponent
+            exponent = clicks.zipf_exponents.get(name, spec.zipf_exponent)
+            w = np.arange(1, v + 1, dtype=np.float64) ** -exponent
             self.pmf[name] = w / w.sum()
             self.cdf[name] = np.cumsum(self.pmf[name])
             # so that id 0 is not always the most frequent one
             self.perm[name] = rng.permutation(v).astype(np.int64)
-        normal = rng.standard_normal
-        self.main = {c: _standardize(normal(self.vocab[c]), self.pmf[c], sd)
-                     for c, sd in _MAIN_EFFECTS.items()}
-        c, top, sd = _HEAD_EFFECT
-        self.head = _standardize(normal(self.vocab[c]), self.pmf[c], sd, support=top)
-        a, b, sd = _PAIR
-        joint = np.outer(self.pmf[a], self.pmf[b])
-        self.pair = _standardize(normal(joint.shape), joint, sd).reshape(joint.shape)
-        c, sd = _DENSE_X_CAT[1], _DENSE_X_CAT[3]
-        self.slope = _standardize(normal(self.vocab[c]), self.pmf[c], sd)
-        c, sd = _MULTI_HOT_EFFECT
-        self.multi = _standardize(normal(self.vocab[c]), self.pmf[c], sd)
+        self.clicks = clicks(rng, self.vocab, self.pmf)
         self.dense_mean, self.dense_std = _dense_stats()
         # The intercept is solved on a separate calibration draw so the CTR is ~25% for any seed.
         self.bias = 0.0
@@ -230,22 +204,9 @@ class PlantedModel:
         return (np.log1p(chunk.dense[j]) - self.dense_mean[j]) / self.dense_std[j]
 
     def logit(self, ch: _Chunk) -> np.ndarray:
-        n = ch.dense.shape[1]
-        out = np.full(n, self.bias)
-        for name, w in _DENSE_LINEAR.items():
-            out += w * self._z(ch, name)
-        out += _DENSE_TANH[1] * np.tanh(1.5 * self._z(ch, _DENSE_TANH[0]))
-        for name, eff in self.main.items():
-            out += eff[ch.ranks[name]]
-        out += self.head[ch.ranks[_HEAD_EFFECT[0]]]
-        out += self.pair[ch.ranks[_PAIR[0]], ch.ranks[_PAIR[1]]]
-        d, c, base, _ = _DENSE_X_CAT
-        out += self._z(ch, d) * (base + self.slope[ch.ranks[c]])
-        name = _MULTI_HOT_EFFECT[0]
-        length = ch.lengths[name]
-        rows = np.repeat(np.arange(n), length)
-        sums = np.bincount(rows, weights=self.multi[ch.ranks[name]], minlength=n)
-        return out + sums / np.maximum(length, 1)  # an empty list contributes 0
+        """The true click logit of each row of ``ch``; ``sigmoid`` of it is the oracle."""
+        out = np.full(ch.dense.shape[1], self.bias)
+        return self.clicks.logit(ch, lambda name: self._z(ch, name), out)
 
     def table(self, ch: _Chunk, labels: np.ndarray) -> pa.Table:
         n = ch.dense.shape[1]
@@ -264,18 +225,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free
 
 
-def planted_description() -> str:
-    """One-line human description of the planted click model."""
-    dense = " ".join(f"{w:+.2f}*z({n})" for n, w in _DENSE_LINEAR.items())
-    mains = ", ".join(f"{c}:{sd}" for c, sd in _MAIN_EFFECTS.items())
-    (t, wt), (xd, xc, xb, xs) = _DENSE_TANH, _DENSE_X_CAT
-    (hc, top, hs), (pa_, pb, ps), (mc, ms) = _HEAD_EFFECT, _PAIR, _MULTI_HOT_EFFECT
-    return (f"logit = b {dense} {wt:+.2f}*tanh(1.5*z({t})) "
-            f"+ z({xd})*({xb} + slope[{xc}] (sd {xs})) "
-            f"+ per-id effects (sd) on {mains} + effects on the top {top} ids of {hc} (sd {hs}) "
-            f"+ pairwise table {pa_}x{pb} (sd {ps}) + mean of per-id effects over the {mc} list "
-            f"(sd {ms}); z = standardised log1p(count); sds are under the data distribution; "
-            f"b gives CTR~{_TARGET_CTR}; all other features are noise")
+def planted_description(structure: CTRStructure = CTRStructure.CRITEO) -> str:
+    """One-line human description of the planted click model of ``structure``."""
+    return _CLICK_MODELS[structure].description()
 
 
 class _Rows(NamedTuple):
@@ -406,8 +358,12 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
     ``metadata.json``, split folders holding anything but ``part-*.parquet``
     files raise ``FileExistsError``. The same spec always gives identical data.
 
+    ``spec.structure`` picks the planted click model; with ``fm`` the metadata's ``name`` is
+    ``synthetic_ctr_fm`` and ``generator.structure`` is ``"fm"`` (the default, ``criteo``,
+    writes no ``structure`` key: its metadata is what it was before the option existed).
+
     Args:
-        spec: size, seed, split fractions and file layout.
+        spec: size, seed, split fractions, file layout and planted model.
         out_dir: destination folder (created if missing).
         progress: show a progress bar on stderr (rows done / total, rows/s).
 
@@ -442,9 +398,10 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
 
     p_all = {s: np.concatenate(probs[s]) for s in SPLITS}
     y_all = {s: np.concatenate(labels[s]) for s in SPLITS}
+    fm = spec.structure is CTRStructure.FM
     meta = {
         "format_version": 1,
-        "name": "synthetic_ctr",
+        "name": "synthetic_ctr_fm" if fm else "synthetic_ctr",
         "label": "label",
         "dense": DENSE_NAMES,
         "dense_transform": "log1p",
@@ -455,7 +412,9 @@ def generate_ctr(spec: CTRDataSpec, out_dir: str | os.PathLike, progress: bool =
         "oracle_logloss": {s: finite(log_loss(p_all[s], y_all[s])) for s in SPLITS},
         "ctr": {s: finite(float(y_all[s].mean())) if len(y_all[s]) else None for s in SPLITS},
         "generator": {"seed": int(spec.seed), "rows": int(spec.rows),
-                      "zipf_exponent": float(spec.zipf_exponent), "planted": planted_description()},
+                      "zipf_exponent": float(spec.zipf_exponent),
+                      **({"structure": spec.structure.value} if fm else {}),
+                      "planted": planted_description(spec.structure)},
     }
     tmp = out / "metadata.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
