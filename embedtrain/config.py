@@ -209,6 +209,8 @@ class OptimConfig:
     # L2 penalty on the embeddings a training batch looks up (task ctr): lambda * mean over
     # the batch's examples of the squared norms of their pooled embeddings, added to the loss
     embedding_l2: float = config_field(0.0, check=NON_NEGATIVE)
+    # learning rate of the first-order tables (model.linear); None: sparse_lr / 10
+    linear_lr: Optional[float] = config_field(None, check=POSITIVE)
     momentum: float = config_field(0.9, check=PROBABILITY)  # sgd and lars
     warmup_steps: int = config_field(0, check=NON_NEGATIVE)  # linear warmup of the dense lr
     lr_decay: LRDecay = LRDecay.NONE

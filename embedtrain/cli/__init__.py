@@ -1,8 +1,9 @@
-"""The ``embedtrain`` command line: ``train``, ``eval``, ``plan``, ``ingest``, ``datagen``,
-``export`` and ``predict``: one module per command
-(:mod:`embedtrain.cli.train`, ``plan``, ``ingest``, ``datagen``, ``export``), the error handling in
+"""The ``embedtrain`` command line: ``train``, ``eval``, ``tune``, ``plan``, ``ingest``,
+``datagen``, ``export`` and ``predict``: one module per command (:mod:`embedtrain.cli.train`,
+``tune``, ``plan``, ``ingest``, ``datagen``, ``export``), the error handling in
 :mod:`embedtrain.cli.errors`. Importing this package imports no torch: a command imports it
-when it needs it, and only ``train`` and ``eval`` join a process group.
+when it needs it (``tune`` imports Ray), and only ``train``, ``eval`` and ``tune`` join a process
+group (``tune`` only to test a trial that ASHA stopped; its trials train in Ray's workers).
 
 Examples:
     embedtrain datagen ctr --rows 1000000 --out data/synthetic_ctr
@@ -20,6 +21,8 @@ Examples:
     torchrun --nproc-per-node 2 -m embedtrain train configs/dlrm_synthetic.yaml --out runs/two
     embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --resume  # newest readable ckpt
     embedtrain eval runs/demo --split test     # prints the metrics (JSON); writes nothing
+    embedtrain tune configs/dlrm_synthetic.yaml --space configs/tune/ctr_space.yaml \
+        --trials 8 --out runs/search              # Ray Tune + ASHA; --resume after a crash
     embedtrain plan configs/dlrm.yaml --cluster configs/clusters/h100-16x8.yaml --out plans/dlrm
     embedtrain export runs/demo --out exports/demo --quantize int8   # tables, dense program
     embedtrain predict exports/demo --input 'data/synthetic_ctr/test/*.parquet' --out preds.parquet
@@ -36,11 +39,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from embedtrain.cli import datagen, export, ingest, plan, train
+from embedtrain.cli import datagen, export, ingest, plan, train, tune
 from embedtrain.cli.errors import UsageError, quiet_libraries, run_command
 from embedtrain.runtime import mark, tune_allocator
 
-COMMANDS = (train, plan, ingest, datagen, export)
+COMMANDS = (train, tune, plan, ingest, datagen, export)
 
 
 def entry() -> None:

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from embedtrain.cli.errors import UsageError
 from embedtrain.config import (
@@ -30,6 +30,8 @@ from embedtrain.config import (
 from embedtrain.runtime import allocator_setting, mark, threads_per_rank, usable_cores
 from embedtrain.train.run_dir import LOCK_FILE, RunDir
 from embedtrain.utils import check_output_file, write_atomic
+
+EvaluationHook = Callable[[Any, dict], None]  # (trainer, record): see Trainer.on_evaluation
 
 
 def register(sub) -> None:
@@ -62,7 +64,9 @@ def register(sub) -> None:
     p.set_defaults(func=_eval)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, on_evaluation: Optional[EvaluationHook] = None) -> int:
+    """``embedtrain train``; ``on_evaluation`` goes to the trainer (``Trainer.on_evaluation``:
+    ``embedtrain tune`` reports each evaluation to its scheduler with it)."""
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
     cfg = load_config(args.config, args.overrides)
@@ -87,10 +91,11 @@ def _train(args: argparse.Namespace) -> int:
             if _check_run_dir(cfg, out, resume, args.overwrite, quiet=True) is None:
                 return 0
             return _launch(args, args.argv)
-        return _train_here(args, cfg, cluster, out, resume)
+        return _train_here(args, cfg, cluster, out, resume, on_evaluation)
 
 
-def _train_here(args: argparse.Namespace, cfg, cluster, out: Path, resume: bool) -> int:
+def _train_here(args: argparse.Namespace, cfg, cluster, out: Path, resume: bool,
+                on_evaluation: Optional[EvaluationHook] = None) -> int:
     """This process's part of ``train``: one rank (of torchrun's), or the whole run."""
     changes = _check_run_dir(cfg, out, resume, args.overwrite, quiet=True)
     if changes is None:  # a finished run: said so, nothing changed
@@ -105,6 +110,7 @@ def _train_here(args: argparse.Namespace, cfg, cluster, out: Path, resume: bool)
     run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
     mark("build")  # the model, its plan, sharding, optimizers, readers
     trainer = run.trainer
+    trainer.on_evaluation = on_evaluation
     trainer.extra_summary["threads_per_rank"] = threads[0]
     if changes:
         trainer.resume_note = {"config_changes": {k: list(v) for k, v in changes.items()}}

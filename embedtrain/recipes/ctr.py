@@ -17,6 +17,7 @@ from embedtrain.models.dlrm import ctr_model, embedding_penalty
 from embedtrain.recipes.base import DenseExport, ExportParts, Oracle, oracle_of
 from embedtrain.recipes.tabular import TabularRecipe
 from embedtrain.train.ctr import CTRTask
+from embedtrain.train.optim import fuse_sparse_optimizer
 
 
 class CTRRecipe(TabularRecipe):
@@ -32,7 +33,22 @@ class CTRRecipe(TabularRecipe):
                           m.dcn_num_layers, m.dcn_low_rank_dim, torch.device("meta"), m.dropout,
                           self.feature_dynamic_tables(), self.linear,
                           self.cfg.optim.embedding_l2)
-        return self.fuse_sparse(model)
+        if model.linear_arch is None:
+            return self.fuse_sparse(model)
+        o = self.cfg.optim
+        fuse_sparse_optimizer(model.sparse_arch, o.sparse, o.sparse_lr)
+        fuse_sparse_optimizer(model.linear_arch, o.sparse, self.linear_lr)
+        return model
+
+    @property
+    def linear_lr(self) -> float:
+        """The first-order tables' learning rate: ``optim.linear_lr``, unset: a tenth of
+        ``optim.sparse_lr``. An adaptive optimizer's first step of an id is about its learning
+        rate whatever the gradient, and a first-order weight reaches the logit directly (no MLP
+        learns to discount a noise feature's): at ``sparse_lr`` the rare ids of noise features
+        add that much noise to every logit (``benchmarks/RESULTS.md``, "CTR model terms")."""
+        o = self.cfg.optim
+        return o.linear_lr if o.linear_lr is not None else o.sparse_lr / 10
 
     @property
     def linear(self) -> bool:

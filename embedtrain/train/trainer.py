@@ -128,6 +128,11 @@ class Trainer:
         before_checkpoint: called with the model on every rank before each checkpoint is
             taken (e.g. dynamic tables admit their pending ids, so a checkpoint falls on an
             admission boundary and a resume replays the run exactly).
+        on_evaluation: called on rank 0 as ``on_evaluation(trainer, record)`` after each
+            validation evaluation, with the record logged to ``metrics.jsonl``: a periodic one
+            once the checkpoints it brings (the best so far, one due at that step) are written,
+            the final one once the summary is; so a hook that raises (a search scheduler
+            stopping the run) leaves a run directory whose records and checkpoints agree.
 
     Every rank runs the loop; only rank 0 shows progress and writes records. Ranks must get
     the same number of training batches (``LastBatch.PAD``); evaluation copes with ranks holding
@@ -152,6 +157,7 @@ class Trainer:
         batch_args: Optional[BatchArgs] = None,
         model_stats: Optional[Callable[[nn.Module], dict[str, Any]]] = None,
         before_checkpoint: Optional[Callable[[nn.Module], None]] = None,
+        on_evaluation: Optional[Callable[["Trainer", dict[str, Any]], None]] = None,
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
@@ -161,6 +167,8 @@ class Trainer:
         self.reference = reference
         self.model_stats = model_stats
         self.before_checkpoint = before_checkpoint
+        self.on_evaluation = on_evaluation
+        self._logged: Optional[dict[str, Any]] = None  # the evaluation record not yet handed on
         self.checkpoints = CheckpointManager(run_dir.checkpoints, keep=options.keep_checkpoints)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -219,10 +227,14 @@ class Trainer:
                                 ex_per_s=f"{st.examples / max(st.train_time_s, 1e-9):,.0f}",
                                 refresh=False)
                 bar.update(1)
-                if self._evaluation_due() and self._track(self._evaluate_and_log(), save=True):
-                    break  # stopped early
-                if self._checkpoint_due():
+                evaluated = self._evaluation_due()
+                stop = evaluated and self._track(self._evaluate_and_log(), save=True)
+                if not stop and self._checkpoint_due():
                     self.save()
+                if evaluated:
+                    self._hand_on_evaluation()
+                if stop:
+                    break  # stopped early
         bar.close()
         if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
             self._optimizer_step()
@@ -249,8 +261,10 @@ class Trainer:
             test, split = self.evaluate(test_data), "test"
         else:
             test, split = valid, "valid"
-        return self._write_summary(test, valid, split, time.perf_counter() - started,
-                                   selected)
+        summary = self._write_summary(test, valid, split, time.perf_counter() - started,
+                                      selected)
+        self._hand_on_evaluation()  # the final evaluation's, if it ran: the run is complete
+        return summary
 
     def _progress_bar(self) -> tqdm:
         interactive = sys.stderr.isatty()  # a log file gets a line every 10 s, not every step
@@ -406,10 +420,17 @@ class Trainer:
             if stats:
                 record["tables"] = stats
             self.run_dir.log_metrics(record)
+            self._logged = record
             main = result.get(self.task.main_metric, math.nan)
             tqdm.write(f"step {st.step}: valid loss {result['loss']:.4f} "
                        f"{self.task.main_metric} {main:.4f}")
         return result
+
+    def _hand_on_evaluation(self) -> None:
+        """Calls ``on_evaluation`` with the evaluation record logged last, once."""
+        record, self._logged = self._logged, None
+        if record is not None and self.on_evaluation is not None:
+            self.on_evaluation(self, record)
 
     def _checkpoint_state(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,62 @@
+"""The settings of a search (``embedtrain tune``'s options), torch- and Ray-free."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from embedtrain.runtime import usable_cores
+
+
+class Scheduler(enum.Enum):
+    """How trials are stopped early."""
+
+    ASHA = "asha"  # asynchronous successive halving on the validation metric
+    NONE = "none"  # every trial trains to its end
+
+
+class Engine(enum.Enum):
+    """Where trials run."""
+
+    LOCAL = "local"  # a Ray instance of this machine, started by the command; one trial at a time
+    RAY = "ray"  # a running Ray cluster; trials side by side
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search.
+
+    Attributes:
+        trials: configurations to try.
+        seed: of the sampler (the same seed draws the same configurations).
+        scheduler: how trials are stopped early.
+        grace_steps: ASHA's grace period, in training steps: no trial is stopped before it.
+        reduction_factor: ASHA's: about 1 in this many trials goes on at each rung.
+        engine: where trials run.
+        address: the cluster of ``Engine.RAY`` (None: ``RAY_ADDRESS``, else ``auto``).
+        cpus_per_trial: ``Engine.RAY``: CPUs (and torch threads) per trial.
+        gpus_per_trial: GPUs per trial.
+        max_concurrent: ``Engine.RAY``: trials at once (0: as many as fit).
+    """
+
+    trials: int
+    seed: int = 0
+    scheduler: Scheduler = Scheduler.ASHA
+    grace_steps: int = 1
+    reduction_factor: int = 3
+    engine: Engine = Engine.LOCAL
+    address: Optional[str] = None
+    cpus_per_trial: int = 1
+    gpus_per_trial: float = 0.0
+    max_concurrent: int = 0
+
+    def search_settings(self) -> dict[str, Any]:
+        """What a resumed search must keep (the rest says where it runs)."""
+        keep = ("trials", "seed", "scheduler", "grace_steps", "reduction_factor")
+        return {k: v.value if isinstance(v, enum.Enum) else v
+                for k, v in asdict(self).items() if k in keep}
+
+    def trial_cpus(self) -> int:
+        """CPUs (and torch threads) of each trial: all of this machine's with ``local``."""
+        return usable_cores() if self.engine is Engine.LOCAL else self.cpus_per_trial
