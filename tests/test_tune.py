@@ -467,3 +467,24 @@ def test_a_stopped_best_trial_is_tested_from_its_best_checkpoint(search, tmp_pat
     r = run_cli("eval", t["run_dir"], "--split", "test", "--checkpoint", str(t["step"]))
     assert r.returncode == 0, r.stderr[-2000:]
     assert written["test"]["auc"] == pytest.approx(json.loads(r.stdout)["auc"], abs=1e-9)
+
+
+def test_a_mapping_choice_sets_keys_together_and_keeps_the_rest_of_the_section(tiny, tmp_path):
+    """``model: {choice: [{embedding_dim: 8, bottom_mlp: [64, 8]}, ...]}``: the keys that must
+    change together (the bottom MLP ends with the embedding size), set one by one, so the
+    section's other keys (the config's interaction) stay."""
+    from embedtrain.cli.tune.space import as_overrides
+
+    base = ROOT / "configs" / "dcn_synthetic.yaml"
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("model: {choice: [{embedding_dim: 8, bottom_mlp: [64, 8]}, "
+                          "{embedding_dim: 32, bottom_mlp: [64, 32]}]}\n")
+    space = check_space(load_space(space_file), base, [f"data.path={tiny[0] / 'data'}"])
+    assert space.keys == ["model"]
+    assert space.params[0].values == ({"embedding_dim": 8, "bottom_mlp": [64, 8]},
+                                      {"embedding_dim": 32, "bottom_mlp": [64, 32]})
+    overrides = as_overrides({"model": {"embedding_dim": 32, "bottom_mlp": [64, 32]}})
+    assert overrides == ["model.embedding_dim=32", "model.bottom_mlp=[64, 32]"]
+    cfg = load_config(base, overrides)
+    assert (cfg.model.embedding_dim, cfg.model.bottom_mlp) == (32, [64, 32])
+    assert cfg.model.interaction.value == "dcn" and cfg.model.dcn_num_layers == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import io
+import warnings
 import json
 import math
 from dataclasses import dataclass
@@ -240,9 +241,9 @@ def plot_search(path: Path, outcomes: Sequence[TrialOutcome], space: SearchSpace
     for i, p in enumerate(space.params, start=1):
         ax = axes[i // cols][i % cols]
         if p.distribution is Distribution.CHOICE:  # the values in the space's order
-            names = [_short(v) for v in p.values]
-            _points(ax, lambda o: names.index(_short(o.config.get(p.key))), scored, failed,
-                    floor)
+            names = [_short(v, "\n") for v in p.values]
+            _points(ax, lambda o: names.index(_short(o.config.get(p.key), "\n")), scored,
+                    failed, floor)
             ax.set_xticks(range(len(names)), names, rotation=30 if len(names) > 4 else 0,
                           fontsize=8)
             ax.set_xlim(-0.5, len(names) - 0.5)
@@ -256,7 +257,9 @@ def plot_search(path: Path, outcomes: Sequence[TrialOutcome], space: SearchSpace
     for row in axes:
         for a in row:
             a.grid(alpha=0.3)
-    fig.tight_layout()
+    with warnings.catch_warnings():  # long choice labels: the layout is the best it can be
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=100, format="png")
     plt.close(fig)
@@ -279,12 +282,14 @@ def _points(ax: Any, x: Any, scored: Sequence[TrialOutcome], failed: Sequence[Tr
         ax.scatter(*zip(*points), marker="x", color="C3", label=TrialStatus.ERROR.value, zorder=3)
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, sep: str = ", ") -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, (list, dict)):
+    if isinstance(value, dict):  # a mapping choice: its values, one line each
+        return sep.join(f"{k}={_short(v)}" for k, v in value.items())
+    if isinstance(value, list):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
 

@@ -128,8 +128,16 @@ class SearchSpace:
 
 def as_overrides(values: dict[str, Any]) -> list[str]:
     """``{key: value}`` as ``--set`` strings; values in JSON, which the config loader's YAML
-    reads back as they were (strings quoted, lists and floats exact)."""
-    return [f"{key}={json.dumps(value)}" for key, value in values.items()]
+    reads back as they were (strings quoted, lists and floats exact). A mapping sets each of its
+    keys under ``key`` (``model: {choice: [{embedding_dim: 8, bottom_mlp: [64, 8]}, ...]}``:
+    keys that must change together, the rest of the section kept)."""
+    out = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out += as_overrides({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out.append(f"{key}={json.dumps(value)}")
+    return out
 
 
 def load_space(path: str | os.PathLike) -> SearchSpace:
@@ -227,8 +235,8 @@ def check_space(space: SearchSpace, config: str | os.PathLike, overrides: list[s
     params = []
     for p in space.params:
         if p.distribution is Distribution.CHOICE:
-            values = tuple(_load(space, config, base + as_overrides({p.key: v}), p.key, p)
-                           for v in p.values)
+            values = tuple(_given(v, _load(space, config, base + as_overrides({p.key: v}),
+                                           p.key, p)) for v in p.values)
             p = SearchParam(p.key, p.distribution, values)
         elif p.distribution is Distribution.RANDINT:
             lo, hi = p.values
@@ -239,6 +247,14 @@ def check_space(space: SearchSpace, config: str | os.PathLike, overrides: list[s
                 _load(space, config, base + as_overrides({p.key: float(v)}), p.key, p)
         params.append(p)
     return SearchSpace(space.path, tuple(params), dict(space.fixed))
+
+
+def _given(value: Any, resolved: Any) -> Any:
+    """A choice's value as the loader resolved it; of a mapping, only the keys it sets (the
+    others stay the config's, whatever is set after it)."""
+    if isinstance(value, dict) and isinstance(resolved, dict):
+        return {k: _given(v, resolved[k]) for k, v in value.items()}
+    return resolved
 
 
 def _load(space: SearchSpace, config: str | os.PathLike, items: list[str], key: str,
