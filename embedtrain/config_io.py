@@ -72,6 +72,26 @@ def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclass
 
 
 
+def read_yaml(path: Path, what: str = "config file") -> Any:
+    """The YAML document in ``path`` (PyYAML's safe loader with YAML 1.2's numbers).
+
+    Raises:
+        ConfigError: ``"<path>: <what> not found"``, invalid YAML (with its line and column) or
+            an unreadable file, in one line.
+    """
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} not found")
+    try:
+        return yaml.load(path.read_text(), Loader=SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+
+
 def load_dataclass(
     path: str | os.PathLike, cls: type[T], overrides: Optional[list[str]] = None,
     drop_keys: Iterable[str] | Mapping[str, Callable[[Any], bool]] = (),
@@ -88,17 +108,7 @@ def load_dataclass(
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        raw = yaml.load(path.read_text(), Loader=SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    raw = read_yaml(path)
     if raw is None:
         raise ConfigError(f"{path}: the file is empty (a config names at least its data; see "
                           "configs/ for examples)")

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
 
 from embedtrain.config import ConfigError, load_config, to_dict
-from embedtrain.config_io import SafeLoader
+from embedtrain.config_io import read_yaml
 
 
 class Distribution(enum.Enum):
@@ -148,17 +147,7 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
         ConfigError: one line naming the file and the key.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: search space file not found")
-    try:
-        raw = yaml.load(path.read_text(), Loader=SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    raw = read_yaml(path, "search space file")
     if not isinstance(raw, dict) or not raw:
         got = "nothing" if raw is None or raw == {} else type(raw).__name__
         raise ConfigError(f"{path}: expected a mapping of dotted config keys to values or "
