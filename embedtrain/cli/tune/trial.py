@@ -23,7 +23,10 @@ How a trial ends, as reported last:
   dies (a crash, the out-of-memory killer) is an error of Ray's instead.
 
 A trial whose run directory already holds a run (a resumed search) continues it from its
-newest checkpoint, as ``embedtrain train --resume`` does; a finished one is not trained again.
+newest checkpoint, as ``embedtrain train --resume`` does. One that ended -- finished (its
+``summary.json``), or stopped or failed (``DIR/ended/<trial>.json``, written as it ended) -- is
+reported as it ended and not touched: Ray Tune saves its own record of the trials only every few
+seconds, so a search killed just after a trial ended may start it again.
 The trial's console output (banner, evaluations, errors with their traceback) goes to
 ``DIR/logs/<trial>.log``. Its torch threads are the CPUs Ray gives it (``EMBEDTRAIN_THREADS``,
 see :mod:`embedtrain.runtime`; a config's ``train.threads_per_rank`` wins).
@@ -87,19 +90,37 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
     run_dir = out / "trials" / name
     (out / "logs").mkdir(parents=True, exist_ok=True)
     reporter = EvaluationReporter(run_dir)
-    if (run_dir / SUMMARY_FILE).exists():
-        # finished before a kill of the search that Ray did not see: reported as it is, not one
-        # of its files touched (no lock taken, nothing logged)
-        reporter.report_end(finished=True)
+    ended = out / ENDED_DIR / f"{name}.json"
+    if (run_dir / SUMMARY_FILE).exists() or ended.exists():
+        # ended before a kill of the search that Ray had not yet recorded (it saves its state
+        # every few seconds): reported as it ended, not one of its files touched (no lock taken,
+        # nothing logged, not trained again)
+        mark = json.loads(ended.read_text()) if ended.exists() else {}
+        reporter.report_end(finished=mark.get("status") is None, error=mark.get("error"))
         return
     with _trial_output(out / "logs" / f"{name}.log") as log, _threads(cpus):
         print(f"\n== {name} ({time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}): "
               f"{' '.join(as_overrides(config))}", file=sys.stderr)
-        error = _train(setup, config, run_dir, reporter, log)
+        try:
+            error = _train(setup, config, run_dir, reporter, log)
+        except SystemExit:  # the scheduler stopping the trial: sys.exit(0) in its report
+            _mark_ended(ended, {"status": "stopped"})
+            raise
     if error is not None:
+        _mark_ended(ended, {"status": "error", "error": error})
         reporter.report_end(error=error)
     else:
         reporter.report_end(finished=True)
+
+
+ENDED_DIR = "ended"  # DIR/ended/<trial>.json: a trial stopped or failed (for a resumed search)
+
+
+def _mark_ended(path: Path, mark: dict[str, Any]) -> None:
+    from embedtrain.utils import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(mark))
 
 
 def _train(setup: TrialSetup, config: dict[str, Any], run_dir: Path,
