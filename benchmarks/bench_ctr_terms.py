@@ -15,6 +15,9 @@ Variants (``--variants`` picks some, in this order):
 - ``deepfm-linear``, ``deepfm``: ``model.interaction=fm`` without / with its first-order term;
 - any of them with ``@l2=X`` appended (``deepfm@l2=1e-5``) adds ``optim.embedding_l2=X``.
 
+``--oracle-from DIR`` takes the oracle from a datagen set that ``--data`` was re-encoded from
+(``configs/ingest/ctr_fm.yaml``, which keeps the datagen's splits and so its test rows).
+
 Without ``--data``, ``embedtrain datagen ctr --structure fm --rows 1000000`` is generated into
 ``data/fm_1m`` (first-order per-id biases plus pairwise latent-factor interactions between
 user-like and item-like fields: the set where the terms should matter).
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="more overrides for every variant (repeatable)")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench_ctr_terms")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--oracle-from", type=Path, default=None,
+                   help="the datagen data set --data was ingested from (configs/ingest/ctr_fm.yaml "
+                        "keeps its splits): its metadata.json gives the oracle test AUC")
     args = p.parse_args(argv)
 
     data = args.data
@@ -92,13 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     names = [v for v in args.variants.split(",") if v]
     common = ["train.select=best", f"train.epochs={args.epochs}", *args.sets]
     runs, oracle = {}, None
+    if args.oracle_from is not None:
+        oracle = json.loads((args.oracle_from / "metadata.json").read_text())["oracle_auc"]["test"]
     print(f"{'variant':<24} {'test AUC':>9} {'oracle':>8} {'gap':>8} {'best step':>9} "
           f"{'train s':>8}", flush=True)
     for name in names:
         overrides = common + variant_overrides(name)
         s = train(args.config, data, args.runs / name.replace("@", "_").replace("=", ""),
                   overrides)
-        oracle = s.get("oracle_auc", oracle)
+        oracle = s.get("oracle_auc") or oracle
         gap = s["auc"] - oracle if oracle is not None else None
         runs[name] = {"overrides": overrides, "auc": s["auc"], "gap": gap,
                       "selected_step": (s.get("selected") or {}).get("step"),

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 import pytest
 
@@ -584,3 +585,52 @@ def test_criteo_lines_with_a_wrong_field_count_are_dropped_and_counted(tmp_path)
         ingest(spec, [str(path)], tmp_path / "out2", progress=False)
     assert str(err.value) == (f"{path}: line 7: 20 tab-separated field(s), criteo_tsv expects 40 "
                               "(on_invalid: drop would drop and count such lines)")
+
+
+# --- frequency thresholds on a datagen set: configs/ingest/ctr_fm.yaml ----------------------------
+
+def test_ctr_fm_spec_thresholds_ids_and_keeps_the_datagen_splits(tmp_path):
+    """Re-encoding a datagen data set with ``min_frequency`` keeps every row in its split, in
+    order, and maps a value to a shared id 0 exactly when the training split holds it fewer times
+    than the threshold; the kept values get distinct ids (checked per feature, lists included)."""
+    threshold = 40
+    r = run_cli("datagen", "ctr", "--structure", "fm", "--rows", "20000", "--out",
+                str(tmp_path / "raw"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = (ROOT / "configs/ingest/ctr_fm.yaml").read_text()
+    assert text.count("min_frequency: 300") == 26
+    spec = tmp_path / "ctr_fm.yaml"  # the shipped spec at a threshold 20k rows can show
+    spec.write_text(text.replace("min_frequency: 300", f"min_frequency: {threshold}"))
+    r = run_cli("ingest", str(spec), "--input", str(tmp_path / "raw" / "*" / "*.parquet"),
+                "--out", str(tmp_path / "data"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw_meta = json.loads((tmp_path / "raw" / "metadata.json").read_text())
+    meta = json.loads((tmp_path / "data" / "metadata.json").read_text())
+
+    def split(root: Path, m: dict, name: str) -> pa.Table:
+        return pa.concat_tables([pq.read_table(root / f) for f in m["splits"][name]["files"]])
+
+    raw = {s: split(tmp_path / "raw", raw_meta, s) for s in ("train", "valid", "test")}
+    new = {s: split(tmp_path / "data", meta, s) for s in raw}
+    for s in raw:
+        assert new[s].num_rows == raw[s].num_rows
+        assert new[s]["label"].to_pylist() == raw[s]["label"].to_pylist()  # the same rows, in order
+
+    def flat(col) -> np.ndarray:
+        col = col.combine_chunks()
+        nested = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
+        values = pa.compute.list_flatten(col) if nested else col
+        return values.to_numpy(zero_copy_only=False)
+
+    for i, feature in enumerate(meta["sparse"]):
+        name = feature["name"]
+        counts = np.bincount(flat(raw["train"][name]))
+        kept = np.flatnonzero(counts >= threshold)
+        assert feature["num_embeddings"] == len(kept) + 1
+        for s in raw:
+            before, after = flat(raw[s][name]), flat(new[s][name])
+            frequent = np.isin(before, kept)
+            assert np.array_equal(after != 0, frequent), (s, name)
+            pairs = np.unique(np.stack([before[frequent], after[frequent]]), axis=1)
+            assert len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]
+            assert after.max(initial=0) < feature["num_embeddings"]

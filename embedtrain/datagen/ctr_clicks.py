@@ -156,7 +156,7 @@ class _FMClicks:
     cover 96% of a field's rows. (With the spec's exponent 1.1 and the top 200 ids, ids seen too
     rarely to learn held ~1/3 of the rows, and a model of exactly these terms, well regularised,
     stayed 0.009-0.016 below the oracle AUC at 1M rows; with these settings it gets within
-    ~0.003-0.004.)
+    ~0.003-0.004: `benchmarks/bench_fm_reference.py`.)
 
     Scales: biases are standardised like the criteo terms (zero mean, sd 0.40 under the id
     distribution). Factors are drawn U, V ~ N(0, 1) on the carrying ids, then centred and
