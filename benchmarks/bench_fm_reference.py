@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--l2", type=float, default=1e-5)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--cosine", action="store_true", help="decay the lr to 0 over the run (cosine)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             for s, (d, _, _) in splits.items()}
     model = Planted({c: sizes[c] for c in (*_FM_USER, *_FM_ITEM, *_FM_BIAS_ONLY)}, len(_FM_DENSE))
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    total = args.epochs * -(-len(splits["train"][2]) // args.batch)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, total) if args.cosine else None
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def auc(split: str) -> float:
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
             step += 1
             if step % args.eval_every == 0:
                 v = auc("valid")
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "data": str(args.data), "oracle_auc": oracle, "test_auc": test, "gap": test - oracle,
             "best_valid_auc": valid, "best_step": at, "curve": curve, "lr": args.lr,
-            "l2": args.l2, "epochs": args.epochs,
+            "l2": args.l2, "epochs": args.epochs, "cosine": args.cosine,
             "command": "python benchmarks/bench_fm_reference.py " + " ".join(argv or sys.argv[1:])},
             indent=2))
     return 0
