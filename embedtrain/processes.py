@@ -52,6 +52,7 @@ SIGINT ends it at once as SIGTERM does: torchrun passes a signal on as it came, 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import logging
 import os
 import signal
@@ -268,6 +269,10 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, out
 
     out = Path(out_dir)
     failed = False
+    # Where a rank hangs, for spawn's timeout message: every thread's stack, written shortly
+    # before spawn gives up (only if this process is still alive then).
+    stacks = open(out / f"rank{rank}.stacks", "w")  # noqa: SIM115 (open until the process ends)
+    faulthandler.dump_traceback_later(timeout - min(_STACKS_BEFORE_S, timeout / 2), file=stacks)
     try:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -285,6 +290,21 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, out
     # release a collective's Python tensors, which aborts a finalizing interpreter (see the
     # module docstring). The group is destroyed and the process leaves at once.
     exit_process(1 if failed else 0, barrier=not failed)
+
+
+_log = logging.getLogger(__name__)
+_STACKS_BEFORE_S = 10.0    # a rank dumps its threads' stacks this long before spawn's deadline
+_TEARDOWN_GRACE_S = 60.0   # how long ranks that all returned may take to exit
+
+
+def _stacks(out: Path, ranks: list[int]) -> str:
+    """The stacks the ``ranks`` dumped before the deadline, as lines after a timeout's message."""
+    text = ""
+    for r in ranks:
+        path = out / f"rank{r}.stacks"
+        dump = path.read_text().strip() if path.exists() else ""
+        text += f"\nrank {r}'s threads:\n{dump}" if dump else f"\nrank {r}: no stacks dumped"
+    return text
 
 
 def _failure(procs: list, out: Path) -> RankError:
@@ -331,7 +351,7 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *args: Any,
         procs = [ctx.Process(target=_run_rank, name=f"rank{rank}", daemon=True,
                              args=(fn, rank, world_size, port, tmp, timeout, args))
                  for rank in range(world_size)]
-        deadline = time.monotonic() + timeout
+        deadline, finished_at = time.monotonic() + timeout, None
         try:
             for p in procs:
                 p.start()
@@ -343,10 +363,21 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *args: Any,
                     raise _failure(procs, out)
                 if all(p.exitcode == 0 for p in procs):
                     break
+                done = all((out / f"rank{r}.pt").exists() for r in range(world_size))
+                if done and finished_at is None:
+                    finished_at = time.monotonic()
+                if done and time.monotonic() - finished_at > _TEARDOWN_GRACE_S:
+                    # Every rank returned and wrote its result; only the group's teardown hangs.
+                    stuck = [r for r, p in enumerate(procs) if p.exitcode is None]
+                    _log.warning(
+                        "spawn(%s): rank(s) %s returned but did not exit within %.0f s; killed",
+                        getattr(fn, "__name__", fn), stuck, _TEARDOWN_GRACE_S)
+                    break
                 if time.monotonic() > deadline:
                     stuck = [r for r, p in enumerate(procs) if p.exitcode is None]
                     raise TimeoutError(f"spawn({getattr(fn, '__name__', fn)}): rank(s) {stuck} "
-                                       f"still running after {timeout:.0f} s; killed")
+                                       f"still running after {timeout:.0f} s; killed"
+                                       + _stacks(out, stuck))
                 time.sleep(0.02)
             return [torch.load(out / f"rank{r}.pt", weights_only=False)
                     for r in range(world_size)]

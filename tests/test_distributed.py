@@ -245,3 +245,38 @@ def test_bad_input_on_one_rank_is_one_line_per_process(tmp_path):
     assert {line for line in lines if " error: " in line} <= {rank1, rank0}
     assert lines[-1] == ("embedtrain: rank 1 of 2 exited with status 2; 1 other rank(s) stopped "
                          "after it (its error is above)")
+
+
+def _hang_in_rank(rank, world):
+    if rank == 1:
+        time.sleep(600)  # never returns: spawn's deadline ends it
+    return rank
+
+
+def _hang_after_return(rank, world):
+    import embedtrain.processes as processes
+
+    processes.exit_process = lambda code, barrier: time.sleep(600)  # a teardown that never ends
+    return rank
+
+
+def test_spawn_timeout_shows_where_a_rank_hangs():
+    from embedtrain.processes import spawn
+
+    with pytest.raises(TimeoutError) as err:
+        spawn(_hang_in_rank, 2, timeout=8.0)
+    text = str(err.value)
+    # rank 0 returned and waits for rank 1 in the exit barrier
+    assert text.startswith("spawn(_hang_in_rank): rank(s) [0, 1] still running after 8 s; killed")
+    assert "rank 1's threads:" in text and "in _hang_in_rank" in text
+
+
+def test_spawn_returns_the_results_when_only_teardown_hangs(monkeypatch):
+    import embedtrain.processes as processes
+
+    warnings = []
+    monkeypatch.setattr(processes, "_TEARDOWN_GRACE_S", 1.0)
+    monkeypatch.setattr(processes._log, "warning", lambda msg, *a: warnings.append(msg % a))
+    assert processes.spawn(_hang_after_return, 2, timeout=60.0) == [0, 1]
+    assert warnings == ["spawn(_hang_after_return): rank(s) [0, 1] returned but did not exit "
+                        "within 1 s; killed"]
