@@ -296,7 +296,7 @@ def register_dense_allreduce(model: nn.Module, mode: DenseAllReduce, powersgd_ra
         return 0
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    hooked = 0
+    hooked, group = 0, None
     for module in model.modules():
         if not isinstance(module, DistributedDataParallel):
             continue
@@ -304,7 +304,12 @@ def register_dense_allreduce(model: nn.Module, mode: DenseAllReduce, powersgd_ra
             dtype = torch.bfloat16 if mode is DenseAllReduce.BF16 else torch.float16
             module.register_comm_hook(None, compressed_allreduce_hook(dtype))
         else:
-            state = powerSGD_hook.PowerSGDState(process_group=None,
+            # PowerSGD issues its second all-reduce from the first one's completion callback,
+            # on gloo's thread, while backward goes on to TorchRec's all-to-alls: on the one
+            # default group the two ranks could issue them in different orders and hang (seen
+            # in CI). Its own group keeps the two streams of collectives apart.
+            group = group or dist.new_group(backend=dist.get_backend())
+            state = powerSGD_hook.PowerSGDState(process_group=group,
                                                 matrix_approximation_rank=powersgd_rank,
                                                 start_powerSGD_iter=2)
             module.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
