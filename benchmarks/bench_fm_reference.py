@@ -52,12 +52,12 @@ class Planted(torch.nn.Module):
             torch.nn.init.normal_(e.weight, std=0.05)
 
     def forward(self, dense, ids):
-        rows = [self.bias[c](ids[c]) for c in self.bias] + [self.factors[c](ids[c])
-                                                             for c in self.factors]
-        u = sum(self.factors[c](ids[c]) for c in _FM_USER)
-        v = sum(self.factors[c](ids[c]) for c in _FM_ITEM)
-        logit = self.dense(dense).squeeze(1) + sum(r.squeeze(1) for r in rows[:len(self.bias)])
-        penalty = sum((r * r).sum(1).mean() for r in rows)
+        bias = [self.bias[c](ids[c]) for c in self.bias]
+        factors = {c: self.factors[c](ids[c]) for c in self.factors}  # each looked up once
+        u = sum(factors[c] for c in _FM_USER)
+        v = sum(factors[c] for c in _FM_ITEM)
+        logit = self.dense(dense).squeeze(1) + sum(b.squeeze(1) for b in bias)
+        penalty = sum((r * r).sum(1).mean() for r in [*bias, *factors.values()])
         return logit + (u * v).sum(1), penalty
 
 
