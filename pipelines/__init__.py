@@ -47,9 +47,11 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from pipelines.core.atomic import OutputError, Staging, atomic_output, foreign_entries
+from pipelines.core.inputs import KEEP_PREFIX
 
 # kind -> the family's package; each has spec.load_spec, passes.ingest and report.summary_lines
 FAMILIES = {"tabular": "pipelines.tabular", "xc": "pipelines.xc", "graph": "pipelines.graph"}
@@ -131,5 +133,37 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     return report, lines
 
 
-__all__ = ["FAMILIES", "OutputError", "Staging", "atomic_output", "foreign_entries", "kind_of",
-           "load_spec", "run_ingest"]
+def raw_rows(meta: dict, root: str | os.PathLike, inputs: Sequence[str],
+             keep: Sequence[str] = (), on_invalid: str = "drop",
+             where: Optional[str | os.PathLike] = None) -> Any:
+    """Serving: raw rows encoded by the ingestion that made a data set, its family's
+    ``serve.RawRows`` (:mod:`pipelines.tabular.serve`, :mod:`pipelines.xc.serve`).
+
+    Args:
+        meta: the data set's ``metadata.json`` (its ``spec``, vocabulary files, constants).
+        root: where its vocabulary files lie (the data set, or an export of a run on it).
+        inputs: raw files, directories or globs.
+        keep: input columns carried to the output.
+        on_invalid: ``drop`` (count invalid rows) or ``error`` (stop at the first).
+        where: the metadata's file, for messages.
+
+    Raises:
+        IngestError: a data set not made by ``embedtrain ingest`` (generated data sets have no
+            raw layout), a graph data set, or inputs that cannot be read (one line).
+    """
+    from pipelines.core.errors import IngestError
+
+    where = where or Path(root) / "metadata.json"
+    if "spec" not in meta:
+        raise IngestError(f"{where}: the data set was not made by embedtrain ingest (no spec: "
+                          "generated data has no raw layout); score its parquet rows without "
+                          "--raw")
+    if meta.get("task") == "gnn" or meta.get("kind") == "graph":
+        raise IngestError(f"{where}: a graph data set; raw rows are scored for ctr and xc")
+    family = FAMILIES["xc" if meta.get("task") == "xc" else "tabular"]
+    return importlib.import_module(f"{family}.serve").RawRows(meta, root, inputs, keep,
+                                                              on_invalid)
+
+
+__all__ = ["FAMILIES", "KEEP_PREFIX", "OutputError", "Staging", "atomic_output", "foreign_entries", "kind_of",
+           "load_spec", "raw_rows", "run_ingest"]

@@ -19,14 +19,30 @@ def register(sub) -> None:
     p.add_argument("--format", default="npy", help="table files: npy, parquet or npy,parquet "
                    "(default: npy)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--aot", action="store_true", help="also compile the dense program with "
+                   "AOTInductor (dense.aoti.pt2; needs a C++ compiler, tens of seconds)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("predict", help="score parquet rows with an export (streaming)")
+    p = sub.add_parser("predict", help="score rows with an export (streaming): parquet rows in "
+                       "the data set's layout, or raw rows (--raw)")
     p.add_argument("export_dir", help="a directory written by `embedtrain export`")
     p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
-                   help="parquet file, directory or quoted glob in the data set's layout "
+                   help="parquet file, directory or quoted glob in the data set's layout; with "
+                        "--raw, raw files as the data set was ingested from (repeatable)")
+    p.add_argument("--raw", action="store_true", help="the inputs are raw rows (Criteo TSV, "
+                   "CSV, parquet, XC repository format): encoded by the data set's own "
+                   "ingestion (its spec, vocabularies, statistics, copied into the export)")
+    p.add_argument("--keep", action="append", default=[], metavar="COLUMN",
+                   help="an input column to copy to the output, e.g. a request id "
                         "(repeatable)")
+    p.add_argument("--on-invalid", choices=("drop", "error"), default="drop",
+                   help="--raw: rows ingestion would drop are skipped and counted by reason, "
+                        "listed in <out>.invalid.parquet (drop, the default), or stop the "
+                        "command at the first (error)")
+    p.add_argument("--program", choices=("export", "aot"), default="export",
+                   help="the dense program: the torch.export program (default) or the "
+                        "AOTInductor package (`embedtrain export --aot`)")
     p.add_argument("--out", required=True, help="predictions parquet file")
     p.add_argument("--batch-size", type=int, default=8192, help="rows scored at once "
                    "(default: 8192)")
@@ -41,7 +57,7 @@ def _export(args: argparse.Namespace) -> int:
 
     result = export_run(args.run_dir, args.out, checkpoint=args.checkpoint,
                         quantize=args.quantize, formats=args.format.split(","),
-                        overwrite=args.overwrite, progress=not args.no_progress)
+                        overwrite=args.overwrite, progress=not args.no_progress, aot=args.aot)
     m, mib = result.manifest, 2**20
     print(f"exported step {m.source.step:,} of {args.run_dir} ({m.source.world_size} rank(s), "
           f"{m.task}) to {result.out} in {result.seconds:.1f} s")
@@ -62,6 +78,10 @@ def _export(args: argparse.Namespace) -> int:
     if m.dense_program is not None:
         print(f"  dense model  {m.dense_program.file} ({m.dense_program.format}), "
               f"{m.dense_program.parameters:,} parameters")
+        if m.dense_program.aot:
+            size = (result.out / m.dense_program.aot).stat().st_size
+            print(f"  AOT package  {m.dense_program.aot} (AOTInductor, {size / mib:,.1f} MiB: "
+                  f"embedtrain predict --program aot, examples/serve_aot.py)")
     else:
         print(f"  dense model  none ({m.note})")
     if result.peak_over_baseline is not None:
@@ -69,7 +89,9 @@ def _export(args: argparse.Namespace) -> int:
               f"{result.baseline_rss / mib:,.0f} MiB before the tables (largest table "
               f"{result.largest_table / mib:,.1f} MiB)")
     print(f"files: {result.out}/ (model.json, tables/, "
-          f"{m.dense_program.file + ', ' if m.dense_program else ''}config.yaml)")
+          f"{m.dense_program.file + ', ' if m.dense_program else ''}"
+          f"{m.dense_program.aot + ', ' if m.dense_program and m.dense_program.aot else ''}"
+          f"config.yaml)")
     return 0
 
 
@@ -77,10 +99,15 @@ def _predict(args: argparse.Namespace) -> int:
     from embedtrain.export.predict import predict
 
     result = predict(args.export_dir, args.inputs, args.out, batch_size=args.batch_size,
-                     top_k=args.top_k, progress=not args.no_progress)
+                     top_k=args.top_k, progress=not args.no_progress, raw=args.raw,
+                     keep=args.keep, on_invalid=args.on_invalid, program=args.program)
     rate = result.rows / max(result.seconds, 1e-9)
     print(f"scored {result.rows:,} rows from {result.files} file(s) in {result.seconds:.1f} s "
           f"({rate:,.0f} rows/s)")
+    if result.invalid:
+        reasons = ", ".join(f"{k} {n:,}" for k, n in sorted(result.invalid.items()))
+        print(f"  not scored   {sum(result.invalid.values()):,} invalid row(s): {reasons} "
+              f"(listed in {result.invalid_file})")
     for k, v in result.metrics.items():
         print(f"  {k:<12} {v:.6f}" if isinstance(v, float) else f"  {k:<12} {v:,}")
     print(f"written: {result.out}")

@@ -14,7 +14,11 @@ program, a class head, a note). How:
    encoder's MLP; GNN: none), on CPU, has its parameters loaded with
    ``torch.distributed.checkpoint.load`` (no process group) and is exported with
    ``torch.export`` (``torch.export.save``; TorchScript where export fails), its batch
-   dimension dynamic; the program is checked against the module.
+   dimension dynamic; the program is checked against the module. With ``aot`` (``--aot``) the
+   written program is also compiled by AOTInductor into ``dense.aoti.pt2``
+   (``torch._inductor.aoti_compile_and_package``: C++ kernels and the weights in one package
+   that ``torch._inductor.aoti_load_package`` runs without Python model code; tens of seconds
+   with a C++ compiler), checked against the module on the example and on a batch of 1 row.
 3. Tables (and a sharded class head) are read from the DCP checkpoint one tensor at a time and,
    within it, one shard at a time (:func:`~embedtrain.export.tables.stream_tensor`), straight
    into their ``.npy`` files: a checkpoint of N ranks, row-wise, table-wise or column-wise,
@@ -52,6 +56,7 @@ Example:
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +103,7 @@ from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
 from embedtrain.utils import progress_bar
 
 FORMATS = ("npy", "parquet")
-PROGRAM_FILE, SCRIPT_FILE = "dense.pt2", "dense.ts"
+PROGRAM_FILE, SCRIPT_FILE, AOT_FILE = "dense.pt2", "dense.ts", "dense.aoti.pt2"
 
 
 @dataclass
@@ -142,7 +147,8 @@ class _Tensor:
 
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] = None,
                quantize: str = "none", formats: Sequence[str] = ("npy",),
-               overwrite: bool = False, progress: bool = True) -> ExportResult:
+               overwrite: bool = False, progress: bool = True, aot: bool = False
+               ) -> ExportResult:
     """Exports a run's checkpoint (see the module docstring).
 
     Args:
@@ -154,10 +160,14 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
             through TorchRec's quantizer); the class head stays float32.
         formats: table files: ``npy`` and/or ``parquet`` (float32 tables only).
         overwrite: replace an earlier export in ``out``.
-        progress: show a progress bar (rows of the tables).
+        progress: show a progress bar (rows of the tables), and say when AOTInductor compiles.
+        aot: also compile the dense program with AOTInductor (:data:`AOT_FILE`; a
+            ``torch.export`` program only).
 
     Raises:
-        ExportError: bad arguments, not a run directory, a model that cannot be exported.
+        ExportError: bad arguments, not a run directory, a model that cannot be exported
+            (``aot``: without a ``torch.export`` program, or a package that does not reproduce
+            the model).
         CheckpointError: no checkpoint, or one that cannot be read (named).
     """
     start = time.perf_counter()
@@ -173,6 +183,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
     model = recipe.planning_model()  # on meta: no table memory
     tables = model_tables(model)
     parts = recipe.export_parts(model, [(t.name, t.rows, t.dim) for t in tables])
+    if aot and parts.dense is None:
+        raise ExportError(f"--aot: a {parts.model} export has no dense program to compile "
+                          f"({parts.note or 'none'}); export without --aot")
     manager = CheckpointManager(run_dir / "checkpoints")
     if checkpoint is None and manager.latest() is None:
         raise CheckpointError(f"{run_dir / 'checkpoints'}: no complete checkpoint to export")
@@ -180,13 +193,13 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
     with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt:
         return _export_checkpoint(cfg, recipe, parts, tables, run_dir, out, ckpt,
                                   manager.info(ckpt), quantize, formats, progress, overwrite,
-                                  start)
+                                  start, aot)
 
 
 def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec"],
                        run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
                        formats: Sequence[str], progress: bool, overwrite: bool,
-                       start: float) -> ExportResult:
+                       start: float, aot: bool) -> ExportResult:
     saved = checkpoint_tensors(ckpt)
     h = parts.head
     remapped = [(f"{t.remap}.{b}", (t.rows,)) for t in tables if t.remap
@@ -201,7 +214,7 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec
     _prepare_out(out, overwrite)
     try:
         return _export(cfg.task.value, recipe.dataset_info(), parts, tables, run_dir, out, ckpt,
-                       info, quantize, formats, progress, start)
+                       info, quantize, formats, progress, start, aot)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export is left behind
         raise
@@ -209,10 +222,10 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec
 
 def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_TableSpec"],
             run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
-            formats: Sequence[str], progress: bool, start: float) -> ExportResult:
+            formats: Sequence[str], progress: bool, start: float, aot: bool) -> ExportResult:
     # 1. The dense model (small; it also loads what reading a checkpoint needs, so that the
     # baseline below holds every library the tables' phase uses).
-    program = _dense_program(parts.dense, ckpt, out)
+    program = _dense_program(parts.dense, ckpt, out, aot, progress)
 
     # 2. The tables, one tensor and one shard at a time (the memory-bound phase).
     (out / "tables").mkdir()
@@ -396,9 +409,10 @@ def model_tables(model: nn.Module) -> list[_TableSpec]:
     return out
 
 
-def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path
-                   ) -> Optional[DenseProgram]:
-    """Loads the dense parameters from the checkpoint and exports the program."""
+def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path, aot: bool = False,
+                   progress: bool = False) -> Optional[DenseProgram]:
+    """Loads the dense parameters from the checkpoint and exports the program (and, with
+    ``aot``, its AOTInductor package)."""
     if dense is None:
         return None
     module, prefix = dense.module, dense.checkpoint_prefix
@@ -410,8 +424,13 @@ def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path
     load_tensors(ckpt, tensors)
     module.eval()
     file, kind = export_program(module, dense.example, out)
+    if aot and kind != "torch.export":
+        raise ExportError(f"--aot: torch.export could not trace the dense model (it was written "
+                          f"as TorchScript, {file}); AOTInductor compiles torch.export programs "
+                          f"only: export without --aot")
     return DenseProgram(file=file, format=kind, inputs=dense.inputs, output=dense.output,
-                        parameters=sum(p.numel() for p in module.parameters()))
+                        parameters=sum(p.numel() for p in module.parameters()),
+                        aot=aot_package(module, dense.example, out, progress) if aot else None)
 
 
 def _head_entry(h: HeadExport, shards: list[Shard], root: Path, out: Path,
@@ -511,3 +530,32 @@ def export_program(module: nn.Module, example: tuple, out: Path) -> tuple[str, s
         raise ExportError(f"{out / file}: the exported program does not reproduce the model "
                           f"(max difference {(got - expected).abs().max():.3g})")
     return file, kind
+
+
+def aot_package(module: nn.Module, example: tuple, out: Path, progress: bool = False) -> str:
+    """Compiles the ``torch.export`` program written in ``out`` (:data:`PROGRAM_FILE`, its batch
+    dimension dynamic) with AOTInductor into :data:`AOT_FILE`, loads it back and checks it
+    against ``module`` on ``example`` and on its first row alone. Returns the file name."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    path = out / AOT_FILE
+    if progress:
+        print("compiling the dense program with AOTInductor (up to a minute)...",
+              file=sys.stderr, flush=True)
+    try:
+        aoti_compile_and_package(torch.export.load(out / PROGRAM_FILE), package_path=str(path))
+        package = aoti_load_package(str(path))
+    except Exception as e:  # noqa: BLE001 - no C++ compiler, an op without a kernel: one line
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ExportError(f"{path}: AOTInductor could not compile the dense program: "
+                          f"{why[:300]}") from None
+    with torch.no_grad():
+        for inputs in (example, tuple(x[:1] for x in example)):
+            expected, got = module(*inputs), package(*(x.contiguous() for x in inputs))
+            same = got.shape == expected.shape
+            if not (same and torch.allclose(got, expected, rtol=1e-5, atol=1e-6)):
+                diff = (got - expected).abs().max().item() if same else float("inf")
+                raise ExportError(f"{path}: the AOTInductor package does not reproduce the "
+                                  f"model on {len(inputs[0])} row(s) (max difference "
+                                  f"{diff:.3g})")
+    return AOT_FILE

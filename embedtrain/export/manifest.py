@@ -4,6 +4,8 @@ An export (``embedtrain export RUN_DIR --out DIR``) is a directory::
 
     DIR/model.json                this manifest
     DIR/dense.pt2                 the dense model, a torch.export program (dense.ts: TorchScript)
+    DIR/dense.aoti.pt2            with --aot: that program compiled by AOTInductor (C++ kernels
+                                  and weights; torch._inductor.aoti_load_package runs it)
     DIR/tables/<table>.npy        float32 [rows, dim] per embedding table (row = id)
     DIR/tables/<table>.int8.npy   or, quantized: uint8 [rows, dim + 4] fused rows (FBGEMM's
                                   layout: dim codes, then fp16 scale and fp16 bias; int4:
@@ -180,6 +182,9 @@ class DenseProgram:
     inputs: list[str]
     output: str
     parameters: int
+    # --aot: the program's AOTInductor package (dense.aoti.pt2), same inputs and output, inputs
+    # contiguous; None: not compiled (and every export written before --aot existed)
+    aot: Optional[str] = None
 
 
 @dataclass

@@ -3,8 +3,9 @@
 :class:`ExportedModel` loads an export directory (:mod:`embedtrain.export.manifest`): its tables
 into TorchRec's ``EmbeddingBagCollection`` (float32 ``.npy`` files memory-mapped) or, for
 ``int8``/``int4`` exports, into TorchRec's quantized inference ``EmbeddingBagCollection``
-(FBGEMM's n-bit kernels); the dense program with ``torch.export.load``; an XC class head as a
-float32 matrix scored in blocks of classes (:func:`embedtrain.models.topk.blocked_topk`, the
+(FBGEMM's n-bit kernels); the dense program with ``torch.export.load`` (``program="aot"``: its
+AOTInductor package ``dense.aoti.pt2``, ``torch._inductor.aoti_load_package``); an XC class head
+as a float32 matrix scored in blocks of classes (:func:`embedtrain.models.topk.blocked_topk`, the
 kernel evaluation uses); a dynamic table's id -> row map (``tables/<table>.ids.parquet``,
 :mod:`embedtrain.export.manifest`) as sorted int64 tensors.
 
@@ -45,12 +46,11 @@ Example:
 
 from __future__ import annotations
 
-import glob
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Container, Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -62,9 +62,8 @@ from torch import Tensor, nn
 
 from embedtrain.config import load_run_config
 from embedtrain.config_io import ConfigError
-from embedtrain.data.batching import Rows, SparseLayout, is_list_type, to_batch
-from embedtrain.data.reader import DataError, first_non_finite
 from embedtrain.export.manifest import ExportError, load_manifest
+from embedtrain.export.rows import ParquetRows, RawRows, check_rows, input_files, model_batch
 from embedtrain.export.tables import (
     float_collection,
     quantized_collection,
@@ -82,10 +81,9 @@ from embedtrain.models.dynamic import (
 )
 from embedtrain.recipes import recipe_for
 from embedtrain.recipes.base import quiet_fx_tracing_warning
-from embedtrain.utils import check_output_file, natural_key, progress_bar
+from embedtrain.utils import check_output_file, progress_bar
 
 _HEAD_BLOCK = 65_536  # classes scored at once (as evaluation does)
-RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)
 # mix_ids maps the one id whose image is EMPTY_ID onto EMPTY_ID - 1, another id's image: in
 # training both share a row, which the map records under the other id
 _MIXED_TO_EMPTY = int(unmix_ids(torch.tensor([EMPTY_ID]))[0])
@@ -124,13 +122,16 @@ class ExportedModel:
 
     Args:
         root: the export directory.
+        program: the dense program to score with: ``export`` (``dense.pt2``, or its TorchScript
+            fallback) or ``aot`` (its AOTInductor package, ``dense.aoti.pt2``: ``--aot``).
 
     Raises:
         ExportError: no usable ``model.json`` or ``config.yaml``, an export without a dense
-            program (GNN), or a missing/mismatched file (named).
+            program (GNN) or without the ``aot`` package asked for, or a missing/mismatched
+            file (named).
     """
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, program: str = "export") -> None:
         self.root = Path(root)
         m = self.manifest = load_manifest(self.root)
         where = self.root / "model.json"
@@ -195,7 +196,13 @@ class ExportedModel:
                 raise ExportError(str(e)) from None
             for name in t.features:
                 self.id_maps[name] = IdMap(ids, rows, t.segments)
-        self.program = _load_program(self.root / m.dense_program.file, m.dense_program.format)
+        d = m.dense_program
+        if program not in ("export", "aot"):
+            raise ExportError(f"program: {program!r} is not export or aot")
+        if program == "aot" and d.aot is None:
+            raise ExportError(f"{where}: no AOTInductor package; export with --aot")
+        self.program = _load_program(self.root / (d.aot if program == "aot" else d.file),
+                                     "aot" if program == "aot" else d.format)
         self.head_weight: Optional[Tensor] = None
         if m.head is not None:
             h = m.head
@@ -265,101 +272,105 @@ def _load_program(path: Path, kind: str):
         raise ExportError(f"{path}: the dense program is missing")
     if kind == "torchscript":
         return torch.jit.load(str(path)).eval()
+    if kind == "aot":
+        from torch._inductor import aoti_load_package
+
+        try:
+            package = aoti_load_package(str(path))
+        except Exception as e:  # noqa: BLE001 - not a package, or one for another machine
+            raise ExportError(f"{path}: not a loadable AOTInductor package: "
+                              f"{(str(e).strip().splitlines() or ['?'])[0][:300]}") from None
+        # its kernels assume the strides it was compiled with: contiguous inputs
+        return lambda *inputs: package(*(x.contiguous() for x in inputs))
     return torch.export.load(path).module()
 
 
 @dataclass
 class PredictResult:
-    """What :func:`predict` wrote: rows, time, and metrics where the input has labels."""
+    """What :func:`predict` wrote: rows, time, metrics where the input has labels, and (raw
+    inputs) the rows not scored."""
 
     out: Path
     rows: int
     files: int
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-def input_files(inputs: Sequence[str]) -> list[Path]:
-    """The parquet files of ``--input`` arguments: files, directories (their ``*.parquet``) or
-    quoted globs, each sorted naturally, in the order given.
-
-    Raises:
-        FileNotFoundError: an argument that names no parquet file.
-    """
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_file():
-            found = [path]
-        elif path.is_dir():
-            found = sorted(path.rglob("*.parquet"), key=natural_key)
-        else:
-            found = sorted((Path(p) for p in glob.glob(item, recursive=True)
-                            if Path(p).is_file()), key=natural_key)
-        if not found:
-            raise FileNotFoundError(f"--input {item}: no parquet file there")
-        files.extend(f for f in found if f not in files)
-    return files
+    invalid: dict[str, int] = field(default_factory=dict)  # raw rows not scored, by reason
+    invalid_file: Optional[Path] = None  # where they are listed
 
 
 def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.PathLike,
-            batch_size: int = 8192, top_k: Optional[int] = None, progress: bool = True
-            ) -> PredictResult:
+            batch_size: int = 8192, top_k: Optional[int] = None, progress: bool = True,
+            raw: bool = False, keep: Sequence[str] = (), on_invalid: str = "drop",
+            program: str = "export") -> PredictResult:
     """Scores every row of ``inputs`` with the export at ``export_dir`` into parquet ``out``.
 
     Args:
         export_dir: an ``embedtrain export`` directory.
         inputs: parquet files, directories or globs (the data set's layout: its dense and
-            sparse columns; the label is optional).
+            sparse columns; the label is optional); with ``raw``, files in the raw layout the
+            data set was ingested from.
         out: the predictions file (written anew).
         batch_size: rows scored at once.
         top_k: XC: classes per row (default: the run's largest ``xc.top_k``).
         progress: show a progress bar (rows).
+        raw: the inputs are raw rows, encoded by the data set's own ingestion
+            (``pipelines.raw_rows``); rows it would drop are not scored but counted by reason
+            and listed in ``<out>.invalid.parquet`` (file, row, line, reason, column).
+        keep: input columns copied to the output as they are (an id to join the scores on).
+        on_invalid: with ``raw``: ``drop`` (skip and count invalid rows) or ``error`` (stop at
+            the first, one line).
+        program: ``export`` (the ``torch.export`` program) or ``aot`` (the AOTInductor
+            package, ``embedtrain export --aot``).
 
     Raises:
-        ExportError, DataError, FileNotFoundError: one line naming the file (and column, row).
+        ExportError, DataError, FileNotFoundError, IngestError: one line naming the file (and
+            column, row).
     """
     start = time.perf_counter()
     if batch_size < 1:
         raise ValueError(f"--batch-size: must be at least 1, got {batch_size}")
-    quiet_fx_tracing_warning()
-    model = ExportedModel(export_dir)
-    files = input_files(inputs)
-    spec = model.spec
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top-k: must be at least 1, got {top_k}")
+    quiet_fx_tracing_warning()
+    model = ExportedModel(export_dir, **({"program": program} if program != "export" else {}))
+    spec = model.spec
+    source = (RawRows(model.root, spec, inputs, keep, on_invalid) if raw
+              else ParquetRows(input_files(inputs), spec, keep))
     head = model.manifest.head
     k = top_k or (max(head.top_k) if head is not None else 0)
-    schemas = [_schema(f, spec) for f in files]
-    label_type = _label_type(files, schemas, spec)
-    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     out = Path(out)
     check_output_file(out, "--out", example="predictions.parquet")
-    if total == 0:
+    if source.total == 0:
+        files = source.files
         raise ValueError(f"{files[0] if len(files) == 1 else f'{len(files)} input files'}: no "
                          f"rows to score; nothing written to {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # renamed to ``out`` when complete
     metrics = None
-    if label_type is not None:
+    if source.label_type is not None:
         metrics = _TopOneMetrics() if head is not None else _ClickMetrics()
     writer: Optional[pq.ParquetWriter] = None
     rows = 0
     try:
-        with progress_bar(total, "predict", disable=not progress) as bar:
-            for path, schema in zip(files, schemas):
-                for batch, labels in _batches(path, schema, spec, batch_size, label_type,
-                                              model.id_maps):
-                    columns = _score(model, batch, k)
-                    if metrics is not None:
-                        columns[spec.label] = labels
-                        metrics.update(columns, labels)
-                    table = pa.table(columns)
-                    if writer is None:
-                        writer = pq.ParquetWriter(partial, table.schema)
-                    writer.write_table(table)
-                    rows += table.num_rows
-                    bar.update(table.num_rows)
+        with progress_bar(source.total, "predict", disable=not progress) as bar:
+            for path, first, table, labels, kept in source.batches(batch_size):
+                check_rows(table, spec, path, first, model.id_maps)
+                columns = _score(model, model_batch(table, spec), k)
+                if metrics is not None:
+                    columns[spec.label] = labels
+                    metrics.update(columns, labels)
+                columns.update(kept)
+                result = pa.table(columns)
+                if writer is None:
+                    writer = pq.ParquetWriter(partial, result.schema)
+                writer.write_table(result)
+                rows += result.num_rows
+                bar.update(result.num_rows)
+        if writer is None:
+            raise ValueError(f"{source.files[0] if len(source.files) == 1 else 'the inputs'}: "
+                             f"no valid row to score ({source.describe_invalid()}); nothing "
+                             f"written to {out}")
         writer.close()
         writer = None
         os.replace(partial, out)
@@ -367,8 +378,10 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         if writer is not None:
             writer.close()
         partial.unlink(missing_ok=True)
-    return PredictResult(out, rows, len(files), time.perf_counter() - start,
-                         metrics.compute() if metrics is not None else {})
+    invalid_file = source.write_invalid(out)
+    return PredictResult(out, rows, len(source.files), time.perf_counter() - start,
+                         metrics.compute() if metrics is not None else {},
+                         dict(source.invalid), invalid_file)
 
 
 def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:
@@ -383,125 +396,6 @@ def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:
     return {"top_ids": pa.ListArray.from_arrays(offsets, pa.array(ids.reshape(-1).numpy())),
             "top_scores": pa.ListArray.from_arrays(
                 offsets, pa.array(scores.float().reshape(-1).numpy()))}
-
-
-def _schema(path: Path, spec: FeatureSpec) -> pa.Schema:
-    try:
-        schema = pq.read_schema(path)
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: not a readable parquet file: {e}") from None
-    missing = [c for c in (*spec.dense, *spec.sparse_names) if c not in schema.names]
-    if missing:
-        raise DataError(f"{path}: missing column(s): {', '.join(missing)} (the export's "
-                        f"features: see model.json)")
-    return schema
-
-
-def _label_type(files: list[Path], schemas: list[pa.Schema], spec: FeatureSpec
-                ) -> Optional[pa.DataType]:
-    """The output's label type: float32 clicks, int64 class ids or lists of them; None where
-    no input has the label (files without it get nulls)."""
-    found = [(f, s.field(spec.label).type) for f, s in zip(files, schemas)
-             if spec.label in s.names]
-    if not found:
-        return None
-    if spec.num_classes is None:
-        return pa.float32()
-    lists = {is_list_type(t) for _, t in found}
-    if len(lists) > 1:
-        raise DataError(f"{found[0][0]}: column {spec.label}: a list column in some input "
-                        f"files, single values in others")
-    return pa.list_(pa.int64()) if lists.pop() else pa.int64()
-
-
-def _batches(path: Path, schema: pa.Schema, spec: FeatureSpec, batch_size: int,
-             label_type: Optional[pa.DataType], dynamic: Container[str] = ()
-             ) -> Iterator[tuple[object, Optional[pa.Array]]]:
-    """``(TorchRec batch, the rows' labels)`` of one file, ``batch_size`` rows at a time (the
-    ids as the data holds them: ``dynamic`` features' ids are mapped to rows at lookup)."""
-    layout = SparseLayout(tuple(is_list_type(schema.field(f.name).type) for f in spec.sparse))
-    has_label = spec.label in schema.names
-    columns = [*spec.dense, *spec.sparse_names] + ([spec.label] if has_label else [])
-    dummy = pa.float32() if spec.num_classes is None else pa.int64()
-    first = 0
-    try:
-        source = pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
-        for record_batch in source:
-            table = pa.Table.from_batches([record_batch])
-            n = table.num_rows
-            _check(table, spec, path, first, dynamic)
-            labels = None
-            if label_type is not None:
-                labels = (table.column(spec.label).combine_chunks().cast(label_type) if has_label
-                          else pa.nulls(n, label_type))
-            # The reader's conversion, with a placeholder label (scoring needs none).
-            features = table.select([*spec.dense, *spec.sparse_names]).append_column(
-                spec.label, pa.array(np.zeros(n, dummy.to_pandas_dtype()), dummy))
-            rows = Rows.from_table(features, spec, layout)
-            yield to_batch([(rows, 0, n)], layout, spec.sparse_names), labels
-            first += n
-    except pa.ArrowException as e:
-        raise DataError(f"{path}: cannot read rows {first:,}..: {e}") from None
-
-
-def _check(table: pa.Table, spec: FeatureSpec, path: Path, first: int,
-           dynamic: Container[str] = ()) -> None:
-    """Types, nulls and id ranges of a batch; errors name the file, column and row. Features
-    in ``dynamic`` (their table has an id map) take any raw id in ``[0, 2^63 - 1)``."""
-    for name in spec.dense:
-        column = table.column(name)
-        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-                or pa.types.is_boolean(column.type)):
-            raise DataError(f"{path}: column {name}: expected a number, got {column.type}")
-        _no_nulls(column, name, path, first)
-        position = first_non_finite(column)
-        if position is not None:
-            raise DataError(f"{path}: column {name}: row {first + position}: value "
-                            f"{column[position].as_py()} is not finite (NaN or infinite)")
-    for feat in spec.sparse:
-        column = table.column(feat.name)
-        _no_nulls(column, feat.name, path, first)
-        values = pc.list_flatten(column) if is_list_type(column.type) else column
-        if not pa.types.is_integer(values.type):
-            raise DataError(f"{path}: column {feat.name}: expected integer ids, got "
-                            f"{column.type}")
-        if values.null_count:
-            row = _row_of(column, _first(pc.is_null(values)))
-            raise DataError(f"{path}: column {feat.name}: row {first + row}: a null id in the "
-                            f"list")
-        if len(values) == 0:
-            continue
-        raw = feat.name in dynamic
-        limit = RAW_ID_LIMIT if raw else feat.num_embeddings
-        bounds = pc.min_max(values)
-        low, high = bounds["min"].as_py(), bounds["max"].as_py()
-        if low < 0 or high >= limit:
-            bad = pc.or_(pc.less(values, 0), pc.greater_equal(values, limit))
-            position = _first(bad)
-            row = _row_of(column, position) if is_list_type(column.type) else position
-            value = values[position].as_py()
-            why = ("2^63 - 1): raw ids of a dynamic table, mapped to rows by its id map" if raw
-                   else f"{feat.num_embeddings}) (the export's table has "
-                        f"{feat.num_embeddings:,} rows)")
-            raise DataError(f"{path}: column {feat.name}: row {first + row}: id {value} outside "
-                            f"[0, {why}")
-
-
-def _first(mask) -> int:
-    """Position of the first true value of a boolean array."""
-    return int(np.flatnonzero(mask.to_numpy(zero_copy_only=False))[0])
-
-
-def _row_of(column: pa.ChunkedArray, position: int) -> int:
-    """The row of a list column holding its flattened values' ``position``."""
-    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
-    return int(np.searchsorted(np.cumsum(lengths), position, side="right"))
-
-
-def _no_nulls(column: pa.ChunkedArray, name: str, path: Path, first: int) -> None:
-    if column.null_count:
-        row = _first(pc.is_null(column))
-        raise DataError(f"{path}: column {name}: row {first + row}: null value")
 
 
 class _ClickMetrics:

@@ -41,6 +41,7 @@ from pipelines.core.fields import InputFormat, ValueType
 
 ROW = "__row"
 FILE = "__file"  # split method files: the row's input file (as resolved from --input)
+KEEP_PREFIX = "__keep:"  # serving: an input column carried to the output (its name may be a feature's)
 _EXTENSIONS = {
     InputFormat.CRITEO_TSV: (".tsv", ".txt"),
     InputFormat.CSV: (".csv", ".tsv", ".txt"),

@@ -47,7 +47,7 @@ from typing import Optional, Sequence
 import polars as pl
 import pyarrow.parquet as pq
 
-from pipelines.core.encode import Vocabulary, dense_output, sparse_output
+from pipelines.core.encode import Vocabulary
 from pipelines.core.errors import IngestError
 from pipelines.core.fields import Encoding, InputFormat, SplitMethod
 from pipelines.core.inputs import ROW, file_splits, resolve_inputs
@@ -70,7 +70,7 @@ from pipelines.tabular.stats import (
     PassStats, merge_counts, merge_kept, merge_values, raw_id_counts, row_statistics,
     value_counts)
 from pipelines.tabular.transforms import (
-    DropReason, assign_split, parse, time_to_seconds, time_value)
+    DropReason, assign_split, feature_columns, parse, time_to_seconds, time_value)
 
 
 def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
@@ -279,11 +279,8 @@ def _write(shard: Shard, shared) -> dict[str, list[tuple[str, int]]]:
     """Streams the shard's kept rows into ``<split>/part[-<shard>]-NNNNN.parquet``; returns
     (file, rows) by split."""
     spec, _, _, vocabs, dense_stats, boundaries, out, several = shared
-    columns = [pl.col(spec.label).cast(pl.Float32)]
-    columns += [dense_output(d, dense_stats[d.name]["mean"], dense_stats[d.name]["std"])
-                for d in spec.dense]
-    columns += [sparse_output(s, vocabs.get(s.name), boundaries.get(s.name))
-                for s in spec.sparse]
+    columns = [pl.col(spec.label).cast(pl.Float32),
+               *feature_columns(spec, vocabs, dense_stats, boundaries)]
     with reading(list(shard.files), spec):
         rows = _frame(shard, shared).filter(pl.col(DROP).is_null()).select(*columns, SPLIT)
         return sink_splits(rows, spec.output, out,

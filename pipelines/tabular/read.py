@@ -45,17 +45,23 @@ MAX_ROWS = 2**32 - 1  # Polars' row index is 32-bit (IdxSize) in the default run
 _MIN_TSV_ROW_BYTES = 40  # a Criteo line is at least 39 tabs and a newline
 
 
-def input_columns(spec: IngestSpec) -> list[str]:
-    """The raw columns the job reads: label, dense, sparse, then a split column if it is extra."""
-    columns = list(spec.source_columns)
+def input_columns(spec: IngestSpec, label: bool = True, keep: Sequence[str] = ()) -> list[str]:
+    """The raw columns the job reads: label, dense, sparse, then a split column if it is extra.
+
+    Serving (:mod:`pipelines.tabular.serve`) reads rows that may lack the label (``label``
+    False) and may ask for more columns (``keep``: carried to the output as they are)."""
+    columns = [c for c in spec.source_columns if label or c != spec.label]
     if spec.split.column is not None and spec.split.column not in columns:
         columns.append(spec.split.column)
-    return columns
+    return columns + [c for c in keep if c not in columns]
 
 
-def check_inputs(files: Sequence[Path], spec: IngestSpec) -> IngestSpec:
+def check_inputs(files: Sequence[Path], spec: IngestSpec, label: bool = True,
+                 keep: Sequence[str] = ()) -> IngestSpec:
     """Checks every file's layout (columns present, types) from its footer or first line, and
     resolves each sparse feature's ``dtype`` left out of the spec from the input's types.
+
+    ``label`` and ``keep``: the columns read, as for :func:`input_columns`.
 
     Returns:
         The spec with every sparse ``dtype`` set (parquet: the Arrow type of the first file;
@@ -69,9 +75,10 @@ def check_inputs(files: Sequence[Path], spec: IngestSpec) -> IngestSpec:
     first_header: Optional[list[str]] = None
     for path in files:
         if spec.input.format is InputFormat.PARQUET:
-            _check_parquet(path, spec, resolved)
+            _check_parquet(path, spec, resolved, label, keep)
         elif spec.input.format is InputFormat.CSV:
-            header = check_csv_header(path, spec.input.separator, input_columns(spec))
+            header = check_csv_header(path, spec.input.separator,
+                                      input_columns(spec, label, keep))
             if header is not None and first_header is not None and header != first_header:
                 # one multi-file scan reads every file with the first one's columns
                 raise IngestError(f"{path}: header differs from {files[0]}'s; files of one job "
@@ -118,8 +125,10 @@ def check_row_limit(files: Sequence[Path], spec: IngestSpec) -> None:
 
 
 def scan_inputs(files: Sequence[Path], spec: IngestSpec,
-                wrong_fields: Optional[pl.DataFrame] = None) -> pl.LazyFrame:
-    """One lazy frame over all files: ``__row`` and :func:`input_columns`, in file order.
+                wrong_fields: Optional[pl.DataFrame] = None, label: bool = True,
+                keep: Sequence[str] = ()) -> pl.LazyFrame:
+    """One lazy frame over all files: ``__row`` and :func:`input_columns` (of ``label`` and
+    ``keep``), in file order.
 
     Criteo TSV inputs also give ``__fields``, the line's field count (from ``wrong_fields``,
     :func:`criteo_field_counts` of the same files, computed here when not given). Text inputs
@@ -127,7 +136,8 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec,
     next stage's job); parquet inputs give label/dense as Float64 and categorical values as String
     or Int64 (or lists of them); a date/datetime split column is left for the split stage.
     """
-    columns = input_columns(spec)
+    columns = input_columns(spec, label)
+    kept = [c for c in input_columns(spec, label, keep) if c not in columns]  # as they are
     paths = [str(f) for f in files]
     by_file = spec.split.method is SplitMethod.FILES
     extra = [FILE] if by_file else []
@@ -137,11 +147,12 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec,
             paths, row_index_name=ROW, extra_columns="ignore", **files_kw,
             # files may differ in widths (int32 here, int64 there): the parse stage casts anyway
             cast_options=pl.ScanCastOptions(integer_cast="upcast", float_cast="upcast"))
-        return frame.select(ROW, *(_parquet_column(c, spec) for c in columns), *extra)
+        return frame.select(ROW, *(_parquet_column(c, spec) for c in columns), *kept, *extra)
     if spec.input.format is InputFormat.CRITEO_TSV:
         if wrong_fields is None:
             wrong_fields = criteo_field_counts(files)
-        return _scan_criteo(paths, columns, spec.input.null_values, wrong_fields, files_kw)
+        return _scan_criteo(paths, columns + kept, spec.input.null_values, wrong_fields,
+                            files_kw)
     frame = pl.scan_csv(
         paths,
         has_header=True,
@@ -153,7 +164,7 @@ def scan_inputs(files: Sequence[Path], spec: IngestSpec,
         raise_if_empty=False,
         **files_kw,
     )
-    return frame.select(ROW, *columns, *extra)
+    return frame.select(ROW, *columns, *kept, *extra)
 
 
 def criteo_field_counts(files: Sequence[Path]) -> pl.DataFrame:
@@ -223,14 +234,14 @@ def _parquet_column(name: str, spec: IngestSpec) -> pl.Expr:
 
 # --- per-file checks -----------------------------------------------------------------------------
 
-def _check_parquet(path: Path, spec: IngestSpec,
-                   resolved: dict[str, tuple[ValueType, Path]]) -> None:
-    types = parquet_types(path, input_columns(spec))
+def _check_parquet(path: Path, spec: IngestSpec, resolved: dict[str, tuple[ValueType, Path]],
+                   label: bool = True, keep: Sequence[str] = ()) -> None:
+    types = parquet_types(path, input_columns(spec, label, keep))
     def numeric(t: pa.DataType) -> bool:
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
     cast = {d.name for d in spec.dense if d.cast is not None}
-    for name in [spec.label, *(d.name for d in spec.dense)]:
+    for name in [spec.label] * label + [d.name for d in spec.dense]:
         t = types[name]
         if name in cast and value_type(t) is ValueType.STRING:
             continue

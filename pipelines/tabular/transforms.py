@@ -21,7 +21,7 @@ from typing import Optional
 
 import polars as pl
 
-from pipelines.core.encode import RAW_ID_LIMIT
+from pipelines.core.encode import RAW_ID_LIMIT, Vocabulary, dense_output, sparse_output
 from pipelines.core.fields import Encoding, InputFormat, SparseSpec, SplitMethod, ValueType
 from pipelines.core.hashing import splitmix64, string_hash, unit_interval
 from pipelines.core.inputs import FILE, ROW
@@ -58,7 +58,7 @@ class DropReason:
     column: str
 
 
-def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True
+def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True, label: bool = True
           ) -> tuple[pl.LazyFrame, list[DropReason]]:
     """Parses raw columns in place and adds the ``__drop`` code (UInt16, null when kept).
 
@@ -72,6 +72,9 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True
         checks: test the values for the reasons that stop the job (lists in the wrong kind of
             column); a pass after the row statistics, which found none, leaves them out (same
             codes, no cost).
+        label: parse the label and drop the rows without a usable one; serving
+            (:mod:`pipelines.tabular.serve`) scores rows whose label is unknown, and leaves it
+            alone (the frame may lack it).
 
     Returns:
         ``(frame, reasons)``: ``reasons[code]`` explains each ``__drop`` code.
@@ -79,13 +82,13 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True
     text = spec.is_text
     schema = frame.collect_schema()
     # parsed columns are keyed by output name; each is computed from its input column
-    parsed: dict[str, pl.Expr] = {spec.label: _number(spec.label, text)}
+    parsed: dict[str, pl.Expr] = {spec.label: number(spec.label, text)} if label else {}
     source: dict[str, str] = {spec.label: spec.label}
     for d in spec.dense:
         as_text = text or (d.cast is not None and schema[d.name] == pl.String)
-        parsed[d.name], source[d.name] = _number(d.name, as_text), d.name
+        parsed[d.name], source[d.name] = number(d.name, as_text), d.name
     for s in spec.sparse:
-        parsed[s.name] = (_number(s.source, text) if s.bucketized else _categorical(s, text))
+        parsed[s.name] = (number(s.source, text) if s.bucketized else _categorical(s, text))
         source[s.name] = s.source
     if spec.split.column is not None and spec.split.column not in parsed:
         parsed[spec.split.column] = _split_key(spec, text)
@@ -112,12 +115,15 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True
                            DropReason("wrong_field_count", FIELDS)))
     if spec.input.format is InputFormat.CSV:  # criteo_tsv: tokens by the format's definition
         conditions += _list_shape_conditions(spec, checks)
-    conditions.append((pl.col(spec.label).is_null(), DropReason("null_label", spec.label)))
-    if text:
-        conditions.append((unparsable(spec.label), DropReason("unparsable_value", spec.label)))
-    y = p(spec.label)
-    conditions.append((y.is_nan() | (y < 0) | (y > 1),
-                       DropReason("label_out_of_range", spec.label)))
+    if label:
+        conditions.append((pl.col(spec.label).is_null(),
+                           DropReason("null_label", spec.label)))
+        if text:
+            conditions.append((unparsable(spec.label),
+                               DropReason("unparsable_value", spec.label)))
+        y = p(spec.label)
+        conditions.append((y.is_nan() | (y < 0) | (y > 1),
+                           DropReason("label_out_of_range", spec.label)))
     if spec.split.column is not None:
         conditions.append((pl.col(spec.split.column).is_null(),
                            DropReason("null_split_key", spec.split.column)))
@@ -161,6 +167,18 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True
     frame = frame.with_columns(code.alias(DROP))
     frame = frame.drop(list(tmp), strict=False).rename({v: k for k, v in tmp.items()})
     return frame, [reason for _, reason in conditions]
+
+
+def feature_columns(spec: IngestSpec, vocabs: dict[str, Vocabulary],
+                    dense_stats: dict[str, dict], boundaries: dict[str, list[float]]
+                    ) -> list[pl.Expr]:
+    """The encoded feature columns of parsed rows, dense then sparse: what the job writes
+    (with the training split's ``vocabs``, ``dense_stats`` and bucket ``boundaries``) and what
+    serving scores (:mod:`pipelines.tabular.serve`, the same constants from ``metadata.json``)."""
+    columns = [dense_output(d, dense_stats[d.name]["mean"], dense_stats[d.name]["std"])
+               for d in spec.dense]
+    return columns + [sparse_output(s, vocabs.get(s.name), boundaries.get(s.name))
+                      for s in spec.sparse]
 
 
 def list_like(x: pl.Expr, separators: str) -> pl.Expr:
@@ -277,7 +295,8 @@ def _parse_integer(x: pl.Expr, raw: bool) -> pl.Expr:
     return pl.when(too_long).then(pl.lit(RAW_ID_LIMIT, pl.Int64)).otherwise(n)
 
 
-def _number(name: str, text: bool) -> pl.Expr:
+def number(name: str, text: bool) -> pl.Expr:
+    """A label or dense column as Float64 (text: stripped, null where it does not parse)."""
     col = pl.col(name)
     return col.str.strip_chars().cast(pl.Float64, strict=False) if text else col.cast(pl.Float64)
 

@@ -37,6 +37,9 @@ writes it, plus ``class_counts``) and ``ingest_report.json``. Rows read equal ro
 rows dropped, per file and in total; the job checks it against the written files' footers
 before it writes the metadata.
 
+The write pass's encoders (:func:`token_feature`, :func:`with_label_ids`, :func:`output_columns`)
+and :func:`reading` also serve raw rows (:mod:`pipelines.xc.serve`): one implementation.
+
 Example:
     >>> spec = load_spec("configs/ingest/xc_repository.yaml")
     >>> report = ingest(spec, ["train.txt"], "data/eurlex", progress=False)  # doctest: +SKIP
@@ -149,7 +152,7 @@ def ingest(spec: XCIngestSpec, inputs: Sequence[str | os.PathLike],
                           f"(labels.min_frequency {spec.labels.min_frequency}); XC needs at "
                           "least 2")
     job = replace(job, label_vocab=label_vocab, no_label=reasons.index(NO_LABEL),
-                  token=_token_feature(spec, layout))
+                  token=token_feature(spec, layout))
     token = job.token
 
     with log.phase("row statistics") as rec:
@@ -251,12 +254,13 @@ def _frame(shard: Shard, job: _Job) -> pl.LazyFrame:
     frame = _assign_split(frame, job.spec, job.files)
     if job.token is None:
         return frame
-    return _with_label_ids(frame, job.label_vocab, job.no_label)
+    return with_label_ids(frame, job.label_vocab, job.no_label)
 
 
 def _reasons(job: _Job) -> list[str]:
     """The drop reasons (they depend on the spec and layout alone), from a lazy parse."""
-    return parse_xc(job.files[:1], job.spec, job.layout, job.first_rows)[1]
+    return [r.reason for r in parse_xc(job.files[:1], job.spec, job.layout,
+                                       job.first_rows)[1]]
 
 
 def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame:
@@ -269,7 +273,7 @@ def _line_counts(shard: Shard, job: _Job) -> tuple[dict[str, int], dict[str, int
     """Lines per file and each file's first ``__row`` in the shard (its header), in one fast
     pass."""
     files = shard.files
-    with _reading(files, job.spec):
+    with reading(files, job.spec):
         counts = (pl.scan_lines([str(f) for f in files], row_index_name=ROW,
                                 include_file_paths=FILE)
                   .group_by(FILE).agg(pl.len().alias("lines"), pl.col(ROW).min().alias("first"))
@@ -281,7 +285,7 @@ def _line_counts(shard: Shard, job: _Job) -> tuple[dict[str, int], dict[str, int
 
 
 def _row_count(shard: Shard, job: _Job) -> int:
-    with _reading(shard.files, job.spec):
+    with reading(shard.files, job.spec):
         return scan_xc(shard.files, job.spec).select(pl.len()).collect(engine="streaming").item()
 
 
@@ -306,7 +310,7 @@ def _assign_split(frame: pl.LazyFrame, spec: XCIngestSpec, files: Sequence[Path]
 
 def _label_counts(shard: Shard, job: _Job) -> pl.DataFrame:
     """``value, count`` of the training split's labels (distinct per row) in rows that parse."""
-    with _reading(shard.files, job.spec):
+    with reading(shard.files, job.spec):
         frame = _frame(shard, job)
         train = frame.filter(pl.col(DROP).is_null() & (pl.col(SPLIT) == "train"))
         return (train.select(pl.col(LABELS).alias("value")).explode("value").drop_nulls("value")
@@ -339,8 +343,8 @@ def _label_vocabulary(spec: XCIngestSpec, layout: XCLayout, counts: pl.DataFrame
     return vocab, table, table["count"].to_numpy().astype(np.int64)
 
 
-def _with_label_ids(frame: pl.LazyFrame, vocab: Optional[Vocabulary], no_label: int
-                    ) -> pl.LazyFrame:
+def with_label_ids(frame: pl.LazyFrame, vocab: Optional[Vocabulary], no_label: int
+                   ) -> pl.LazyFrame:
     """``__label_ids`` (sorted distinct class ids; labels outside the vocabulary removed) and
     the ``no_label`` drop code for a row that parses but keeps no label."""
     raw = pl.col(LABELS)
@@ -355,7 +359,7 @@ def _with_label_ids(frame: pl.LazyFrame, vocab: Optional[Vocabulary], no_label: 
     return frame.with_columns(drop.alias(DROP))
 
 
-def _token_feature(spec: XCIngestSpec, layout: XCLayout) -> SparseSpec:
+def token_feature(spec: XCIngestSpec, layout: XCLayout) -> SparseSpec:
     """The tokens as a multi-hot :class:`~pipelines.core.fields.SparseSpec`, so the shared
     encoders (vocabulary, hash, truncation) apply unchanged."""
     t = spec.tokens
@@ -371,7 +375,7 @@ def _token_feature(spec: XCIngestSpec, layout: XCLayout) -> SparseSpec:
 def _row_statistics(shard: Shard, job: _Job) -> pl.DataFrame:
     """One streaming group-by (file, split, drop code): rows and the kept rows' statistics."""
     spec, token = job.spec, job.token
-    with _reading(shard.files, spec):
+    with reading(shard.files, spec):
         frame = _frame(shard, job)
         return _group_statistics(frame, spec, token)
 
@@ -408,7 +412,7 @@ def _group_statistics(frame: pl.LazyFrame, spec: XCIngestSpec, token: SparseSpec
 
 def _token_counts(shard: Shard, job: _Job) -> pl.DataFrame:
     """``__split, value, count`` of the kept rows' tokens (after truncation)."""
-    with _reading(shard.files, job.spec):
+    with reading(shard.files, job.spec):
         kept = _frame(shard, job).filter(pl.col(DROP).is_null())
         counts = (kept.select(SPLIT, sparse_values(job.token).alias("value")).explode("value")
                   .drop_nulls("value").group_by(SPLIT, "value")
@@ -425,9 +429,9 @@ def _merge_token_counts(parts: list[pl.DataFrame]) -> pl.DataFrame:
 
 def _write(shard: Shard, job: _Job) -> dict[str, list[tuple[str, int]]]:
     """The shard's kept rows, encoded, into ``<split>/part[-<shard>]-NNNNN.parquet``."""
-    with _reading(shard.files, job.spec):
-        columns = _output_columns(job.spec, job.layout, job.token, job.token_vocab,
-                                  job.dense_stats)
+    with reading(shard.files, job.spec):
+        columns = output_columns(job.spec, job.layout, job.token, job.token_vocab,
+                                 job.dense_stats)
         rows = _frame(shard, job).filter(pl.col(DROP).is_null()).select(*columns, SPLIT)
         return sink_splits(rows, job.spec.output, job.out,
                            f"part-{shard.index:05d}" if job.several else "part")
@@ -435,14 +439,14 @@ def _write(shard: Shard, job: _Job) -> dict[str, list[tuple[str, int]]]:
 
 def _dropped_rows(shard: Shard, job: _Job) -> pl.DataFrame:
     """Per drop code, the shard's first ``dropped_line_examples`` dropped ``__row`` values."""
-    with _reading(shard.files, job.spec):
+    with reading(shard.files, job.spec):
         return (_frame(shard, job).filter(pl.col(DROP).is_not_null()).group_by(DROP)
                 .agg(pl.col(ROW).cast(pl.Int64).bottom_k(job.spec.dropped_line_examples))
                 .collect(engine="streaming"))
 
 
-def _output_columns(spec: XCIngestSpec, layout: XCLayout, token: SparseSpec,
-                    vocab: Optional[Vocabulary], dense_stats: dict[str, dict]) -> list[pl.Expr]:
+def output_columns(spec: XCIngestSpec, layout: XCLayout, token: SparseSpec,
+                   vocab: Optional[Vocabulary], dense_stats: dict[str, dict]) -> list[pl.Expr]:
     """label, dense, tokens (and the feature values): the layout of ``embedtrain datagen xc``."""
     name = label_name(spec, layout)
     ids = pl.col(LABEL_IDS)
@@ -497,7 +501,7 @@ def _dropped_examples(found: pl.DataFrame, spec: XCIngestSpec, stats: XCStats,
 
 
 @contextlib.contextmanager
-def _reading(files: Sequence[Path], spec: XCIngestSpec) -> Iterator[None]:
+def reading(files: Sequence[Path], spec: XCIngestSpec) -> Iterator[None]:
     """Turns a Polars read failure (a malformed CSV, a corrupt page) into one line naming the
     file that causes it."""
     try:
@@ -541,7 +545,7 @@ def _check_dense(stats: XCStats, job: _Job) -> None:
             continue
         x = pl.col(d.name)
         for path in job.files:
-            with _reading([path], job.spec):
+            with reading([path], job.spec):
                 hit = (_frame(Shard((path,)), job)
                        .filter(pl.col(DROP).is_null() & (x.is_nan() | x.is_infinite()))
                        .select(ROW).head(1).collect(engine="streaming"))

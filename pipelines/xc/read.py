@@ -9,9 +9,13 @@ read into memory here) with, per row: ``__row`` (its 0-based position in the who
 ``xc_repository`` the line's, header lines included), ``__file``, the raw tokens (a list, in the
 column named like the output token column), the row's distinct raw labels (``__labels``) and how
 many it gave (``__labels_given``), parsed dense columns, and ``__drop``: null for a row that may
-be kept, else the code of the first reason it cannot (:data:`REPOSITORY_REASONS`,
-:data:`TABLE_REASONS`). Whether a row keeps a label is decided later, once the label vocabulary
-is known (``no_label``, :mod:`pipelines.xc.passes`).
+be kept, else the code of the first reason it cannot (a :class:`DropReason`;
+:data:`REPOSITORY_REASONS`). Whether a row keeps a label is decided later, once the label
+vocabulary is known (``no_label``, :mod:`pipelines.xc.passes`).
+
+Serving (:mod:`pipelines.xc.serve`) reads the same way rows that may lack the label column
+(``label=False``: every row without labels) and carries more input columns (``keep``: as read,
+named ``KEEP_PREFIX + name``).
 
 An ``xc_repository`` line is parsed with vectorised string expressions on a frame of lines
 (:func:`polars.scan_lines`): the label field is the first whitespace-separated field when it holds
@@ -41,6 +45,7 @@ from pipelines.core.errors import IngestError
 from pipelines.core.fields import Cast, Encoding, InputFormat, SplitMethod, ValueType
 from pipelines.core.inputs import (
     FILE,
+    KEEP_PREFIX,
     ROW,
     check_csv_header,
     parquet_types,
@@ -66,6 +71,18 @@ REPOSITORY_REASONS = (
     "feature_out_of_range",     # a feature id outside [0, num_features) of the header
 )
 NO_LABEL = "no_label"  # no label given (an empty or null list), or none left in the vocabulary
+# the "column" of a repository line's drop reason: the whole line, its label field, its features
+_REPOSITORY_FIELDS = {"empty_line": "line", "header_line": "line", "unparsable_label": "labels",
+                      "label_out_of_range": "labels"}
+
+
+@dataclass(frozen=True)
+class DropReason:
+    """Why a row is dropped (the code in ``__drop`` indexes a list of these) and where: the
+    input column (tables), or ``line``, ``labels`` or ``features`` (a repository line's field)."""
+
+    reason: str
+    column: str
 
 
 @dataclass(frozen=True)
@@ -149,9 +166,13 @@ def read_header(path: Path) -> RepositoryHeader:
     return RepositoryHeader(rows, features, labels)
 
 
-def check_xc_inputs(files: Sequence[Path], spec: XCIngestSpec) -> XCLayout:
+def check_xc_inputs(files: Sequence[Path], spec: XCIngestSpec, label: bool = True,
+                    keep: Sequence[str] = ()) -> XCLayout:
     """Checks every file's header (xc_repository), footer (parquet) or header line (CSV) and
     resolves the token and label types.
+
+    ``label`` and ``keep`` (tables): the columns read, as for :func:`input_columns`; without the
+    label, a list column of nulls (:func:`scan_xc`) and a placeholder ``multi_label``.
 
     Raises:
         IngestError: ``<file>: ...`` for the first bad file.
@@ -167,7 +188,7 @@ def check_xc_inputs(files: Sequence[Path], spec: XCIngestSpec) -> XCLayout:
                                   f"and {first.labels:,}; the files of one job share them")
         return XCLayout(headers=headers)
     if spec.input.format is XCFormat.PARQUET:
-        layouts = [(f, _parquet_layout(f, spec)) for f in files]
+        layouts = [(f, _parquet_layout(f, spec, label, keep)) for f in files]
         for f, layout in layouts[1:]:
             if layout != layouts[0][1]:
                 raise IngestError(f"{f}: token/label column types differ from {files[0]}'s; "
@@ -175,7 +196,7 @@ def check_xc_inputs(files: Sequence[Path], spec: XCIngestSpec) -> XCLayout:
         return layouts[0][1]
     header: Optional[list[str]] = None
     for f in files:
-        names = check_csv_header(f, spec.input.separator, input_columns(spec))
+        names = check_csv_header(f, spec.input.separator, input_columns(spec, label, keep))
         if names is None:
             raise IngestError(f"{f}: empty file (0 bytes: no CSV header, no rows); remove it "
                               "from --input")
@@ -186,7 +207,7 @@ def check_xc_inputs(files: Sequence[Path], spec: XCIngestSpec) -> XCLayout:
     return XCLayout(token_dtype=_text_dtype(spec.tokens.dtype, spec.token_encoding),
                     token_list=False,
                     label_dtype=_text_dtype(spec.labels.dtype, spec.label_encoding),
-                    label_list=False, multi_label=spec.labels.separator is not None)
+                    label_list=not label, multi_label=spec.labels.separator is not None)
 
 
 def _text_dtype(dtype: Optional[ValueType], encoding: Encoding) -> ValueType:
@@ -196,19 +217,25 @@ def _text_dtype(dtype: Optional[ValueType], encoding: Encoding) -> ValueType:
     return ValueType.INTEGER if encoding is Encoding.PRE_ENCODED else ValueType.STRING
 
 
-def input_columns(spec: XCIngestSpec) -> list[str]:
-    """The columns a table job reads: tokens, labels, dense, the split key."""
-    columns = [spec.tokens.source, spec.labels.source, *(d.name for d in spec.dense)]
+def input_columns(spec: XCIngestSpec, label: bool = True, keep: Sequence[str] = ()
+                  ) -> list[str]:
+    """The columns a table job reads: tokens, labels, dense, the split key; serving reads rows
+    that may lack the labels (``label`` False) and may ask for more columns (``keep``)."""
+    columns = [spec.tokens.source, *[spec.labels.source] * label, *(d.name for d in spec.dense)]
     if spec.split.column is not None and spec.split.column not in columns:
         columns.append(spec.split.column)
-    return columns
+    return columns + [c for c in keep if c not in columns]
 
 
-def _parquet_layout(path: Path, spec: XCIngestSpec) -> XCLayout:
-    types = parquet_types(path, input_columns(spec))
+def _parquet_layout(path: Path, spec: XCIngestSpec, label: bool = True,
+                    keep: Sequence[str] = ()) -> XCLayout:
+    types = parquet_types(path, input_columns(spec, label, keep))
     kinds = []
     for what, sub, encoding in (("tokens", spec.tokens, spec.token_encoding),
                                 ("labels", spec.labels, spec.label_encoding)):
+        if what == "labels" and not label:  # a list column of nulls (scan_xc)
+            kinds.append((_text_dtype(sub.dtype, encoding), True, True))
+            continue
         t = types[sub.source]
         is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
         held = value_type(t.value_type if is_list else t)
@@ -252,9 +279,12 @@ def _parquet_layout(path: Path, spec: XCIngestSpec) -> XCLayout:
 
 # --- parse ---------------------------------------------------------------------------------------
 
-def scan_xc(files: Sequence[Path], spec: XCIngestSpec) -> pl.LazyFrame:
+def scan_xc(files: Sequence[Path], spec: XCIngestSpec, label: bool = True,
+            keep: Sequence[str] = ()) -> pl.LazyFrame:
     """The raw multi-file scan: ``__row``, ``__file`` and the line (xc_repository) or the
-    :func:`input_columns` (as read: CSV all text)."""
+    :func:`input_columns` (as read: CSV all text); without ``label``, a label column of nulls
+    (``list<str>``: no label on any row); the ``keep`` columns as read, named
+    ``KEEP_PREFIX + name``."""
     paths = [str(f) for f in files]
     if spec.repository:
         return pl.scan_lines(paths, row_index_name=ROW, include_file_paths=FILE)
@@ -268,12 +298,15 @@ def scan_xc(files: Sequence[Path], spec: XCIngestSpec) -> pl.LazyFrame:
                             infer_schema=False, quote_char='"',
                             null_values=spec.input.null_values or None, row_index_name=ROW,
                             raise_if_empty=False, include_file_paths=FILE)
-    return frame.select(ROW, FILE, *input_columns(spec))
+    labels = [] if label else [pl.lit(None, dtype=pl.List(pl.String)).alias(spec.labels.source)]
+    return frame.select(ROW, FILE, *input_columns(spec, label), *labels,
+                        *(pl.col(c).alias(KEEP_PREFIX + c) for c in keep))
 
 
 def parse_xc(files: Sequence[Path], spec: XCIngestSpec, layout: XCLayout,
-             first_rows: Optional[dict[str, int]] = None, offset: Optional[int] = None
-             ) -> tuple[pl.LazyFrame, list[str]]:
+             first_rows: Optional[dict[str, int]] = None, offset: Optional[int] = None,
+             label: bool = True, keep: Sequence[str] = ()
+             ) -> tuple[pl.LazyFrame, list[DropReason]]:
     """The parsed frame (see the module docstring) and the reason of each ``__drop`` code.
 
     Args:
@@ -283,8 +316,9 @@ def parse_xc(files: Sequence[Path], spec: XCIngestSpec, layout: XCLayout,
         first_rows: xc_repository: each file's first ``__row`` (its header line, left out).
         offset: the rows (lines) before ``files`` in the whole input, added to ``__row``
             (int64); None: ``files`` are the whole input.
+        label, keep: tables, serving: as for :func:`scan_xc`.
     """
-    raw = scan_xc(files, spec)
+    raw = scan_xc(files, spec, label, keep)
     if offset is not None:
         raw = raw.with_columns((pl.col(ROW).cast(pl.Int64) + offset).alias(ROW))
     if spec.repository:
@@ -295,7 +329,7 @@ def parse_xc(files: Sequence[Path], spec: XCIngestSpec, layout: XCLayout,
     code = pl.lit(None, dtype=pl.UInt16)
     for i, (cond, _) in reversed(list(enumerate(conditions))):
         code = pl.when(cond).then(pl.lit(i, dtype=pl.UInt16)).otherwise(code)
-    return frame.with_columns(code.alias(DROP)), [reason for _, reason in conditions]
+    return frame.with_columns(code.alias(DROP)), [r for _, r in conditions]
 
 
 def _parse_repository(lines: pl.LazyFrame, spec: XCIngestSpec, layout: XCLayout,
@@ -336,6 +370,8 @@ def _parse_repository(lines: pl.LazyFrame, spec: XCIngestSpec, layout: XCLayout,
         ((fids.list.min() < 0) | (fids.list.max() >= header.features), "feature_out_of_range"),
     ]
     assert [r for _, r in conditions] == list(REPOSITORY_REASONS)
+    conditions = [(c, DropReason(r, _REPOSITORY_FIELDS.get(r, "features")))
+                  for c, r in conditions]
     frame = frame.with_columns(
         fids.list.eval(pl.element() + 1).alias(spec.tokens.name),  # id 0: the unknown bucket
         ids.list.unique().alias(LABELS), ids.list.len().alias(LABELS_GIVEN))
@@ -371,21 +407,24 @@ def _parse_table(frame: pl.LazyFrame, spec: XCIngestSpec, layout: XCLayout
             bad[d.name] = pl.col(unparsed(d.name))
     frame = frame.with_columns(columns)
     toks, ids = pl.col(t.name), pl.col(LABELS)  # the distinct labels: same checks, fewer ids
-    conditions: list[tuple[pl.Expr, str]] = []
+    conditions: list[tuple[pl.Expr, DropReason]] = []
     if spec.split.column is not None:
-        conditions.append((pl.col(spec.split.column).is_null(), "null_split_key"))
+        conditions.append((pl.col(spec.split.column).is_null(),
+                           DropReason("null_split_key", spec.split.column)))
     if parse_tokens:
-        conditions.append((toks.list.eval(pl.element().is_null()).list.any(), "unparsable_token"))
+        conditions.append((toks.list.eval(pl.element().is_null()).list.any(),
+                           DropReason("unparsable_token", t.source)))
     if spec.token_encoding is Encoding.PRE_ENCODED:
         conditions.append(((toks.list.min() < 0) | (toks.list.max() >= t.num_embeddings),
-                           "token_out_of_range"))
+                           DropReason("token_out_of_range", t.source)))
     if parse_labels:
-        conditions.append((ids.list.eval(pl.element().is_null()).list.any(), "unparsable_label"))
+        conditions.append((ids.list.eval(pl.element().is_null()).list.any(),
+                           DropReason("unparsable_label", lab.source)))
     if spec.label_encoding is Encoding.PRE_ENCODED:
         conditions.append(((ids.list.min() < 0) | (ids.list.max() >= lab.num_classes),
-                           "label_out_of_range"))
+                           DropReason("label_out_of_range", lab.source)))
     # a dense value that does not parse drops its row, unless cast: float repairs it (counted)
-    conditions += [(bad[d.name], "unparsable_value") for d in spec.dense
+    conditions += [(bad[d.name], DropReason("unparsable_value", d.name)) for d in spec.dense
                    if d.name in bad and d.cast is not Cast.FLOAT]
     given = pl.col("__ids")
     frame = frame.with_columns(given.list.unique().alias(LABELS),
