@@ -64,7 +64,7 @@ def prepare(out: Path, rows: int, steps: int) -> tuple[Path, Path, dict[str, Pat
         _cli("datagen", "ctr", "--rows", str(rows), "--format", "tsv", "--out", str(raw))
     if not (data / "metadata.json").is_file():
         print("ingesting ...", flush=True)
-        _cli("ingest", SPEC, "--input", str(raw), "--out", str(data), "--no-progress")
+        _cli("ingest", SPEC, "--input", str(raw), "--out", str(data), "--quiet")
     if not (run / "summary.json").is_file():
         print(f"training {steps} steps ...", flush=True)
         _cli("train", CONFIG, "--out", str(run), "--overwrite", "--set", f"data.path={data}",
@@ -100,8 +100,9 @@ def eager_dense(run: Path):
     return module.eval()
 
 
-def scorer(export: Path, program: str, run: Path) -> Callable:
-    """A request: Arrow rows in the data set's layout -> click probabilities."""
+def scorers(export: Path, program: str, run: Path) -> tuple[Callable, Callable]:
+    """A request (Arrow rows in the data set's layout -> click probabilities), and the dense
+    program alone on a request's prepared inputs (``prepare(rows)``)."""
     import torch
 
     from embedtrain.export.predict import ExportedModel, model_batch
@@ -111,43 +112,75 @@ def scorer(export: Path, program: str, run: Path) -> Callable:
         model.program = eager_dense(run)
 
     @torch.no_grad()
-    def score(rows):
+    def request(rows):
         batch = model_batch(rows, model.spec)
         return torch.sigmoid(model.outputs(batch.dense_features, batch.sparse_features))
 
-    return score
+    @torch.no_grad()
+    def dense(inputs):
+        return model.program(*inputs)
+
+    return request, dense
 
 
-def latency_ms(fn: Callable, requests: list) -> dict[str, float]:
-    for r in requests[:20]:
-        fn(r)  # warm-up
-    times = []
-    for r in requests:
-        start = time.perf_counter()
-        fn(r)
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
+def dense_inputs(export: Path, rows) -> tuple:
+    """The dense program's inputs for ``rows``: ``(dense, pooled)`` as predict makes them."""
+    import torch
+
+    from embedtrain.export.predict import ExportedModel, model_batch
+
+    model = ExportedModel(export)
+    batch = model_batch(rows, model.spec)
+    with torch.no_grad():
+        pooled = model.recipe.predict_pooled(model.pooled(batch.sparse_features))
+    return (batch.dense_features, *(pooled if isinstance(pooled, tuple) else (pooled,)))
+
+
+def interleaved_latency_ms(fns: dict[str, Callable], inputs: list) -> dict[str, dict]:
+    """Each input timed once per function, the functions taking turns (side by side: the
+    machine's noise falls on all alike); p50 and p99 in ms per function."""
+    for x in inputs[:20]:
+        for fn in fns.values():
+            fn(x)  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for x in inputs:
+        for k, fn in fns.items():
+            start = time.perf_counter()
+            fn(x)
+            times[k].append((time.perf_counter() - start) * 1e3)
+    return {k: _percentiles(t) for k, t in times.items()}
+
+
+def _percentiles(times: list[float]) -> dict[str, float]:
+    times = sorted(times)
     return {"p50": statistics.median(times), "p99": times[min(len(times) - 1,
                                                                int(0.99 * len(times)))]}
 
 
-def rows_per_s(fn: Callable, table, batch: int, seconds: float) -> float:
+def latency_ms(fn: Callable, requests: list) -> dict[str, float]:
+    return interleaved_latency_ms({"fn": fn}, requests)["fn"]
+
+
+def interleaved_rows_per_s(fns: dict[str, Callable], table, batch: int, seconds: float
+                           ) -> dict[str, float]:
+    """Rows/s of each function at ``batch``: the median of 3 rounds, each round one pass of
+    ``seconds`` per function, in turn."""
     batches = [table.slice(i, batch) for i in range(0, table.num_rows - batch + 1, batch)][:2000]
-    for b in batches[:5]:
-        fn(b)
-    passes = []
+    for fn in fns.values():
+        for b in batches[:5]:
+            fn(b)
+    passes: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(3):
-        rows, start = 0, time.perf_counter()
-        while True:
-            for b in batches:
-                fn(b)
-                rows += b.num_rows
-                if time.perf_counter() - start >= seconds:
-                    break
-            if time.perf_counter() - start >= seconds:
-                break
-        passes.append(rows / (time.perf_counter() - start))
-    return statistics.median(passes)
+        for k, fn in fns.items():
+            rows, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for b in batches:
+                    fn(b)
+                    rows += b.num_rows
+                    if time.perf_counter() - start >= seconds:
+                        break
+            passes[k].append(rows / (time.perf_counter() - start))
+    return {k: statistics.median(v) for k, v in passes.items()}
 
 
 def preprocessing(export: Path, raw_file: Path, tmp: Path, requests: int) -> dict[str, Any]:
@@ -195,19 +228,33 @@ def main() -> None:
         "*.parquet")))
     requests = [test.slice(i, 1) for i in range(args.requests)]
     result: dict[str, Any] = {"threads": torch.get_num_threads(), "rows": test.num_rows}
-    for tables, export in exports.items():
-        part: dict[str, Any] = {"latency_ms": {}, "rows_per_s": {}}
-        for program in PROGRAMS:
-            fn = scorer(export, program, run)
-            part["latency_ms"][program] = latency_ms(fn, requests)
-            part["rows_per_s"][program] = {str(b): rows_per_s(fn, test, b, args.seconds)
-                                           for b in BATCHES}
-            print(f"  {tables:<5} {program:<7} p50 {part['latency_ms'][program]['p50']:.3f} ms",
-                  flush=True)
+    configs = [(t, p) for t in exports for p in PROGRAMS]
+    built = {c: scorers(exports[c[0]], c[1], run) for c in configs}
+    print("timing single-row requests (every configuration in turn) ...", flush=True)
+    lat = interleaved_latency_ms({c: built[c][0] for c in configs}, requests)
+    thr: dict = {c: {} for c in configs}
+    for b in BATCHES:
+        print(f"timing throughput at batch {b} ...", flush=True)
+        for c, v in interleaved_rows_per_s({c: built[c][0] for c in configs}, test, b,
+                                           args.seconds).items():
+            thr[c][str(b)] = v
+    # the dense program alone (what AOTInductor compiles), on prepared inputs, 1 and 1024 rows
+    dense: dict = {}
+    for n in (1, 1024):
+        distinct = [dense_inputs(exports["fp32"], test.slice(i * n, n))
+                    for i in range(min(args.requests // 10, test.num_rows // n))]
+        inputs = distinct * (args.requests // len(distinct))
+        for p, v in interleaved_latency_ms({p: built[("fp32", p)][1] for p in PROGRAMS},
+                                           inputs).items():
+            dense.setdefault(p, {})[str(n)] = v
+    for tables in exports:
+        part = {"latency_ms": {p: lat[(tables, p)] for p in PROGRAMS},
+                "rows_per_s": {p: thr[(tables, p)] for p in PROGRAMS}}
         if tables == "fp32":
             result.update(part)
         else:
             result[tables] = part
+    result["dense_program_ms"] = dense
     raw_test = sorted(raw.glob("*.tsv"))[-1]
     result["preprocess"] = preprocessing(exports["fp32"], raw_test, out, args.requests // 5)
     result["command"] = "python benchmarks/bench_serving.py " + " ".join(sys.argv[1:])
@@ -222,6 +269,9 @@ def main() -> None:
             lat, thr = part["latency_ms"][program], part["rows_per_s"][program]
             print(f"{tables:<7}{program:<9}{lat['p50']:>9.3f}{lat['p99']:>9.3f}"
                   + "".join(f"{thr[str(b)]:>15,.0f}" for b in BATCHES))
+    print("the dense program alone (fp32; prepared inputs), p50 ms: " + ", ".join(
+        f"{p} {dense[p]['1']['p50']:.3f} (1 row) / {dense[p]['1024']['p50']:.3f} (1024 rows)"
+        for p in PROGRAMS))
     pre = result["preprocess"]
     print(f"raw TSV preprocessing (the data set's ingestion): {pre['rows_per_s']:,.0f} rows/s at "
           f"batch 1024; a one-line file p50 {pre['latency_ms']['p50']:.2f} ms, p99 "
