@@ -166,7 +166,7 @@ def test_ranges_are_the_training_data_s_not_the_served_header_s(xc_repo, tmp_pat
     small = _write(tmp_path / "small.txt", [f"{C - 1} {F - 1}:1"], features=10, labels=5)
     rows = RawRows(meta, export, [str(small)])
     (_, table), = rows.batches(BATCH)
-    assert table.to_pylist() == [{"labels": [C - 1], "tokens": [F]}] and not rows.invalid
+    assert table.to_pylist() == [{"labels": [C - 1], "tokens": [F]}] and not rows.skipped.counts
     # a header with more: refused in one line, through the CLI too
     for features, labels in [(F + 1, C), (F, C + 1)]:
         big = _write(tmp_path / "big.txt", ["1 1:1"], features=features, labels=labels)
@@ -241,8 +241,8 @@ def test_csv_rows_encode_as_their_ingested_rows(tmp_path):
     labelled = got.filter(pl.col("labels").is_not_null())
     assert labelled.drop("__keep:doc_id").equals(ingested)
     assert got.filter(pl.col("labels").is_null())["__keep:doc_id"].to_list() == ["d1-9", "d1-31"]
-    assert rows.invalid == {("unparsable_value", "length"): 1}
-    (listed,) = rows.invalid_rows
+    assert rows.skipped.counts == {("unparsable_value", "length"): 1}
+    (listed,) = rows.skipped.tables
     assert listed.rows() == [(str(tmp_path / "serve.csv"), 70, 72, "unparsable_value", "length")]
     assert report["dropped_examples"]["unparsable_value"][0]["lines"] == [72]
     # without the label column: no label column, the same features

@@ -119,7 +119,8 @@ class RawRows:
 
     @property
     def invalid(self) -> dict:
-        return {f"{reason} ({column})": n for (reason, column), n in self.rows.invalid.items()}
+        counts = self.rows.skipped.counts
+        return {f"{reason} ({column})": n for (reason, column), n in counts.items()}
 
     def batches(self, batch_size: int):
         from pipelines import KEEP_PREFIX
@@ -137,12 +138,12 @@ class RawRows:
 
     def write_invalid(self, out: Path) -> Optional[Path]:
         """The invalid rows (file, row, line, reason, column) beside ``out``; None if none."""
-        if not self.rows.invalid_rows:
+        if not self.rows.skipped.tables:
             return None
         import polars as pl
 
         path = out.with_name(out.name.removesuffix(".parquet") + ".invalid.parquet")
-        pl.concat(self.rows.invalid_rows).write_parquet(path)
+        pl.concat(self.rows.skipped.tables).write_parquet(path)
         return path
 
 

@@ -11,7 +11,9 @@
 - :mod:`pipelines.core.report`: the report's accounting rules (the ``__drop`` code, repaired
   values, the splits ``metadata.json`` lists, its format version);
 - :mod:`pipelines.core.output`: phase timing, the split writer (``sink_splits``) and the rules
-  for the output folder.
+  for the output folder;
+- :mod:`pipelines.core.serve`: serving raw rows (``embedtrain predict --raw``): valid rows in
+  batches of an exact size, the account of the rows not scored.
 
 Nothing here imports a family (:mod:`pipelines.tabular`, :mod:`pipelines.xc`,
 :mod:`pipelines.graph`) or an engine.

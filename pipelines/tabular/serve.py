@@ -19,7 +19,8 @@ only what it has no use for:
   out of range, ...; :class:`~pipelines.tabular.transforms.DropReason`) or stop the job on (a
   NaN/inf dense value with ``non_finite: error``: reason ``non_finite_value``) is *invalid*:
   not scored, counted by reason and column, and listed with its file and line
-  (:attr:`RawRows.invalid`); with ``on_invalid="error"`` the first one stops, in one line.
+  (:attr:`RawRows.skipped`, a :class:`pipelines.core.serve.InvalidRows`); with
+  ``on_invalid="error"`` the first one stops, in one line.
 
 Rows come out in batches of exactly ``batch_size`` valid rows (fewer at a file's end), in input
 order, as Arrow tables in the data set's layout (dense float32, sparse int64 or list<int64>,
@@ -35,7 +36,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -48,6 +48,7 @@ from pipelines.core.errors import IngestError
 from pipelines.core.fields import Encoding, InputFormat, NonFinite
 from pipelines.core.inputs import KEEP_PREFIX, ROW, csv_lines, parquet_types, resolve_inputs
 from pipelines.core.report import DROP
+from pipelines.core.serve import InvalidRows, valid_batches
 from pipelines.tabular.read import check_inputs, describe_row, reading, scan_inputs
 from pipelines.tabular.spec import IngestSpec, OnInvalid, SplitSpec
 from pipelines.tabular.transforms import DropReason, feature_columns, number, parse
@@ -97,8 +98,7 @@ class RawRows:
         if missing:
             raise IngestError(f"{self.root}: no vocabulary for {', '.join(missing)} in "
                               "metadata.json's vocab_files")
-        self.invalid: Counter[tuple[str, str]] = Counter()  # (reason, column) -> rows
-        self.invalid_rows: list[pl.DataFrame] = []  # file, row, line, reason, column
+        self.skipped = InvalidRows()  # not scored: counted, listed
 
     @property
     def total(self) -> Optional[int]:
@@ -145,25 +145,16 @@ class RawRows:
             if self.spec.is_text and not path.stat().st_size:
                 continue  # a 0-byte text file: no rows (and a scan of it alone fails)
             frame, reasons = self._frame(path)
-            pending: list[pl.DataFrame] = []
-            held = 0
             bad: list[pl.DataFrame] = []
+
+            def invalid(rows: pl.DataFrame) -> None:
+                if self.spec.on_invalid is OnInvalid.ERROR:
+                    self._raise(path, rows, reasons)
+                bad.append(rows)
+
             with reading([path], self.spec):
-                for chunk in frame.collect_batches(chunk_size=batch_size, engine="streaming"):
-                    invalid = chunk.filter(pl.col(DROP).is_not_null())
-                    if invalid.height:
-                        if self.spec.on_invalid is OnInvalid.ERROR:
-                            self._raise(path, invalid, reasons)
-                        bad.append(invalid.select(ROW, DROP))
-                    valid = chunk.filter(pl.col(DROP).is_null()).drop(ROW, DROP)
-                    pending.append(valid)
-                    held += valid.height
-                    while held >= batch_size:
-                        rows = pl.concat(pending)
-                        yield path, rows.head(batch_size).to_arrow()
-                        pending, held = [rows.slice(batch_size)], held - batch_size
-            if held:
-                yield path, pl.concat(pending).to_arrow()
+                for table in valid_batches(frame, batch_size, invalid):
+                    yield path, table
             if bad:
                 self._count(path, pl.concat(bad), reasons)
 
@@ -176,14 +167,8 @@ class RawRows:
             lines = [r + 1 for r in rows]
         else:
             lines = [None] * len(rows)
-        codes = bad[DROP].to_list()
-        for code in codes:
-            self.invalid[(reasons[code].reason, reasons[code].column)] += 1
-        self.invalid_rows.append(pl.DataFrame({
-            "file": [str(path)] * len(rows), "row": rows,
-            "line": pl.Series(lines, dtype=pl.Int64),
-            "reason": [reasons[c].reason for c in codes],
-            "column": [reasons[c].column for c in codes]}))
+        self.skipped.add(path, rows, lines,
+                         [(reasons[c].reason, reasons[c].column) for c in bad[DROP].to_list()])
 
     def _raise(self, path: Path, invalid: pl.DataFrame, reasons: list[DropReason]) -> None:
         row, r = int(invalid[ROW][0]), reasons[int(invalid[DROP][0])]

@@ -24,7 +24,7 @@ training-serving skew). What serving does differently is only what it has no use
   range, an unparsable dense value; :data:`~pipelines.xc.read.REPOSITORY_REASONS`) or stop the
   job on (a NaN/inf dense value with ``non_finite: error``: reason ``non_finite_value``) is
   *invalid*: not scored, counted by reason and column (for repository lines: ``line``,
-  ``labels`` or ``features``), and listed with its file and line (:attr:`RawRows.invalid`);
+  ``labels`` or ``features``), and listed with its file and line (:attr:`RawRows.skipped`);
   with ``on_invalid="error"`` the first one stops, in one line.
 
 Rows come out in batches of exactly ``batch_size`` valid rows (fewer at a file's end), in input
@@ -41,7 +41,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -54,6 +53,7 @@ from pipelines.core.errors import IngestError
 from pipelines.core.fields import Encoding, NonFinite
 from pipelines.core.inputs import KEEP_PREFIX, ROW, check_csv_header, csv_lines, parquet_types
 from pipelines.core.report import DROP
+from pipelines.core.serve import InvalidRows, valid_batches
 from pipelines.xc.passes import LABEL_IDS, output_columns, reading, token_feature, with_label_ids
 from pipelines.xc.read import (
     DropReason, RepositoryHeader, XCLayout, check_xc_inputs, parse_xc,
@@ -128,8 +128,7 @@ class RawRows:
         if missing:
             raise IngestError(f"{self.root}: no dense_stats for {', '.join(missing)} in "
                               "metadata.json")
-        self.invalid: Counter[tuple[str, str]] = Counter()  # (reason, column) -> rows
-        self.invalid_rows: list[pl.DataFrame] = []  # file, row, line, reason, column
+        self.skipped = InvalidRows()  # not scored: counted, listed
 
     @property
     def total(self) -> Optional[int]:
@@ -220,25 +219,16 @@ class RawRows:
         """``(file, rows)``: each file's valid rows, encoded, ``batch_size`` at a time."""
         for path in self.files:
             frame, reasons = self._frame(path)
-            pending: list[pl.DataFrame] = []
-            held = 0
             bad: list[pl.DataFrame] = []
+
+            def invalid(rows: pl.DataFrame) -> None:
+                if self.on_invalid == "error":
+                    self._raise(path, rows, reasons)
+                bad.append(rows)
+
             with reading([path], self.spec):
-                for chunk in frame.collect_batches(chunk_size=batch_size, engine="streaming"):
-                    invalid = chunk.filter(pl.col(DROP).is_not_null())
-                    if invalid.height:
-                        if self.on_invalid == "error":
-                            self._raise(path, invalid, reasons)
-                        bad.append(invalid.select(ROW, DROP))
-                    valid = chunk.filter(pl.col(DROP).is_null()).drop(ROW, DROP)
-                    pending.append(valid)
-                    held += valid.height
-                    while held >= batch_size:
-                        rows = pl.concat(pending)
-                        yield path, rows.head(batch_size).to_arrow()
-                        pending, held = [rows.slice(batch_size)], held - batch_size
-            if held:
-                yield path, pl.concat(pending).to_arrow()
+                for table in valid_batches(frame, batch_size, invalid):
+                    yield path, table
             if bad:
                 self._count(path, pl.concat(bad), reasons)
 
@@ -253,14 +243,8 @@ class RawRows:
 
     def _count(self, path: Path, bad: pl.DataFrame, reasons: list[DropReason]) -> None:
         rows, lines = self._lines(path, bad[ROW].to_list())
-        codes = bad[DROP].to_list()
-        for code in codes:
-            self.invalid[(reasons[code].reason, reasons[code].column)] += 1
-        self.invalid_rows.append(pl.DataFrame({
-            "file": [str(path)] * len(rows), "row": pl.Series(rows, dtype=pl.Int64),
-            "line": pl.Series(lines, dtype=pl.Int64),
-            "reason": [reasons[c].reason for c in codes],
-            "column": [reasons[c].column for c in codes]}))
+        self.skipped.add(path, rows, lines,
+                         [(reasons[c].reason, reasons[c].column) for c in bad[DROP].to_list()])
 
     def _raise(self, path: Path, invalid: pl.DataFrame, reasons: list[DropReason]) -> None:
         row, r = int(invalid[ROW][0]), reasons[int(invalid[DROP][0])]
