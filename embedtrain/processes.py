@@ -263,16 +263,20 @@ class RankError(RuntimeError):
 
 
 def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, out_dir: str,
-              timeout: float, args: tuple) -> None:
-    import torch
-    import torch.distributed as dist
-
+              limits: tuple[float, float], args: tuple) -> None:
     out = Path(out_dir)
     failed = False
     # Where a rank hangs, for spawn's timeout message: every thread's stack, written shortly
-    # before spawn gives up (only if this process is still alive then).
+    # before spawn gives up (only if this process is still alive then). Timed from spawn's own
+    # deadline (``time.monotonic`` is one clock for every process), not from this rank's start,
+    # which a loaded machine delays by seconds.
+    timeout, deadline = limits
     stacks = open(out / f"rank{rank}.stacks", "w")  # noqa: SIM115 (open until the process ends)
-    faulthandler.dump_traceback_later(timeout - min(_STACKS_BEFORE_S, timeout / 2), file=stacks)
+    dump_at = deadline - min(_STACKS_BEFORE_S, timeout / 2)
+    faulthandler.dump_traceback_later(max(0.1, dump_at - time.monotonic()), file=stacks)
+    import torch
+    import torch.distributed as dist
+
     try:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -348,10 +352,10 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *args: Any,
     with tempfile.TemporaryDirectory(prefix="embedtrain-spawn-") as tmp:
         out = Path(tmp)
         port = free_port()
-        procs = [ctx.Process(target=_run_rank, name=f"rank{rank}", daemon=True,
-                             args=(fn, rank, world_size, port, tmp, timeout, args))
-                 for rank in range(world_size)]
         deadline, finished_at = time.monotonic() + timeout, None
+        procs = [ctx.Process(target=_run_rank, name=f"rank{rank}", daemon=True,
+                             args=(fn, rank, world_size, port, tmp, (timeout, deadline), args))
+                 for rank in range(world_size)]
         try:
             for p in procs:
                 p.start()

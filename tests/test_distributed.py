@@ -264,10 +264,11 @@ def test_spawn_timeout_shows_where_a_rank_hangs():
     from embedtrain.processes import spawn
 
     with pytest.raises(TimeoutError) as err:
-        spawn(_hang_in_rank, 2, timeout=8.0)
+        spawn(_hang_in_rank, 2, timeout=16.0)  # stacks at 8 s: time for a loaded machine's start
     text = str(err.value)
     # rank 0 returned and waits for rank 1 in the exit barrier
-    assert text.startswith("spawn(_hang_in_rank): rank(s) [0, 1] still running after 8 s; killed")
+    assert text.startswith("spawn(_hang_in_rank): rank(s) [0, 1] still running after 16 s; "
+                           "killed")
     assert "rank 1's threads:" in text and "in _hang_in_rank" in text
 
 
