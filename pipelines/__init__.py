@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from pipelines.core.atomic import OutputError, Staging, atomic_output, foreign_entries
-from pipelines.core.inputs import KEEP_PREFIX
 
 # kind -> the family's package; each has spec.load_spec, passes.ingest and report.summary_lines
 FAMILIES = {"tabular": "pipelines.tabular", "xc": "pipelines.xc", "graph": "pipelines.graph"}
@@ -163,6 +162,16 @@ def raw_rows(meta: dict, root: str | os.PathLike, inputs: Sequence[str],
     family = FAMILIES["xc" if meta.get("task") == "xc" else "tabular"]
     return importlib.import_module(f"{family}.serve").RawRows(meta, root, inputs, keep,
                                                               on_invalid)
+
+
+def __getattr__(name: str) -> Any:
+    """``KEEP_PREFIX`` (a served batch's kept input columns are named ``KEEP_PREFIX + name``),
+    from :mod:`pipelines.core.inputs` on first use: importing this package loads no Polars."""
+    if name == "KEEP_PREFIX":
+        from pipelines.core.inputs import KEEP_PREFIX
+
+        return KEEP_PREFIX
+    raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
 
 
 __all__ = ["FAMILIES", "KEEP_PREFIX", "OutputError", "Staging", "atomic_output", "foreign_entries", "kind_of",
