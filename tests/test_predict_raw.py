@@ -132,6 +132,9 @@ def test_raw_csv_rows_score_as_their_ingested_rows_bit_for_bit(shop, tmp_path):
         (7, 9, "unparsable_value"), (100, 102, "raw_id_out_of_range")]
     kept = [f"r{20_000 + i}" for i in range(500) if i not in (7, 100)]
     assert b.column("request_id").to_pylist() == kept
+    # scores written again to the same file, with no invalid rows: no stale list beside them
+    again = predict(export, [str(data / "test")], tmp_path / "b.parquet", progress=False)
+    assert again.invalid_file is None and not raw.invalid_file.exists()
 
 
 def test_raw_rows_without_labels_and_one_line_errors(shop, tmp_path):

@@ -63,7 +63,15 @@ from torch import Tensor, nn
 from embedtrain.config import load_run_config
 from embedtrain.config_io import ConfigError
 from embedtrain.export.manifest import ExportError, load_manifest
-from embedtrain.export.rows import ParquetRows, RawRows, check_rows, input_files, model_batch
+from embedtrain.export.rows import (
+    ParquetRows,
+    RawRows,
+    check_rows,
+    describe_invalid,
+    input_files,
+    model_batch,
+    write_invalid,
+)
 from embedtrain.export.tables import (
     float_collection,
     quantized_collection,
@@ -333,7 +341,7 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top-k: must be at least 1, got {top_k}")
     quiet_fx_tracing_warning()
-    model = ExportedModel(export_dir, **({"program": program} if program != "export" else {}))
+    model = ExportedModel(export_dir, program=program)
     spec = model.spec
     source = (RawRows(model.root, spec, inputs, keep, on_invalid) if raw
               else ParquetRows(input_files(inputs), spec, keep))
@@ -369,7 +377,7 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
                 bar.update(result.num_rows)
         if writer is None:
             raise ValueError(f"{source.files[0] if len(source.files) == 1 else 'the inputs'}: "
-                             f"no valid row to score ({source.describe_invalid()}); nothing "
+                             f"no valid row to score ({describe_invalid(source.invalid)}); nothing "
                              f"written to {out}")
         writer.close()
         writer = None
@@ -378,7 +386,7 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         if writer is not None:
             writer.close()
         partial.unlink(missing_ok=True)
-    invalid_file = source.write_invalid(out)
+    invalid_file = write_invalid(out, source.invalid_tables)
     return PredictResult(out, rows, len(source.files), time.perf_counter() - start,
                          metrics.compute() if metrics is not None else {},
                          dict(source.invalid), invalid_file)

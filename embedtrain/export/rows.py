@@ -5,7 +5,7 @@
 - :class:`RawRows`: raw files as the data set was ingested from (``--raw``), encoded by that
   data set's own ingestion (:func:`pipelines.raw_rows`, from the export's copies of its
   ``metadata.json`` and vocabularies): rows it would drop are not scored, but counted by reason
-  and listed (:meth:`RawRows.write_invalid`);
+  and listed (:func:`write_invalid`);
 - :func:`check_rows`: types, nulls and id ranges of a batch (the file, column and row of a bad
   value named); :func:`model_batch`: a batch as the training reader makes it.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 from pathlib import Path
 from typing import Container, Optional, Sequence
 
@@ -63,7 +64,9 @@ class ParquetRows:
     """Parquet rows in the data set's layout, a file at a time, ``batch_size`` rows at once
     (the ids as the data holds them: a dynamic table's raw ids are mapped at lookup)."""
 
-    invalid: dict = {}  # nothing is skipped: a bad value is an error (:func:`check_rows`)
+    # nothing is skipped: a bad value is an error (:func:`check_rows`)
+    invalid: dict[str, int] = {}
+    invalid_tables: list = []
 
     def __init__(self, files: list[Path], spec: FeatureSpec, keep: Sequence[str]) -> None:
         self.files, self.spec, self.keep = files, spec, list(keep)
@@ -92,12 +95,6 @@ class ParquetRows:
                     first += table.num_rows
             except pa.ArrowException as e:
                 raise DataError(f"{path}: cannot read rows {first:,}..: {e}") from None
-
-    def describe_invalid(self) -> str:
-        return "none invalid"
-
-    def write_invalid(self, out: Path) -> None:
-        return None
 
 
 class RawRows:
@@ -133,18 +130,35 @@ class RawRows:
             yield path, first, table, labels, kept
             first += table.num_rows
 
-    def describe_invalid(self) -> str:
-        return ", ".join(f"{k}: {n:,}" for k, n in self.invalid.items()) or "none invalid"
+    @property
+    def invalid_tables(self) -> list:
+        """The rows not scored: polars frames of file, row, line, reason, column."""
+        return self.rows.skipped.tables
 
-    def write_invalid(self, out: Path) -> Optional[Path]:
-        """The invalid rows (file, row, line, reason, column) beside ``out``; None if none."""
-        if not self.rows.skipped.tables:
-            return None
-        import polars as pl
 
-        path = out.with_name(out.name.removesuffix(".parquet") + ".invalid.parquet")
-        pl.concat(self.rows.skipped.tables).write_parquet(path)
-        return path
+def describe_invalid(invalid: dict[str, int]) -> str:
+    """``reason (column): N, ...`` of the rows not scored."""
+    return ", ".join(f"{k}: {n:,}" for k, n in invalid.items()) or "none invalid"
+
+
+def write_invalid(out: Path, tables: list) -> Optional[Path]:
+    """The rows not scored (``tables``: file, row, line, reason, column) in
+    ``<out>.invalid.parquet``, written whole or not at all (temp + rename); None when there are
+    none, and then an earlier run's list beside ``out`` is removed (it described another
+    ``out``)."""
+    path = out.with_name(out.name.removesuffix(".parquet") + ".invalid.parquet")
+    if not tables:
+        path.unlink(missing_ok=True)
+        return None
+    import polars as pl
+
+    partial = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        pl.concat(tables).write_parquet(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
 
 
 def _schema(path: Path, spec: FeatureSpec, keep: Sequence[str] = ()) -> pa.Schema:

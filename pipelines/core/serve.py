@@ -17,16 +17,22 @@ from pipelines.core.report import DROP
 
 
 def valid_batches(frame: pl.LazyFrame, batch_size: int,
-                  invalid: Callable[[pl.DataFrame], None]) -> Iterator[pa.Table]:
-    """The rows of ``frame`` (``__row``, ``__drop``, the encoded columns) whose ``__drop`` is
-    null, streamed, in batches of exactly ``batch_size`` (fewer at the end), without those two
-    columns; each streamed chunk's other rows (``__row``, ``__drop``) go to ``invalid`` first."""
+                  record: Callable[[pl.DataFrame], None],
+                  stop: Optional[Callable[[pl.DataFrame], None]] = None) -> Iterator[pa.Table]:
+    """The rows of one file's ``frame`` (``__row``, ``__drop``, the encoded columns) whose
+    ``__drop`` is null, streamed, in batches of exactly ``batch_size`` (fewer at the end),
+    without those two columns. The other rows (``__row``, ``__drop``) go to ``stop`` as each
+    streamed chunk shows them (``on_invalid: error``: it raises), and all of them to ``record``
+    once the file is read."""
     pending: list[pl.DataFrame] = []
+    invalid: list[pl.DataFrame] = []
     held = 0
     for chunk in frame.collect_batches(chunk_size=batch_size, engine="streaming"):
         bad = chunk.filter(pl.col(DROP).is_not_null())
         if bad.height:
-            invalid(bad.select(ROW, DROP))
+            if stop is not None:
+                stop(bad)
+            invalid.append(bad.select(ROW, DROP))
         valid = chunk.filter(pl.col(DROP).is_null()).drop(ROW, DROP)
         pending.append(valid)
         held += valid.height
@@ -36,6 +42,8 @@ def valid_batches(frame: pl.LazyFrame, batch_size: int,
             pending, held = [rows.slice(batch_size)], held - batch_size
     if held:
         yield pl.concat(pending).to_arrow()
+    if invalid:
+        record(pl.concat(invalid))
 
 
 class InvalidRows:

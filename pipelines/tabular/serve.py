@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -145,18 +146,13 @@ class RawRows:
             if self.spec.is_text and not path.stat().st_size:
                 continue  # a 0-byte text file: no rows (and a scan of it alone fails)
             frame, reasons = self._frame(path)
-            bad: list[pl.DataFrame] = []
-
-            def invalid(rows: pl.DataFrame) -> None:
-                if self.spec.on_invalid is OnInvalid.ERROR:
-                    self._raise(path, rows, reasons)
-                bad.append(rows)
-
+            stop = (functools.partial(self._raise, path, reasons=reasons)
+                    if self.spec.on_invalid is OnInvalid.ERROR else None)
             with reading([path], self.spec):
-                for table in valid_batches(frame, batch_size, invalid):
+                for table in valid_batches(frame, batch_size,
+                                           functools.partial(self._count, path, reasons=reasons),
+                                           stop):
                     yield path, table
-            if bad:
-                self._count(path, pl.concat(bad), reasons)
 
     def _count(self, path: Path, bad: pl.DataFrame, reasons: list[DropReason]) -> None:
         rows = bad[ROW].to_list()

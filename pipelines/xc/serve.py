@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -219,18 +220,13 @@ class RawRows:
         """``(file, rows)``: each file's valid rows, encoded, ``batch_size`` at a time."""
         for path in self.files:
             frame, reasons = self._frame(path)
-            bad: list[pl.DataFrame] = []
-
-            def invalid(rows: pl.DataFrame) -> None:
-                if self.on_invalid == "error":
-                    self._raise(path, rows, reasons)
-                bad.append(rows)
-
+            stop = (functools.partial(self._raise, path, reasons=reasons)
+                    if self.on_invalid == "error" else None)
             with reading([path], self.spec):
-                for table in valid_batches(frame, batch_size, invalid):
+                for table in valid_batches(frame, batch_size,
+                                           functools.partial(self._count, path, reasons=reasons),
+                                           stop):
                     yield path, table
-            if bad:
-                self._count(path, pl.concat(bad), reasons)
 
     def _lines(self, path: Path, rows: list[int]) -> tuple[list[int], list[Optional[int]]]:
         """The 0-based data rows and 1-based lines (None for parquet) of ``__row`` values."""
