@@ -40,12 +40,14 @@ from embedtrain.models.options import (
     DynamicTable,
     Eviction,
     GNNModel,
+    HeadDtype,
     HeadKind,
     HeadLoss,
     Interaction,
     Margin,
     NegativeIndex,
     Pooling,
+    Rounding,
     TableKind,
 )
 from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKind: cluster files)
@@ -71,9 +73,9 @@ __all__ = [
     "Aggregation", "ClusterConfig", "CommPrecision", "ComputeKernel", "Config", "ConfigError",
     "DataConfig", "DenseAllReduce", "DenseOptimizer", "DeviceKind", "DynamicTable", "Eviction",
     "GNNConfig", "GNNModel",
-    "HeadConfig", "HeadKind", "HeadLoss", "HeadOptimizer", "Interaction", "LRDecay", "Margin",
+    "HeadConfig", "HeadDtype", "HeadKind", "HeadLoss", "HeadOptimizer", "Interaction", "LRDecay", "Margin",
     "ModelConfig", "NegativeIndex", "NegativeSampling", "OptimConfig", "PipelineKind", "Pooling",
-    "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Selection",
+    "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Rounding", "Selection",
     "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TableKind",
     "TableSpec", "TaskKind",
     "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
@@ -155,6 +157,10 @@ class HeadConfig:
     index_probe: int = config_field(0, check=NON_NEGATIVE)  # clustered: lists searched (0: 1/4)
     optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
     lr: float = config_field(0.05, check=POSITIVE)
+    # sharded heads' storage of the class rows: fp32, or bf16 (2 bytes a weight, no fp32 copy;
+    # needs optimizer rowwise_adagrad), whose updated rows are rounded back by `rounding`
+    dtype: HeadDtype = HeadDtype.FP32
+    rounding: Rounding = Rounding.STOCHASTIC
 
 
 @dataclass

@@ -353,13 +353,16 @@ def test_clustered_index_probing_every_cluster_is_the_exact_search():
     assert ((r == -1) == torch.isinf(s)).all() and (r >= 0).any()
 
 
-def test_clustered_hard_negatives_use_the_index_and_report_its_recall():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_clustered_hard_negatives_use_the_index_and_report_its_recall(dtype):
     weight, queries, labels = _planted_classes()
     n = len(weight)
     head = HardNegativeHead(n, weight.shape[1], negatives=5, refresh_every=3,
-                            index=NegativeIndex.CLUSTERED, index_clusters=24, index_probe=4)
+                            index=NegativeIndex.CLUSTERED, index_clusters=24, index_probe=4,
+                            dtype=dtype)
     with torch.no_grad():
         head.weight.copy_(weight)
+    weight = head.weight.detach().float()  # a bf16 head holds the rounded values
     head(queries, labels).backward()
     found = head._clustered.search(queries, 5)[1]
     assert set(head.last_sample.tolist()) == set(labels.tolist()) | set(found[found >= 0].tolist())
@@ -413,3 +416,27 @@ def test_fused_row_adagrad_is_torch_adagrad_on_the_sampled_rows(lr_decay):
     p.grad, q.grad = torch.ones(C, D), torch.ones(C, D)
     o1.step(), o2.step()
     assert torch.equal(p, q)
+
+
+def test_partial_fc_small_samples_are_drawn_uniformly_without_a_permutation():
+    """Below 1/16 of the slice the negatives are drawn (no randperm of the slice): exactly the
+    size wanted, distinct, never a positive, each other class equally likely (binomial counts)."""
+    from embedtrain.models.class_head import partial_fc_sample
+
+    positives, n, rate, trials = torch.tensor([3, 7, 7]), 1000, 0.05, 2000
+    counts = torch.zeros(n)
+    for i in range(trials):
+        sample = partial_fc_sample(positives, 0, n, rate, torch.Generator().manual_seed(i))
+        assert sample.numel() == 50 and torch.equal(sample, sample.unique())
+        counts[sample] += 1
+    assert counts[3] == counts[7] == trials
+    others = counts[torch.isin(torch.arange(n), positives, invert=True)]
+    p = 48 / 998
+    mean, std = trials * p, (trials * p * (1 - p)) ** 0.5
+    assert abs(float(others.mean()) - mean) < 1e-3
+    assert abs(float(others.std()) / std - 1) < 0.1
+    assert float(others.min()) > mean - 5 * std and float(others.max()) < mean + 5 * std
+    # The same generator state draws the same sample (a resumed run's).
+    g = [torch.Generator().manual_seed(5) for _ in range(2)]
+    assert torch.equal(partial_fc_sample(positives, 100, 100 + n, rate, g[0]),
+                       partial_fc_sample(positives, 100, 100 + n, rate, g[1]))

@@ -47,10 +47,15 @@ def _state(trainer):
     return head.weight.detach().clone(), opt, tables
 
 
-def test_resume_equals_uninterrupted(xc_data, tmp_path):
+BF16 = ["xc.head.dtype=bf16", "xc.head.optimizer=rowwise_adagrad"]
+
+
+@pytest.mark.parametrize("precision", [[], BF16], ids=["fp32", "bf16"])
+def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     from embedtrain.recipes import build_run
 
-    common = ["xc.head.kind=partial_fc", "xc.head.sample_rate=0.3", "train.checkpoint_every=10"]
+    common = ["xc.head.kind=partial_fc", "xc.head.sample_rate=0.3", "train.checkpoint_every=10",
+              *precision]
     whole = build_run(_cfg(xc_data, *common, "train.max_steps=20"), tmp_path / "whole").trainer
     whole.fit()
     part = build_run(_cfg(xc_data, *common, "train.max_steps=10"), tmp_path / "part").trainer
@@ -77,6 +82,49 @@ def test_resume_equals_uninterrupted(xc_data, tmp_path):
     assert head_sum, list(opt1)
     for k in head_sum:
         assert torch.equal(opt1[k]["sum"].to_local(), opt2[k]["sum"].to_local())
+    if precision:  # bf16 rows and one float32 accumulator a row, in the checkpoint too
+        assert w1.dtype == torch.bfloat16 and opt1[head_sum[0]]["sum"].shape == (CLASSES,)
+        import torch.distributed.checkpoint as dcp
+
+        meta = dcp.FileSystemReader(str(tmp_path / "part" / "checkpoints" / "step_00000020")
+                                    ).read_metadata()
+        assert meta.state_dict_metadata["model.head.weight"].properties.dtype == torch.bfloat16
+
+
+def test_plan_counts_a_bf16_head_and_its_rowwise_state(xc_data, tmp_path):
+    """The planner's bytes of a bf16 head with row-wise Adagrad are what each rank holds: 2 bytes
+    a weight and one float32 a row, per rank as the slices split them; measured in a run."""
+    import json
+
+    from embedtrain.recipes import build_run, plan_model
+
+    cfg = _cfg(xc_data, "xc.head.kind=partial_fc", *BF16)
+    report = plan_model(cfg, load_cluster("configs/clusters/cpu-1x2.yaml")).report.to_dict()
+    (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
+    dim = cfg.xc.mlp[-1]
+    assert head["weight_bytes"] == CLASSES * dim * 2 and head["optimizer_bytes"] == CLASSES * 4
+    build_run(_cfg(xc_data, "xc.head.kind=partial_fc", *BF16, "train.max_steps=2",
+                   "train.checkpoint_every=0"), tmp_path)
+    (rank,) = json.loads((tmp_path / "plan_vs_measured.json").read_text())["ranks"]
+    assert rank["measured_weights"] == rank["estimated_weights"]
+    assert rank["measured_optimizer"] == rank["estimated_optimizer"]
+    tokens = cfg.xc.embedding_dim * 4 * 3_000  # the token table, float32
+    assert rank["measured_weights"] - tokens == CLASSES * dim * 2
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["xc.head.dtype=bf16"], "xc.head.dtype: bf16 needs xc.head.optimizer: rowwise_adagrad, "
+                             "not adagrad"),
+    (["xc.head.dtype=bf16", "xc.head.kind=mach"], "xc.head.dtype: bf16 needs a full, partial_fc "
+                                                  "or hard_negatives head, not mach"),
+])
+def test_bf16_head_refusals_are_one_line(xc_data, tmp_path, sets, message):
+    from embedtrain.recipes import build_run
+
+    if "kind=mach" in sets[-1]:
+        sets = [*sets, "xc.head.optimizer=rowwise_adagrad"]
+    with pytest.raises(ValueError, match=message):
+        build_run(_cfg(xc_data, *sets), tmp_path)
 
 
 def test_plan_sizes_the_class_head(xc_data):

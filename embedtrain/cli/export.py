@@ -74,7 +74,7 @@ def _export(args: argparse.Namespace) -> int:
               f"(tables/<table>.ids.parquet; other ids take their shard's default row)")
     if m.head is not None:
         print(f"  class head   {m.head.num_classes:,} x {m.head.dim} ({m.head.kind}), "
-              f"{m.head.bytes / mib:,.1f} MiB float32, {len(m.head.shards)} shard(s)")
+              f"{m.head.bytes / mib:,.1f} MiB {m.head.dtype}, {len(m.head.shards)} shard(s)")
     if m.dense_program is not None:
         print(f"  dense model  {m.dense_program.file} ({m.dense_program.format}), "
               f"{m.dense_program.parameters:,} parameters")

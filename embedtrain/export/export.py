@@ -24,7 +24,12 @@ program, a class head, a note). How:
    into their ``.npy`` files: a checkpoint of N ranks, row-wise, table-wise or column-wise,
    exports on one process, and the memory it takes is at most one shard (one table for a
    1-rank checkpoint) over the process's baseline (:attr:`ExportResult.peak_over_baseline`).
-   Parquet copies and quantized rows are made from the ``.npy`` in row blocks.
+   Parquet copies and quantized rows are made from the ``.npy`` in row blocks. Tables are
+   written as float32; the class head in the dtype it was saved in (the checkpoint's metadata
+   says): float32, or bfloat16 (``xc.head.dtype: bf16``) as ``uint16`` bit patterns, shard by
+   shard, never widened to float32 (a 50M x 128 head is 12.8 GB, not 25.6); its parquet copy
+   (``npy,parquet``) is float32 lists, widened one row block at a time. ``--quantize`` applies
+   to the tables only: the head stays as it was trained.
 4. Dynamic tables (:mod:`embedtrain.models.dynamic`: raw int64 ids remapped to rows) also get
    their id -> row map, ``tables/<table>.ids.parquet`` (``id``: the raw id, ``row``: its row,
    int64, sorted by id; only ids that own a row), read whole from the remapper's checkpointed
@@ -85,9 +90,12 @@ from embedtrain.export.manifest import (
     write_manifest,
 )
 from embedtrain.export.tables import (
+    NPY_DTYPES,
     ROWS_OF_IDS,
     SORTED_IDS,
+    TORCH_DTYPES,
     NpyWriter,
+    checkpoint_dtypes,
     checkpoint_id_map,
     checkpoint_tensors,
     load_tensors,
@@ -120,7 +128,8 @@ class ExportResult:
         peak_rss: the highest resident bytes while the tables (and the head) are read,
             written, converted to parquet and quantized (``VmHWM``, reset to the baseline
             before them); None where Linux's ``/proc/self/clear_refs`` cannot reset it.
-        largest_table: bytes of the largest float32 tensor exported (table or class head).
+        largest_table: bytes of the largest tensor exported, as written (a float32 table, or
+            the class head in its dtype).
     """
 
     out: Path
@@ -143,6 +152,7 @@ class _Tensor:
     key: str
     shape: tuple[int, int]
     stem: Path  # out / "tables" / name, without suffix
+    dtype: str = "float32"  # as written: float32 | bfloat16 (NPY_DTYPES)
 
 
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] = None,
@@ -157,8 +167,10 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
         checkpoint: a step (``500``, ``step_00000500``) or a checkpoint directory; default:
             the run's newest complete one.
         quantize: ``none`` (float32 tables), ``int8`` or ``int4`` (FBGEMM's rowwise fused rows,
-            through TorchRec's quantizer); the class head stays float32.
-        formats: table files: ``npy`` and/or ``parquet`` (float32 tables only).
+            through TorchRec's quantizer); the class head stays as trained (float32 or
+            bfloat16).
+        formats: table files: ``npy`` and/or ``parquet`` (float32 tables only; a bfloat16 class
+            head needs ``npy``).
         overwrite: replace an earlier export in ``out``.
         progress: show a progress bar (rows of the tables), and say when AOTInductor compiles.
         aot: also compile the dense program with AOTInductor (:data:`AOT_FILE`; a
@@ -211,10 +223,11 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec
         if tuple(saved[key]) != tuple(shape):
             raise CheckpointError(f"{ckpt}: {key} is {list(saved[key])}, the run's config makes "
                                   f"it {list(shape)}; was it written by this run's model?")
+    head_dtype = _head_dtype(ckpt, h, formats) if h else "float32"
     _prepare_out(out, overwrite)
     try:
         return _export(cfg.task.value, recipe.dataset_info(), parts, tables, run_dir, out, ckpt,
-                       info, quantize, formats, progress, start, aot)
+                       info, quantize, formats, progress, start, aot, head_dtype)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export is left behind
         raise
@@ -222,7 +235,8 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec
 
 def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_TableSpec"],
             run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
-            formats: Sequence[str], progress: bool, start: float, aot: bool) -> ExportResult:
+            formats: Sequence[str], progress: bool, start: float, aot: bool,
+            head_dtype: str) -> ExportResult:
     # 1. The dense model (small; it also loads what reading a checkpoint needs, so that the
     # baseline below holds every library the tables' phase uses).
     program = _dense_program(parts.dense, ckpt, out, aot, progress)
@@ -233,20 +247,21 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_Tab
     h = parts.head
     if h:
         (out / "head").mkdir()
-        todo.append(_Tensor(h.checkpoint_key, (h.num_classes, h.dim), out / "head" / "weight"))
+        todo.append(_Tensor(h.checkpoint_key, (h.num_classes, h.dim), out / "head" / "weight",
+                            head_dtype))
     baseline, can_reset = _reset_peak_rss()
     entries: list[Table] = []
     head_entry = None
     with progress_bar(sum(t.shape[0] for t in todo), "export", disable=not progress) as bar:
         for i, t in enumerate(todo):
-            with NpyWriter(t.stem.with_suffix(".npy"), t.shape) as writer:
+            with NpyWriter(t.stem.with_suffix(".npy"), t.shape, t.dtype) as writer:
                 shards = stream_tensor(ckpt, t.key, t.shape, writer.write)
             if i < len(tables):
                 entries.append(_table_entry(tables[i], shards, out, quantize, formats))
                 if tables[i].remap:
                     _add_id_map(entries[-1], tables[i], ckpt, out)
             else:
-                head_entry = _head_entry(h, shards, data.root, out, formats)
+                head_entry = _head_entry(h, shards, data.root, out, formats, t.dtype)
             bar.update(t.shape[0])
     peak = _peak_rss() if can_reset else None
 
@@ -264,7 +279,8 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_Tab
             dataset=str(data.root), dataset_name=data.name),
         dense_program=program, head=head_entry, note=parts.note)
     write_manifest(manifest, out)
-    largest = max(t.shape[0] * t.shape[1] * 4 for t in todo) if todo else 0
+    largest = max((t.shape[0] * t.shape[1] * NPY_DTYPES[t.dtype].itemsize for t in todo),
+                  default=0)
     return ExportResult(out, manifest, time.perf_counter() - start, baseline, peak, largest)
 
 
@@ -433,8 +449,23 @@ def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path, aot: boo
                         aot=aot_package(module, dense.example, out, progress) if aot else None)
 
 
+def _head_dtype(ckpt: Path, h: HeadExport, formats: Sequence[str]) -> str:
+    """The dtype the class head was saved in (``float32`` or ``bfloat16``), from the
+    checkpoint's metadata; a bfloat16 head needs its ``.npy`` (parquet holds float32)."""
+    saved = checkpoint_dtypes(ckpt)[h.checkpoint_key]
+    dtype = next((name for name, d in TORCH_DTYPES.items() if d == saved), None)
+    if dtype is None:
+        raise CheckpointError(f"{ckpt}: {h.checkpoint_key} is {saved}; export writes float32 "
+                              f"or bfloat16 class heads")
+    if dtype == "bfloat16" and "npy" not in formats:
+        raise ExportError("--format parquet: the class head is bfloat16 (xc.head.dtype: bf16), "
+                          "kept as such in its .npy (parquet holds float32 lists); use --format "
+                          "npy,parquet")
+    return dtype
+
+
 def _head_entry(h: HeadExport, shards: list[Shard], root: Path, out: Path,
-                formats: Sequence[str]) -> Head:
+                formats: Sequence[str], dtype: str) -> Head:
     """Makes the requested files of the written class head and describes them."""
     npy = out / "head" / "weight.npy"
     files = TableFiles(npy="head/weight.npy")
@@ -445,9 +476,10 @@ def _head_entry(h: HeadExport, shards: list[Shard], root: Path, out: Path,
         npy.unlink()
         files.npy = None
     return Head(kind=h.kind, num_classes=h.num_classes, dim=h.dim, files=files,
-                bytes=h.num_classes * h.dim * 4, checkpoint_key=h.checkpoint_key,
-                normalised=h.normalised, scale=h.scale, top_k=list(h.top_k), shards=shards,
-                vocab=_copy_vocab(root, h.vocab, out) if h.vocab else None)
+                bytes=h.num_classes * h.dim * NPY_DTYPES[dtype].itemsize,
+                checkpoint_key=h.checkpoint_key, normalised=h.normalised, scale=h.scale,
+                top_k=list(h.top_k), shards=shards,
+                vocab=_copy_vocab(root, h.vocab, out) if h.vocab else None, dtype=dtype)
 
 
 def _features(parts: ExportParts, tables: list[_TableSpec], root: Path, out: Path) -> Features:

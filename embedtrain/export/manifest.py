@@ -13,7 +13,12 @@ An export (``embedtrain export RUN_DIR --out DIR``) is a directory::
     DIR/tables/<table>.parquet    with --format parquet: id (int64, the row), vector
                                   (list<float32>)
     DIR/tables/<table>.ids.parquet  dynamic tables: the id -> row map (see below)
-    DIR/head/weight.npy           XC: the class head, float32 [classes, D] (row = class id)
+    DIR/head/weight.npy           XC: the class head, [classes, D] (row = class id): float32,
+                                  or for a bfloat16 head (head.dtype: bfloat16) uint16 holding
+                                  the bfloat16 bit patterns (NumPy has no bfloat16; in torch:
+                                  torch.from_numpy(a).view(torch.bfloat16))
+    DIR/head/weight.parquet       with --format npy,parquet: id, vector (list<float32>; a
+                                  bfloat16 head's values widened exactly)
     DIR/vocab/<feature>.parquet   ingested features' vocabularies (value, id, count), copied
     DIR/config.yaml               the run's resolved config, copied
     DIR/dataset_metadata.json     the data set's metadata.json, copied
@@ -190,7 +195,12 @@ class DenseProgram:
 @dataclass
 class Head:
     """An XC class head: ``num_classes`` x ``dim`` weights; scores are ``features @ weight.T``
-    (both L2-normalised and the features scaled by ``scale`` when ``normalised``)."""
+    (both L2-normalised and the features scaled by ``scale`` when ``normalised``).
+
+    ``dtype`` is what training held and the ``npy`` file stores: ``float32``, or ``bfloat16``
+    (``uint16`` bit patterns; manifests written before it existed read as ``float32``);
+    ``bytes`` is the size of that file's data.
+    """
 
     kind: str
     num_classes: int
@@ -203,6 +213,7 @@ class Head:
     top_k: list[int] = field(default_factory=lambda: [1, 5])
     shards: list[Shard] = field(default_factory=list)
     vocab: Optional[str] = None  # ingested labels: class id -> label value
+    dtype: str = "float32"  # float32 | bfloat16
 
 
 @dataclass

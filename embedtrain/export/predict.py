@@ -5,9 +5,11 @@ into TorchRec's ``EmbeddingBagCollection`` (float32 ``.npy`` files memory-mapped
 ``int8``/``int4`` exports, into TorchRec's quantized inference ``EmbeddingBagCollection``
 (FBGEMM's n-bit kernels); the dense program with ``torch.export.load`` (``program="aot"``: its
 AOTInductor package ``dense.aoti.pt2``, ``torch._inductor.aoti_load_package``); an XC class head
-as a float32 matrix scored in blocks of classes (:func:`embedtrain.models.topk.blocked_topk`, the
-kernel evaluation uses); a dynamic table's id -> row map (``tables/<table>.ids.parquet``,
-:mod:`embedtrain.export.manifest`) as sorted int64 tensors.
+scored in blocks of classes (:func:`embedtrain.models.topk.blocked_topk`, the kernel evaluation
+uses), its ``.npy`` memory-mapped, never copied whole: float32, or bfloat16 bits viewed as
+``torch.bfloat16``; each block is widened to the features' dtype and, when ``normalised``,
+L2-normalised as it is scored, as evaluation does; a dynamic table's id -> row map
+(``tables/<table>.ids.parquet``, :mod:`embedtrain.export.manifest`) as sorted int64 tensors.
 
 Dynamic tables take the data's ids (raw int64 ids, ``encoding: raw``), not rows: before the
 lookup, :meth:`ExportedModel.rows` maps each batch's ids of such a feature exactly as training's
@@ -213,10 +215,7 @@ class ExportedModel:
                                      "aot" if program == "aot" else d.format)
         self.head_weight: Optional[Tensor] = None
         if m.head is not None:
-            h = m.head
-            weight = torch.from_numpy(read_table(self.root, h.files.npy, h.files.parquet,
-                                                 (h.num_classes, h.dim), np.float32))
-            self.head_weight = F.normalize(weight, dim=1) if h.normalised else weight
+            self.head_weight = _head_weight(self.root, m.head, where)
 
     @property
     def table_memory_bytes(self) -> int:
@@ -270,9 +269,26 @@ class ExportedModel:
         from embedtrain.models.topk import blocked_topk
 
         x = self.outputs(dense, sparse)
-        if self.manifest.head.normalised:
-            x = F.normalize(x, dim=1) * self.manifest.head.scale
-        return blocked_topk(x, self.head_weight, k, _HEAD_BLOCK)
+        h = self.manifest.head
+        if h.normalised:
+            x = F.normalize(x, dim=1) * h.scale
+        # the head's rows are widened and normalised one block at a time (no copy of the head)
+        return blocked_topk(x, self.head_weight, k, _HEAD_BLOCK, normalize_rows=h.normalised)
+
+
+def _head_weight(root: Path, h, where: Path) -> Tensor:
+    """The class head as stored: float32, or the bfloat16 bits of its ``.npy`` viewed as
+    ``torch.bfloat16`` (memory-mapped, not copied; a float32 head's parquet is read whole)."""
+    shape = (h.num_classes, h.dim)
+    if h.dtype == "float32":
+        return torch.from_numpy(read_table(root, h.files.npy, h.files.parquet, shape,
+                                           np.float32))
+    if h.dtype != "bfloat16":
+        raise ExportError(f"{where}: head.dtype: {h.dtype!r} is not float32 or bfloat16")
+    if h.files.npy is None:
+        raise ExportError(f"{where}: head.files.npy: a bfloat16 head is read from its .npy")
+    return torch.from_numpy(read_table(root, h.files.npy, None, shape,
+                                       np.uint16)).view(torch.bfloat16)
 
 
 def _load_program(path: Path, kind: str):

@@ -8,11 +8,13 @@ a column block -- to a callback instead of copying it into a state dict. The tar
 written (a 1-rank checkpoint's shard is the whole table: the peak stays one table). A
 checkpoint of any number of ranks and any sharding reads this way on one process.
 
-Writing: :class:`NpyWriter` puts each shard at its rows (and columns) of a float32 ``.npy``;
-:func:`npy_blocks` reads it back in row blocks, from which :func:`write_parquet` writes
-``id, vector`` rows and :func:`quantize_npy` FBGEMM's fused rowwise int8/int4 rows (TorchRec's
-own ``quantize_state_dict``, block by block: rowwise quantization of a block equals that of the
-table).
+Writing: :class:`NpyWriter` puts each shard at its rows (and columns) of a float32 ``.npy``
+(or, for a bfloat16 class head, a ``uint16`` ``.npy`` of the bfloat16 bit patterns: NumPy has no
+bfloat16; :func:`checkpoint_dtypes` says which a tensor was saved as); :func:`npy_blocks` reads it
+back in row blocks, from which :func:`write_parquet` writes ``id, vector`` rows (float32 lists;
+bfloat16 bits widened block by block, exactly) and :func:`quantize_npy` FBGEMM's fused rowwise
+int8/int4 rows (TorchRec's own ``quantize_state_dict``, block by block: rowwise quantization of a
+block equals that of the table).
 
 Dynamic tables: :func:`checkpoint_id_map` reads a table's remapping state (its sorted mixed ids,
 their rows and the run's shard starts: 16 bytes a row, read whole) into the raw id -> row map
@@ -61,6 +63,9 @@ SCALE_BIAS_BYTES = 4  # fp16 scale + fp16 bias after each quantized row
 QUANT_ROW_ALIGNMENT = 4  # bytes; the quantized tables' rows in memory at inference
 
 ShardSink = Callable[[tuple[int, int], torch.Tensor], None]
+# how each exported dtype is stored in an .npy: bfloat16 as its bit patterns
+NPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16)}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def block_rows(dim: int, itemsize: int = 4) -> int:
@@ -165,12 +170,25 @@ def checkpoint_tensors(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     Raises:
         CheckpointError: the metadata cannot be read (one line naming the checkpoint).
     """
+    return {k: tuple(v.size) for k, v in _tensor_metadata(path).items()}
+
+
+def checkpoint_dtypes(path: str | os.PathLike) -> dict[str, torch.dtype]:
+    """The tensors of a DCP checkpoint and the dtypes they were saved in (from its
+    ``.metadata``; nothing else is read).
+
+    Raises:
+        CheckpointError: the metadata cannot be read (one line naming the checkpoint).
+    """
+    return {k: v.properties.dtype for k, v in _tensor_metadata(path).items()}
+
+
+def _tensor_metadata(path: str | os.PathLike) -> dict:
     try:
         metadata = FileSystemReader(path).read_metadata()
     except Exception as e:  # noqa: BLE001 - truncated/corrupt/missing .metadata: one line
         raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
-    return {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items()
-            if hasattr(v, "size")}
+    return {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
 
 
 def stream_tensor(path: str | os.PathLike, key: str, shape: Sequence[int],
@@ -317,17 +335,21 @@ def read_id_map(path: str | os.PathLike, rows: int) -> tuple[torch.Tensor, torch
 
 
 class NpyWriter:
-    """A float32 ``.npy`` of ``shape`` filled by shards at their offsets (:meth:`write`).
+    """A ``.npy`` of ``shape`` filled by shards at their offsets (:meth:`write`): float32, or
+    with ``dtype="bfloat16"`` uint16 holding the bfloat16 bit patterns (:data:`NPY_DTYPES`).
 
-    Full-width shards are written with plain file writes straight from the shard's memory;
-    column blocks (column-wise sharding) through a memory map of one row block at a time, unmapped
-    after each, so the process never maps more than a block of the file.
+    Full-width shards are written with plain file writes straight from the shard's memory (a
+    shard of another dtype is converted one row block at a time); column blocks (column-wise
+    sharding) through a memory map of one row block at a time, unmapped after each, so the
+    process never maps more than a block of the file.
     """
 
-    def __init__(self, path: str | os.PathLike, shape: Sequence[int]) -> None:
+    def __init__(self, path: str | os.PathLike, shape: Sequence[int],
+                 dtype: str = "float32") -> None:
         self.path = Path(path)
         self.shape = (int(shape[0]), int(shape[1]) if len(shape) > 1 else 1)
-        header = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float32,
+        self.dtype, self._torch_dtype = NPY_DTYPES[dtype], TORCH_DTYPES[dtype]
+        header = np.lib.format.open_memmap(self.path, mode="w+", dtype=self.dtype,
                                            shape=self.shape)  # writes the header, sizes the file
         self.offset = header.offset
         del header  # nothing of the data was touched
@@ -336,21 +358,20 @@ class NpyWriter:
     def write(self, offsets: tuple[int, int], shard: torch.Tensor) -> None:
         row0, col0 = offsets
         shard = shard.reshape(shard.shape[0], -1)
-        if shard.dtype != torch.float32:
-            shard = shard.float()
         rows, cols = shard.shape
-        width = self.shape[1]
-        step = block_rows(width)
+        width, size = self.shape[1], self.dtype.itemsize
+        step = block_rows(width, size)
         for start in range(0, rows, step):
-            block = shard[start:start + step].contiguous().numpy()
+            block = shard[start:start + step].to(self._torch_dtype).contiguous()
+            block = block.view(torch.uint16).numpy() if size == 2 else block.numpy()
             first = row0 + start
             if cols == width:
-                self._file.seek(self.offset + first * width * 4)
+                self._file.seek(self.offset + first * width * size)
                 self._file.write(memoryview(block).cast("B"))
             else:
                 self._file.flush()
-                view = np.memmap(self._file, dtype=np.float32, mode="r+",
-                                 offset=self.offset + first * width * 4,
+                view = np.memmap(self._file, dtype=self.dtype, mode="r+",
+                                 offset=self.offset + first * width * size,
                                  shape=(block.shape[0], width))
                 view[:, col0:col0 + cols] = block
                 view.flush()
@@ -391,12 +412,20 @@ def _npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
     return read(f)
 
 
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as the float32 values they stand for (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def write_parquet(npy: str | os.PathLike, out: str | os.PathLike) -> None:
     """The float table ``npy`` as parquet: ``id`` (int64, the row) and ``vector``
-    (``list<float32>``), one row group per block (no dictionary: ids and floats do not repeat)."""
+    (``list<float32>``), one row group per block (no dictionary: ids and floats do not repeat).
+    A bfloat16 ``npy`` (uint16 bits) is widened to float32 block by block."""
     writer = None
     try:
         for start, block in npy_blocks(npy):
+            if block.dtype == NPY_DTYPES["bfloat16"]:
+                block = bfloat16_to_float32(block)
             n, dim = block.shape
             vectors = pa.ListArray.from_arrays(
                 _arrow(np.arange(0, (n + 1) * dim, dim, dtype=np.int32)),
@@ -461,14 +490,15 @@ def quantize_npy(npy: str | os.PathLike, out: str | os.PathLike, dtype: str) -> 
 def read_table(root: Path, npy: Optional[str], parquet: Optional[str],
                shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
     """An exported table as an array: its ``.npy`` memory-mapped (copy-on-write: pages are read
-    when looked up), else its parquet ``vector`` column read into memory."""
+    when looked up), else its parquet ``vector`` column read into memory (float32 only; a
+    bfloat16 head is read from its ``.npy``: ``uint16``)."""
     if npy is not None:
         path = root / npy
         try:
             array = np.load(path, mmap_mode="c")
         except (OSError, ValueError) as e:
             raise ValueError(f"{path}: unreadable: {e}") from None
-    elif parquet is not None:
+    elif parquet is not None and np.dtype(dtype) == np.float32:
         path = root / parquet
         try:
             column = pq.read_table(path, columns=["vector"]).column("vector")
@@ -477,7 +507,8 @@ def read_table(root: Path, npy: Optional[str], parquet: Optional[str],
         flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
         array = flat.astype(dtype, copy=False).reshape(len(column), -1)
     else:
-        raise ValueError(f"{root}: a table has no file")
+        raise ValueError(f"{root}: a table has no file" if parquet is None else
+                         f"{root / parquet}: a {np.dtype(dtype)} table is read from an .npy")
     if tuple(array.shape) != tuple(shape) or array.dtype != dtype:
         raise ValueError(f"{path}: holds {array.dtype} {tuple(array.shape)}, model.json says "
                          f"{np.dtype(dtype)} {tuple(shape)}")

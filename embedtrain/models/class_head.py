@@ -26,6 +26,12 @@ the training loss.
 Optional margins for embedding learning (features and class weights L2-normalised, logits
 ``s cos``): CosFace (``s (cos - m)`` for the positives) and ArcFace (``s cos(theta + m)``).
 
+A slice may be stored in bfloat16 (``dtype``): a training step gathers the rows it uses in
+float32 and leaves their float32 gradient in ``weight.main_grad``; the head's optimizer
+(:class:`~embedtrain.train.optim.HeadRowWiseAdagrad`) rounds the updated rows back,
+stochastically or to nearest (:mod:`embedtrain.models.low_precision`). Evaluation, the
+hard-negative index and export widen a block of rows at a time: no float32 copy of the slice.
+
 Slices follow TorchRec's row-wise sharding (and ``DTensor``'s ``Shard(0)``): rank ``r`` holds
 rows ``[r * ceil(C / W), ...)``, so the planner's row-wise estimate of the head is what each rank
 holds. In ``state_dict`` the slice is a ``DTensor`` (``Shard(0)`` over the head's ranks), so DCP
@@ -62,7 +68,7 @@ from embedtrain.models.class_head_ops import (
     sharded_softmax_cross_entropy,
 )
 from embedtrain.models.class_index import ClusteredIndex, default_clusters, recall_at_k
-from embedtrain.models.options import HeadLoss, Margin, NegativeIndex
+from embedtrain.models.options import HeadLoss, Margin, NegativeIndex, Rounding
 from embedtrain.models.topk import blocked_topk, distributed_topk
 
 _EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
@@ -160,6 +166,11 @@ class ShardedSoftmaxHead(nn.Module):
             ``bce`` (one-vs-all: the sum of the step's classes' sigmoid cross-entropies of
             ``logit - log C``, the multi-label loss of PECOS/DEXML-style training with sampled
             negatives; the shift makes every class start at the prior ``1 / C``).
+        dtype: how the slice is stored: ``float32``, or ``bfloat16`` (no float32 copy: a step
+            gathers its rows in float32, leaves their float32 gradient in ``weight.main_grad``
+            for :class:`~embedtrain.train.optim.HeadRowWiseAdagrad`, which rounds the updated
+            rows back by ``rounding``; evaluation casts a block of rows at a time).
+        rounding: ``stochastic`` or ``nearest`` (:mod:`embedtrain.models.low_precision`).
 
     ``forward(features, targets)`` takes this rank's examples (the same count on every rank) and
     returns the mean loss over the global batch (see the module docstring for the gradients).
@@ -168,7 +179,8 @@ class ShardedSoftmaxHead(nn.Module):
     def __init__(self, num_classes: int, dim: int, group: Optional[dist.ProcessGroup] = None,
                  device: Optional[torch.device] = None, margin: Margin = Margin.NONE,
                  margin_value: float = 0.35, scale: float = 30.0, seed: int = 0,
-                 loss: HeadLoss = HeadLoss.SOFTMAX) -> None:
+                 loss: HeadLoss = HeadLoss.SOFTMAX, dtype: torch.dtype = torch.float32,
+                 rounding: Rounding = Rounding.STOCHASTIC) -> None:
         super().__init__()
         self.loss = HeadLoss(loss)
         # One-vs-all logits are shifted by -log C: every class starts at probability ~1/C, the
@@ -179,8 +191,12 @@ class ShardedSoftmaxHead(nn.Module):
         self.rank, self.world_size = rank_and_world(group)
         self.num_classes, self.dim = num_classes, dim
         self.start, self.end = shard_range(num_classes, self.rank, self.world_size)
-        self.weight = nn.Parameter(torch.empty(self.end - self.start, dim, device=device))
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"class head dtype: float32 or bfloat16, got {dtype}")
+        self.weight = nn.Parameter(torch.empty(self.end - self.start, dim, device=device,
+                                               dtype=dtype))
         init_rows_(self.weight, self.start, std=dim ** -0.5, seed=seed)
+        self.rounding = Rounding(rounding)
         self.margin, self.margin_value, self.scale = Margin(margin), margin_value, scale
         self.seed = seed
         # Training steps taken; seeds each step's sample so a resumed run draws the same ones.
@@ -190,6 +206,11 @@ class ShardedSoftmaxHead(nn.Module):
     @property
     def normalised(self) -> bool:
         return self.margin is not Margin.NONE
+
+    @property
+    def low_precision(self) -> bool:
+        """Rows stored below float32: a step gathers the rows it uses (all of them for full)."""
+        return self.weight.dtype != torch.float32
 
     def _candidates(self, targets: Tensor, features: Tensor) -> Optional[Tensor]:
         """Sorted local rows taking part in this training step (None: all of them)."""
@@ -219,6 +240,8 @@ class ShardedSoftmaxHead(nn.Module):
         targets = all_gather_rows(targets, self.group)
         counts = (targets >= 0).sum(dim=1)
         candidates = self._candidates(targets, gathered.detach())
+        if candidates is None and self.low_precision:
+            candidates = torch.arange(self.end - self.start)
         if candidates is None:
             weight = self.weight
         else:  # a sparse gradient: only the candidate rows are touched
@@ -237,13 +260,28 @@ class ShardedSoftmaxHead(nn.Module):
         """``[len(rows), D]`` of a buffer kept across steps (grown when a step samples more)."""
         n = rows.numel()
         buf = getattr(self, "_gathered", None)
-        if buf is None or buf.shape[0] < n or buf.dtype != self.weight.dtype:
-            buf = self._gathered = self.weight.new_empty((max(n, 1), self.dim))
+        if buf is None or buf.shape[0] < n:
+            buf = self._gathered = self.weight.new_empty((max(n, 1), self.dim),
+                                                         dtype=torch.float32)
         return buf[:n]
 
     @torch.no_grad()
-    def _eval_weight(self) -> Tensor:
-        return F.normalize(self.weight, dim=1) if self.normalised else self.weight
+    def _eval_rows(self, start: int, end: int) -> Tensor:
+        """Rows ``[start, end)`` of the slice as evaluation scores them: float32, normalised
+        under a margin."""
+        rows = self.weight[start:end].float()
+        return F.normalize(rows, dim=1) if self.normalised else rows
+
+    @torch.no_grad()
+    def _snapshot(self) -> Tensor:
+        """A copy of the slice as evaluation scores it (normalised under a margin), in the
+        slice's dtype, made ``_EVAL_BLOCK`` rows at a time (no float32 copy of a bf16 slice)."""
+        if not self.normalised:
+            return self.weight.detach().clone()
+        out = torch.empty_like(self.weight)
+        for start in range(0, out.shape[0], _EVAL_BLOCK):
+            out[start:start + _EVAL_BLOCK] = self._eval_rows(start, start + _EVAL_BLOCK)
+        return out
 
     @torch.no_grad()
     def topk(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -251,8 +289,8 @@ class ShardedSoftmaxHead(nn.Module):
         gathered, first = all_gather_uneven(features, self.group)
         if self.normalised:
             gathered = F.normalize(gathered, dim=1) * self.scale
-        scores, ids = distributed_topk(gathered, self._eval_weight(), k, self.start, _EVAL_BLOCK,
-                                       self.group)
+        scores, ids = distributed_topk(gathered, self.weight.detach(), k, self.start,
+                                       _EVAL_BLOCK, self.group, normalize_rows=self.normalised)
         return scores[first:first + features.shape[0]], ids[first:first + features.shape[0]]
 
     @torch.no_grad()
@@ -262,13 +300,12 @@ class ShardedSoftmaxHead(nn.Module):
         targets, _ = all_gather_uneven(as_targets(targets), self.group)
         if self.normalised:
             gathered = F.normalize(gathered, dim=1) * self.scale
-        weight = self._eval_weight()
         b = gathered.shape[0]
         bce = self.loss is HeadLoss.BCE
         peak = torch.full((b,), -math.inf)
         total = torch.zeros(b)
-        for start in range(0, weight.shape[0], _EVAL_BLOCK):  # online log-sum-exp over blocks
-            logits = gathered @ weight[start:start + _EVAL_BLOCK].t()
+        for start in range(0, self.weight.shape[0], _EVAL_BLOCK):  # online log-sum-exp
+            logits = gathered @ self._eval_rows(start, start + _EVAL_BLOCK).t()
             if bce:
                 total += F.softplus(logits - self.bce_offset).sum(1)
                 continue
@@ -278,7 +315,10 @@ class ShardedSoftmaxHead(nn.Module):
         local = self._local_targets(targets, None)
         rows, slot = (local >= 0).nonzero(as_tuple=True)
         counts = (targets >= 0).sum(dim=1).clamp(min=1).float()
-        positive = (gathered[rows] * weight[local[rows, slot]]).sum(1)
+        positive = self.weight[local[rows, slot]].float()
+        if self.normalised:
+            positive = F.normalize(positive, dim=1)
+        positive = (gathered[rows] * positive).sum(1)
         if bce:
             positive = positive - self.bce_offset
         picked = torch.zeros(b).index_add_(0, rows, positive if bce else positive / counts[rows])
@@ -342,13 +382,33 @@ def partial_fc_sample(targets: Tensor, start: int, end: int, rate: float,
     want = min(local, max(1, round(rate * local)))
     positive = _positives(targets, start, end)
     owned = positive.nonzero(as_tuple=True)[0]
-    # Negatives: the first classes of a random permutation that are not positives (a topk over
-    # random scores would cost ~20x more at 10^6 classes).
-    perm = torch.randperm(local, generator=generator)
     need = max(0, want - owned.numel())
-    head = perm[:need + owned.numel()]  # holds at least ``need`` negatives
-    negatives = head[~positive[head]][:need]
+    if need + owned.numel() <= local // _SPARSE_SAMPLE:
+        negatives = _few_negatives(positive, need, generator)
+    else:
+        # Negatives: the first classes of a random permutation that are not positives (a topk
+        # over random scores would cost ~20x more at 10^6 classes).
+        perm = torch.randperm(local, generator=generator)
+        head = perm[:need + owned.numel()]  # holds at least ``need`` negatives
+        negatives = head[~positive[head]][:need]
     return torch.cat([owned, negatives]).sort().values
+
+
+_SPARSE_SAMPLE = 16  # below 1/16 of the slice, negatives are drawn, not cut from a permutation
+
+
+def _few_negatives(positive: Tensor, need: int, generator: Optional[torch.Generator]) -> Tensor:
+    """``need`` distinct classes drawn uniformly from those not ``positive``, without a
+    permutation of the whole slice (at 2.5 x 10^7 classes a rank, ``randperm`` alone is 200 MB
+    and most of a step): draws with replacement, repeats and positives dropped, until there are
+    enough distinct ones, then a uniform subset of them of the size wanted (uniform by symmetry).
+    """
+    local = positive.numel()
+    found = torch.zeros(0, dtype=torch.long)
+    while found.numel() < need:
+        draws = torch.randint(local, (need + need // 8 + 16,), generator=generator)
+        found = torch.cat([found, draws[~positive[draws]]]).unique()
+    return found[torch.randperm(found.numel(), generator=generator)[:need]]
 
 
 def _positives(targets: Tensor, start: int, end: int) -> Tensor:
@@ -434,7 +494,7 @@ class HardNegativeHead(PartialFCHead):
         step = int(self.steps) - int(self.steps) % self.refresh_every
         if self._index_step == step:
             return
-        self._index = self._eval_weight().detach().clone()
+        self._index = self._snapshot()
         self._index_step = step
         if self.index_kind is NegativeIndex.CLUSTERED:
             g = torch.Generator().manual_seed(

@@ -128,19 +128,32 @@ def sharded_binary_cross_entropy(logits: Tensor, local_targets: Tensor,
 class _GatherRows(torch.autograd.Function):
     """``weight[rows]`` into ``out`` (a workspace kept from step to step, so the rows are not
     copied into freshly mapped memory each step); the gradient is sparse, as ``F.embedding``'s
-    with ``sparse=True``."""
+    with ``sparse=True``.
+
+    A ``weight`` stored in a lower precision than ``out`` (a bfloat16 head) is gathered into
+    ``out``'s float32, and its gradient goes to ``weight.main_grad`` in float32 instead of
+    through autograd, which would cast it to bfloat16 (:class:`~embedtrain.train.optim.
+    HeadRowWiseAdagrad` reads it there)."""
 
     @staticmethod
     def forward(ctx, weight: Tensor, rows: Tensor, out: Tensor) -> Tensor:
         ctx.save_for_backward(rows)
         ctx.shape = weight.shape
+        ctx.low_precision = weight if weight.dtype != out.dtype else None
+        if ctx.low_precision is not None:
+            return out.copy_(weight.index_select(0, rows))
         return torch.index_select(weight, 0, rows, out=out)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (rows,) = ctx.saved_tensors
-        return torch.sparse_coo_tensor(rows[None], grad, ctx.shape, check_invariants=False), \
-            None, None
+        sparse = torch.sparse_coo_tensor(rows[None], grad, ctx.shape, check_invariants=False)
+        param = ctx.low_precision
+        if param is None:
+            return sparse, None, None
+        held = getattr(param, "main_grad", None)
+        param.main_grad = sparse if held is None else held + sparse
+        return None, None, None
 
 
 class _ScaleGrad(torch.autograd.Function):

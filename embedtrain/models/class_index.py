@@ -48,7 +48,7 @@ def _nearest(points: Tensor, centroids: Tensor, half_norms: Tensor) -> Tensor:
     """Index of each point's nearest centroid (L2), ``_BLOCK`` points at a time."""
     out = torch.empty(points.shape[0], dtype=torch.long, device=points.device)
     for start in range(0, points.shape[0], _BLOCK):
-        scores = points[start:start + _BLOCK] @ centroids.t() - half_norms
+        scores = points[start:start + _BLOCK].to(centroids.dtype) @ centroids.t() - half_norms
         out[start:start + _BLOCK] = scores.argmax(dim=1)
     return out
 
@@ -96,8 +96,8 @@ class ClusteredIndex:
         self.clusters = min(clusters, max(n, 1))
         self.probe = min(probe, self.clusters)
         if n == 0:
-            self.centroids = vectors.new_zeros((1, vectors.shape[1]))
-            self.half_norms = vectors.new_zeros(1)
+            self.centroids = vectors.new_zeros((1, vectors.shape[1]), dtype=torch.float32)
+            self.half_norms = vectors.new_zeros(1, dtype=torch.float32)
             self.sorted = vectors
             self.ids = torch.zeros(0, dtype=torch.long, device=vectors.device)
             self.offsets = torch.zeros(2, dtype=torch.long)
@@ -106,14 +106,16 @@ class ClusteredIndex:
         # coordinate, sqrt(M^2 - |w|^2) with M the largest norm, and a query a 0 there; then
         # |q - w'|^2 = |q|^2 + M^2 - 2 q.w, so the nearest vectors are the best-scoring classes,
         # and the lists are clusters of that space, ranked for a query by q.c - |c'|^2 / 2.
-        norms = (vectors * vectors).sum(1)
-        points = torch.cat([vectors, (norms.max() - norms).clamp(min=0).sqrt()[:, None]], dim=1)
+        # (a bfloat16 slice stays bfloat16; k-means and the scores work in float32 by block)
+        norms = torch.cat([v.float().pow(2).sum(1) for v in vectors.split(_BLOCK)])
+        lift = (norms.max() - norms).clamp(min=0).sqrt()[:, None]
+        points = torch.cat([vectors, lift.to(vectors.dtype)], dim=1)
         sample_size = min(n, sample_per_cluster * self.clusters)
         if sample_size < n:
             sample = torch.randperm(n, generator=generator)[:sample_size].to(vectors.device)
-            train = points[sample]
+            train = points[sample].float()
         else:
-            train = points
+            train = points.float()
         centroids = kmeans(train, self.clusters, iterations, generator)
         self.clusters = centroids.shape[0]
         self.probe = min(self.probe, self.clusters)
@@ -155,7 +157,8 @@ class ClusteredIndex:
             if hi == lo:
                 continue
             top = min(k, hi - lo)
-            s, c = (queries[pair_query[first - count:first]] @ self.sorted[lo:hi].t()).topk(
+            members = self.sorted[lo:hi].to(queries.dtype)
+            s, c = (queries[pair_query[first - count:first]] @ members.t()).topk(
                 top, dim=1)
             scores.view(b * p, k)[pairs, :top] = s
             rows.view(b * p, k)[pairs, :top] = self.ids[lo + c]

@@ -39,6 +39,20 @@ class HeadLoss(enum.Enum):
     BCE = "bce"  # one-vs-all: sigmoid cross-entropy of every class of the step, summed
 
 
+class HeadDtype(enum.Enum):
+    """How a sharded head stores its class rows (a step computes in float32 either way)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"  # 2 bytes a weight; updates rounded back (see Rounding)
+
+
+class Rounding(enum.Enum):
+    """How a low-precision head's updated rows are rounded back to their storage dtype."""
+
+    STOCHASTIC = "stochastic"  # up or down with odds of the distance: unbiased
+    NEAREST = "nearest"  # round to nearest even: updates smaller than half an ulp are lost
+
+
 class NegativeIndex(enum.Enum):
     """How hard_negatives finds each example's nearest classes in its snapshot of the weights."""
 

@@ -83,7 +83,8 @@ def _pad(scores: Tensor, indices: Tensor, k: int) -> TopK:
 
 @torch.no_grad()
 def blocked_topk(features: Tensor, weight: Tensor, k: int, block_rows: int = 65536,
-                 class_offset: int = 0, bias: Optional[Tensor] = None) -> TopK:
+                 class_offset: int = 0, bias: Optional[Tensor] = None,
+                 normalize_rows: bool = False) -> TopK:
     """Top-k of ``features @ weight.T (+ bias)`` computed ``block_rows`` classes at a time.
 
     Peak extra memory is O(B x (block_rows + k)): each block's logits are merged with the running
@@ -91,11 +92,13 @@ def blocked_topk(features: Tensor, weight: Tensor, k: int, block_rows: int = 655
 
     Args:
         features: ``[B, D]``.
-        weight: ``[C_local, D]``, this shard's rows of the class head.
+        weight: ``[C_local, D]``, this shard's rows of the class head, in any float dtype: each
+            block is cast to ``features``' dtype (a bfloat16 head is never copied whole).
         k: how many classes to keep per example.
         block_rows: classes scored at once.
         class_offset: global class id of ``weight``'s row 0.
         bias: optional ``[C_local]``.
+        normalize_rows: L2-normalise each block's rows (after the cast) before scoring them.
 
     Returns:
         ``(scores [B, k], indices [B, k])``: global class ids, by (score desc, class id asc);
@@ -107,7 +110,10 @@ def blocked_topk(features: Tensor, weight: Tensor, k: int, block_rows: int = 655
     run_s = features.new_empty((b, 0))
     run_i = torch.zeros(b, 0, dtype=torch.long, device=features.device)
     for start in range(0, weight.shape[0], block_rows):
-        logits = features @ weight[start:start + block_rows].T
+        rows = weight[start:start + block_rows].to(features.dtype)
+        if normalize_rows:
+            rows = torch.nn.functional.normalize(rows, dim=1)
+        logits = features @ rows.T
         if bias is not None:
             logits = logits + bias[start:start + block_rows]
         top_s, cols = _select(logits, k)
@@ -140,16 +146,18 @@ def _world(group: Optional[dist.ProcessGroup]) -> int:
 @torch.no_grad()
 def distributed_topk(features: Tensor, local_weight: Tensor, k: int, class_offset: int = 0,
                      block_rows: int = 65536, group: Optional[dist.ProcessGroup] = None,
-                     bias: Optional[Tensor] = None) -> TopK:
+                     bias: Optional[Tensor] = None, normalize_rows: bool = False) -> TopK:
     """Global top-k over a class head split by rows across the ranks of ``group``.
 
     ``features`` must be the SAME ``[B, D]`` tensor on every rank (the caller all-gathers the
     batch's features first, as the model-parallel head does). Each rank takes the blocked top-k
     of its slice (global ids via ``class_offset``), the ``B x k`` candidates (scores and ids) are
-    all-gathered and merged, so every rank returns the same global top-k. Without a process
+    all-gathered and merged, so every rank returns the same global top-k (``normalize_rows``
+    and the weight's dtype as :func:`blocked_topk`'s). Without a process
     group (or with world size 1) this is :func:`blocked_topk`. Collective: all ranks must call.
     """
-    local = blocked_topk(features, local_weight, k, block_rows, class_offset, bias)
+    local = blocked_topk(features, local_weight, k, block_rows, class_offset, bias,
+                         normalize_rows)
     world = _world(group)
     if world == 1:
         return local

@@ -25,20 +25,23 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
+from torchrec.modules.embedding_configs import DataType, EmbeddingConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.features import FeatureSpec
 from embedtrain.models.class_head import HardNegativeHead, PartialFCHead, ShardedSoftmaxHead
 from embedtrain.models.dynamic import feature_tables
+from embedtrain.models.low_precision import DTYPES
 from embedtrain.models.options import (
     DynamicTable,
+    HeadDtype,
     HeadKind,
     HeadLoss,
     Margin,
     NegativeIndex,
     Pooling,
+    Rounding,
 )
 
 HEAD_TABLE = "class_head"  # the head's name in plans and reports
@@ -89,18 +92,23 @@ class XCModel(nn.Module):
         device: device of the encoder (``meta`` to be materialised by the sharding wrapper).
         dropout: dropout after each hidden layer of the encoder's MLP in training (0: none).
         dynamic: the encoder's dynamic token tables by name (:mod:`embedtrain.models.dynamic`).
+        head_dtype: the planning placeholder's storage (``bf16``: 2 bytes a weight; TorchRec
+            makes the placeholder float16, whose size is the same).
     """
 
     def __init__(self, spec: FeatureSpec, embedding_dim: int, pooling: Pooling,
                  mlp: Sequence[int], head: Optional[nn.Module],
                  device: Optional[torch.device] = None, dropout: float = 0.0,
-                 dynamic: Optional[Mapping[str, DynamicTable]] = None) -> None:
+                 dynamic: Optional[Mapping[str, DynamicTable]] = None,
+                 head_dtype: HeadDtype = HeadDtype.FP32) -> None:
         super().__init__()
         self.encoder = XCEncoder(spec, embedding_dim, pooling, mlp, device, dropout, dynamic)
         if head is None:  # planning: the head as a row-wise table the planner can size
             head = EmbeddingCollection(tables=[EmbeddingConfig(
                 name=HEAD_TABLE, embedding_dim=self.encoder.dim, num_embeddings=spec.num_classes,
-                feature_names=["__classes"])], device=device)
+                feature_names=["__classes"],
+                data_type=DataType.FP32 if head_dtype is HeadDtype.FP32 else DataType.BF16)],
+                device=device)
         self.head = head
 
     def forward(self, dense: Tensor, sparse: KeyedJaggedTensor, targets: Tensor,
@@ -120,6 +128,7 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
                div_value: float = 4.0, mach_buckets: int = 0, mach_repetitions: int = 4,
                loss: HeadLoss = HeadLoss.SOFTMAX, index: NegativeIndex = NegativeIndex.EXACT,
                index_clusters: int = 0, index_probe: int = 0,
+               dtype: HeadDtype = HeadDtype.FP32, rounding: Rounding = Rounding.STOCHASTIC,
                group: Optional[dist.ProcessGroup] = None, class_counts: Optional[Tensor] = None,
                seed: int = 0) -> nn.Module:
     """The class head of ``kind`` (sharded heads: this rank's slice over ``group``).
@@ -141,12 +150,14 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
         index, index_clusters, index_probe: hard_negatives' index of the nearest classes
             (``exact`` or ``clustered``), its k-means lists per rank and the lists each example
             searches (0: ``ceil(sqrt(slice))`` and a quarter of them).
+        dtype, rounding: how a sharded head stores its rows (``fp32`` or ``bf16``) and rounds
+            updated rows back to ``bf16`` (``stochastic`` or ``nearest``).
         group: ranks sharing a sharded head.
         class_counts: ``[C]`` training frequencies (adaptive softmax sorts classes by them).
         seed: initialisation and sampling seed.
     """
     common = dict(group=group, margin=margin, margin_value=margin_value, scale=scale, seed=seed,
-                  loss=loss)
+                  loss=loss, dtype=DTYPES[HeadDtype(dtype)], rounding=rounding)
     if kind is HeadKind.FULL:
         return ShardedSoftmaxHead(num_classes, dim, **common)
     if kind is HeadKind.PARTIAL_FC:
@@ -157,7 +168,8 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
                                 index_clusters=index_clusters, index_probe=index_probe, **common)
     from embedtrain.models import xc_heads
 
-    for name, value, default in (("margin", margin, Margin.NONE), ("loss", loss, HeadLoss.SOFTMAX)):
+    for name, value, default in (("margin", margin, Margin.NONE), ("loss", loss, HeadLoss.SOFTMAX),
+                                 ("dtype", dtype, HeadDtype.FP32)):
         if value is not default:
             raise ValueError(f"xc.head.{name}: {value.value} needs a full, partial_fc or "
                              f"hard_negatives head, not {kind.value}")

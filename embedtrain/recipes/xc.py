@@ -25,7 +25,9 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from embedtrain.config import (
     ClusterConfig,
     HeadConfig,
+    HeadDtype,
     HeadKind,
+    HeadOptimizer,
     Margin,
     NegativeIndex,
     ShardingType,
@@ -54,7 +56,8 @@ def head_arguments(h: HeadConfig) -> dict[str, Any]:
                 refresh_every=h.refresh_every, margin=h.margin, margin_value=h.margin_value,
                 scale=h.scale, cutoffs=h.cutoffs, div_value=h.div_value,
                 mach_buckets=h.mach_buckets, mach_repetitions=h.mach_repetitions, loss=h.loss,
-                index=h.index, index_clusters=h.index_clusters, index_probe=h.index_probe)
+                index=h.index, index_clusters=h.index_clusters, index_probe=h.index_probe,
+                dtype=h.dtype, rounding=h.rounding)
 
 
 class XCRecipe(TabularRecipe):
@@ -83,13 +86,19 @@ class XCRecipe(TabularRecipe):
         if self.cfg.xc.head.kind is HeadKind.ADAPTIVE and meta.features.max_labels > 1:
             raise ValueError(f"xc.head.kind: adaptive takes one label per example, but "
                              f"{where} allows {meta.features.max_labels}")
+        h = self.cfg.xc.head
+        if h.dtype is not HeadDtype.FP32 and h.optimizer is not HeadOptimizer.ROWWISE_ADAGRAD:
+            raise ValueError(f"xc.head.dtype: {h.dtype.value} needs xc.head.optimizer: "
+                             f"rowwise_adagrad, not {h.optimizer.value} (it keeps one float32 a "
+                             f"row and rounds the updated rows back; adagrad's state would be a "
+                             f"float32 copy of the head)")
         return meta
 
     def _model(self, head: Optional[nn.Module]) -> XCModel:
         x = self.cfg.xc
         model = XCModel(self.dataset.features, x.embedding_dim, x.pooling, x.mlp, head,
                         device=torch.device("meta"), dropout=x.dropout,
-                        dynamic=self.feature_dynamic_tables())
+                        dynamic=self.feature_dynamic_tables(), head_dtype=x.head.dtype)
         self.fuse_sparse(model.encoder)
         return model
 

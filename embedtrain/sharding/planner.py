@@ -34,6 +34,7 @@ from torchrec.distributed.planner.types import (
     ShardingOption,
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
+from torchrec.optim import RowWiseAdagrad
 
 from embedtrain.sharding.cluster import GIB, device_memory_tier, tier_capacity, topology
 from embedtrain.sharding.enumerator import OFFLOAD_KERNELS, CompactEnumerator, _shardable_modules
@@ -329,8 +330,14 @@ def _no_fit_message(options, enum, left, cluster: ClusterConfig, tier: MemoryTie
 
 
 def _optimizer_slots(param: torch.Tensor) -> float:
-    """Optimizer values per weight of a fused table: TorchRec's storage estimator's own rule."""
+    """Optimizer state per weight of a fused table, in units of the weight's bytes: TorchRec's
+    storage estimator's rule, but a row-wise optimizer's one float32 a row is 4 bytes whatever
+    the weights' dtype (FBGEMM keeps a bf16/fp16 table's momentum in float32; so do class heads'
+    ``HeadRowWiseAdagrad``, marked by ``row_state_bytes``)."""
     cls = getattr(param, "_optimizer_classes", [None])[0]
+    row_bytes = getattr(cls, "row_state_bytes", 4 if cls is RowWiseAdagrad else 0)
+    if row_bytes:
+        return row_bytes / (param.shape[-1] * param.element_size())
     return float(_get_optimizer_multipler(cls, param.shape))
 
 

@@ -27,6 +27,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from embedtrain.models.low_precision import round_rows
+from embedtrain.models.options import Rounding
 from embedtrain.sharding.types import DenseAllReduce
 from embedtrain.train.options import DenseOptimizer, HeadOptimizer, LRDecay, SparseOptimizer
 
@@ -139,6 +141,23 @@ def sparse_adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, rows: tor
         param.index_copy_(0, r, param.index_select(0, r).add_(torch.div(g, s, out=s), alpha=-lr))
 
 
+def _closure_loss(closure):
+    """What ``Optimizer.step``'s optional closure returns (it re-evaluates the loss)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def _sparse_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, values)`` of a sparse row gradient, coalesced unless its rows already increase."""
+    rows, values = grad._indices()[0], grad._values()
+    if not (grad.is_coalesced() or bool((rows[1:] > rows[:-1]).all())):
+        grad = grad.coalesce()
+        rows, values = grad._indices()[0], grad._values()
+    return rows, values
+
+
 class RowSparseAdagrad(torch.optim.Adagrad):
     """``torch.optim.Adagrad`` whose sparse gradients are applied row by row
     (:func:`sparse_adagrad_rows_`); dense gradients take torch's own step.
@@ -151,10 +170,7 @@ class RowSparseAdagrad(torch.optim.Adagrad):
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - see the class docstring
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         held = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -163,10 +179,7 @@ class RowSparseAdagrad(torch.optim.Adagrad):
                     continue
                 if group["weight_decay"] or group["maximize"] or grad.sparse_dim() != 1:
                     continue  # torch's step (which refuses the first two)
-                rows, values = grad._indices()[0], grad._values()
-                if not (grad.is_coalesced() or bool((rows[1:] > rows[:-1]).all())):
-                    coalesced = grad.coalesce()
-                    rows, values = coalesced._indices()[0], coalesced._values()
+                rows, values = _sparse_rows(grad)
                 state = self.state[p]
                 state["step"] += 1
                 clr = group["lr"] / (1 + (float(state["step"]) - 1) * group["lr_decay"])
@@ -181,16 +194,101 @@ class RowSparseAdagrad(torch.optim.Adagrad):
         return loss
 
 
+@torch.no_grad()
+def rowwise_adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, rows: torch.Tensor,
+                          grad: torch.Tensor, lr: float, eps: float, rounding: Rounding,
+                          seed: int, step: int, row_offset: int) -> None:
+    """Row-wise Adagrad on ``rows`` of ``param`` (distinct): FBGEMM's rule for tables.
+
+    ``sum[r] += mean(g_r^2)``, ``param[r] -= lr * g_r / (sqrt(sum[r]) + eps)``, in float32 a
+    chunk of rows at a time; a low-precision ``param`` gets the new rows rounded back by
+    ``rounding`` (:func:`~embedtrain.models.low_precision.round_rows`, keyed by ``seed``,
+    ``step`` and the global row ``row_offset + r``).
+    """
+    for start in range(0, rows.numel(), _ROW_CHUNK):
+        r, g = rows[start:start + _ROW_CHUNK], grad[start:start + _ROW_CHUNK].float()
+        state_sum.index_add_(0, r, g.pow(2).mean(dim=1))
+        s = state_sum.index_select(0, r).sqrt_().add_(eps)
+        new = param.index_select(0, r).float().add_(g / s[:, None], alpha=-lr)
+        param.index_copy_(0, r, round_rows(new, r + row_offset, param.dtype, rounding, seed, step))
+
+
+class HeadRowWiseAdagrad(torch.optim.Optimizer):
+    """Row-wise Adagrad for class heads: one float32 accumulator per row, whatever the weights'
+    dtype, and low-precision rows rounded back by ``rounding`` (:func:`rowwise_adagrad_rows_`).
+
+    Takes a sparse row gradient (the sampled heads'), a dense one (all rows), or, first, a
+    parameter's ``main_grad``: the float32 gradient a low-precision head's rows leave there
+    (autograd would cast a gradient to the parameter's dtype;
+    :func:`~embedtrain.models.class_head_ops.gather_rows` bypasses it, as Megatron-LM's bf16
+    parameters keep theirs). The state (``step``, ``sum [rows]``) is made up front, so a
+    checkpoint loads in place; ``step`` counts every ``step()``, and keys the rounding's bits.
+
+    Args:
+        params: the head's row slices.
+        lr, eps: as ``torch.optim.Adagrad``'s.
+        rounding: ``stochastic`` or ``nearest`` (low-precision rows only).
+        seed, row_offset: the rounding's key: the run's seed, and the global row of row 0.
+    """
+
+    row_state_bytes = 4  # the planner's count of its state: one float32 a row
+
+    def __init__(self, params, lr: float = 0.05, eps: float = 1e-10,
+                 rounding: str = Rounding.STOCHASTIC.value, seed: int = 0,
+                 row_offset: int = 0) -> None:
+        super().__init__(params, dict(lr=lr, eps=eps, rounding=Rounding(rounding).value,
+                                      seed=seed, row_offset=row_offset))
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p] = {"step": torch.zeros((), dtype=torch.float32),
+                                 "sum": torch.zeros(p.shape[0], dtype=torch.float32,
+                                                    device=p.device)}
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - see the class docstring
+        loss = _closure_loss(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state["step"] += 1
+                grad = getattr(p, "main_grad", None)
+                grad = p.grad if grad is None else grad
+                if grad is None:
+                    continue
+                if grad.is_sparse:
+                    rows, values = _sparse_rows(grad)
+                else:
+                    rows, values = torch.arange(p.shape[0], device=p.device), grad
+                rowwise_adagrad_rows_(p, state["sum"], rows, values, group["lr"], group["eps"],
+                                      Rounding(group["rounding"]), group["seed"],
+                                      int(state["step"]), group["row_offset"])
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=True)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.main_grad = None
+
+
 def head_optimizer_class(kind: HeadOptimizer) -> type[torch.optim.Optimizer]:
-    """The torch optimizer of a sharded class head (both take sparse gradients)."""
-    return {HeadOptimizer.ADAGRAD: RowSparseAdagrad, HeadOptimizer.SGD: torch.optim.SGD}[kind]
+    """The torch optimizer of a sharded class head (all take sparse gradients)."""
+    return {HeadOptimizer.ADAGRAD: RowSparseAdagrad, HeadOptimizer.SGD: torch.optim.SGD,
+            HeadOptimizer.ROWWISE_ADAGRAD: HeadRowWiseAdagrad}[kind]
+
+
+def _by_row(value, param: torch.Tensor) -> bool:
+    """Whether an optimizer state value is split by rows as ``param`` is."""
+    return isinstance(value, torch.Tensor) and (
+        value.shape == param.shape or value.shape == param.shape[:1])
 
 
 class ShardedRowsOptimizer(KeyedOptimizerWrapper):
     """A keyed optimizer over parameters that are row slices of a bigger tensor (class heads).
 
     The optimizer runs on the local slices. Seen through ``state`` (hence in ``state_dict``),
-    every state tensor shaped like its parameter is a ``DTensor`` (``Shard(0)``) sharing the
+    every state tensor shaped like its parameter, or one value per row (row-wise Adagrad's
+    ``sum``), is a ``DTensor`` (``Shard(0)``) sharing the
     local tensor's storage: DCP writes each rank's rows once, reshards them on load, and loading
     copies straight into the optimizer's own tensors.
 
@@ -215,8 +313,7 @@ class ShardedRowsOptimizer(KeyedOptimizerWrapper):
 
         names = {p: k for k, p in self.params.items()}
         return {p: {n: rows_as_dtensor(v, self._num_rows[names[p]], self._group)
-                    if isinstance(v, torch.Tensor) and v.shape == p.shape else v
-                    for n, v in st.items()}
+                    if _by_row(v, p) else v for n, v in st.items()}
                 for p, st in raw.items()}
 
     @state.setter
@@ -230,6 +327,11 @@ class ShardedRowsOptimizer(KeyedOptimizerWrapper):
         self._optimizer.zero_grad(set_to_none=True)
 
     def init_state(self, sparse_grad_parameter_names=None) -> None:
+        # The heads' optimizers make their state up front (Adagrad, row-wise Adagrad) or have
+        # none (SGD without momentum): KeyedOptimizer's dummy step would only allocate a dense
+        # zero gradient the size of the slice (and count a step).
+        if isinstance(self._optimizer, (torch.optim.Adagrad, HeadRowWiseAdagrad, torch.optim.SGD)):
+            return
         super().init_state(sparse_grad_parameter_names)
         self.zero_grad()
 
@@ -243,7 +345,11 @@ def sharded_head_optimizer(head: nn.Module, kind: HeadOptimizer, lr: float,
     """
     cls = head_optimizer_class(kind)
     params = {prefix + n: p for n, p in head.named_parameters()}
-    kwargs: dict = {"lr": lr, "foreach": False}
+    kwargs: dict = {"lr": lr}
+    if cls is HeadRowWiseAdagrad:
+        kwargs.update(rounding=head.rounding.value, seed=head.seed, row_offset=head.start)
+    else:
+        kwargs["foreach"] = False
     return ShardedRowsOptimizer(params, lambda ps: cls(ps, **kwargs),
                                 {k: head.num_classes for k in params}, head.group)
 

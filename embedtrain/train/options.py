@@ -36,8 +36,10 @@ class LRDecay(enum.Enum):
 class HeadOptimizer(enum.Enum):
     """Optimizer of a sharded class head (sparse-capable: sampled heads update sampled rows)."""
 
-    ADAGRAD = "adagrad"
+    ADAGRAD = "adagrad"  # torch's Adagrad: one accumulator per weight
     SGD = "sgd"
+    # one accumulator per class row (the mean of the row's squared gradient), as FBGEMM's tables
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
 
 
 class Selection(enum.Enum):

@@ -1,0 +1,202 @@
+"""bf16 class heads: stochastic rounding is unbiased and reproducible, row-wise Adagrad follows
+its formula, a bf16 step computes what a float32 head holding the same values computes, and a
+head split over 2 ranks rounds and updates every row as 1 rank does."""
+
+import pytest
+import torch
+
+from embedtrain.models.class_head import PartialFCHead, ShardedSoftmaxHead
+from embedtrain.models.low_precision import random_bits16, round_rows
+from embedtrain.models.options import HeadLoss, Margin, Rounding
+from embedtrain.models.topk import blocked_topk
+from embedtrain.processes import spawn
+from embedtrain.train.optim import HeadRowWiseAdagrad, rowwise_adagrad_rows_
+
+SR, NEAREST = Rounding.STOCHASTIC, Rounding.NEAREST
+C, D, B = 37, 8, 6  # an odd class count: uneven slices
+
+
+def _ulp(x: torch.Tensor) -> torch.Tensor:
+    """bfloat16's spacing at |x| (8 significant bits)."""
+    return torch.ldexp(torch.ones_like(x), torch.frexp(x.abs())[1] - 8)
+
+
+def test_stochastic_rounding_is_unbiased_and_reproducible():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(8, generator=g) * torch.tensor([1e-3, 1, 10, 300, 1, 1, 1e5, 2.0])
+    copies = 20_000  # each value on that many rows: 20,000 independent roundings
+    x = values.repeat(copies, 1)
+    rows = torch.arange(copies)
+    out = round_rows(x, rows, torch.bfloat16, SR, seed=5, step=3)
+    assert out.dtype == torch.bfloat16
+    up, down = values.to(torch.bfloat16).float(), None
+    # Each result is one of the two bfloat16 neighbours of its value.
+    low = torch.where(up > values, up - _ulp(values), up)
+    high = low + _ulp(values)
+    got = out.float()
+    assert bool(((got == low) | (got == high)).all())
+    # Unbiased: the mean is the float32 value within 5 standard errors (ulp / 2 / sqrt(n)).
+    bias = (got.mean(0) - values).abs()
+    assert bool((bias < 5 * _ulp(values) / 2 / copies ** 0.5).all()), bias / _ulp(values)
+    # ... where rounding to nearest is off by up to half an ulp, the same way every time.
+    nearest = round_rows(x, rows, torch.bfloat16, NEAREST, seed=5, step=3).float()
+    assert torch.equal(nearest, up.repeat(copies, 1))
+    # Reproducible: the same key draws the same bits; another step or seed draws others; a
+    # slice of the rows (a rank's share) rounds as the whole does.
+    assert torch.equal(out, round_rows(x, rows, torch.bfloat16, SR, seed=5, step=3))
+    assert not torch.equal(out, round_rows(x, rows, torch.bfloat16, SR, seed=5, step=4))
+    assert not torch.equal(out, round_rows(x, rows, torch.bfloat16, SR, seed=6, step=3))
+    assert torch.equal(out[777:5000], round_rows(x[777:5000], rows[777:5000], torch.bfloat16,
+                                                 SR, seed=5, step=3))
+    bits = random_bits16(rows[:4096], 128, seed=0, step=0)
+    assert int(bits.min()) >= 0 and int(bits.max()) < 2 ** 16
+    assert abs(float(bits.float().mean()) / 2 ** 16 - 0.5) < 0.002
+    # float32 storage is left alone; non-finite values stay what they are.
+    assert round_rows(x, rows, torch.float32, SR, 0, 0) is x
+    odd = torch.tensor([[float("inf"), -float("inf"), float("nan"), -2.5]])
+    r = round_rows(odd, torch.zeros(1, dtype=torch.long), torch.bfloat16, SR, 0, 0).float()
+    assert r[0, 0] == float("inf") and r[0, 1] == -float("inf") and r[0, 2].isnan()
+    assert r[0, 3] == -2.5
+
+
+def test_small_updates_move_a_stochastically_rounded_weight_and_not_a_nearest_one():
+    """Why stochastic rounding: an update under half an ulp is lost by rounding to nearest
+    every time, and kept on average by stochastic rounding (no float32 master copy needed)."""
+    w = {r: torch.ones(64, 16, dtype=torch.bfloat16) for r in (SR, NEAREST)}
+    rows = torch.arange(64)
+    for step in range(1, 1001):  # 1,000 steps of +1e-4 each; bfloat16's ulp at 1 is 2^-7
+        for r in w:
+            w[r] = round_rows(w[r].float() + 1e-4, rows, torch.bfloat16, r, seed=0, step=step)
+    assert bool((w[NEAREST] == 1).all())
+    assert abs(float(w[SR].float().mean()) - 1.1) < 0.01
+
+
+def _reference_rowwise(weight, state, rows, grad, lr, eps):
+    """FBGEMM's row-wise Adagrad, one row at a time in float32."""
+    weight, state = weight.clone(), state.clone()
+    for r, g in zip(rows.tolist(), grad):
+        state[r] += (g * g).sum() / g.numel()
+        weight[r] -= lr * g / (state[r].sqrt() + eps)
+    return weight, state
+
+
+def test_rowwise_adagrad_follows_its_formula():
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(C, D, generator=g)
+    state = torch.rand(C, generator=g)
+    rows = torch.tensor([0, 3, 4, 20, 36])
+    grad = torch.randn(len(rows), D, generator=g)
+    ref_w, ref_s = _reference_rowwise(weight, state, rows, grad, 0.1, 1e-10)
+    w, s = weight.clone(), state.clone()
+    rowwise_adagrad_rows_(w, s, rows, grad, 0.1, 1e-10, SR, seed=0, step=1, row_offset=0)
+    torch.testing.assert_close(s, ref_s, rtol=1e-6, atol=0)
+    torch.testing.assert_close(w, ref_w, rtol=1e-6, atol=1e-7)
+    untouched = torch.ones(C, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(w[untouched], weight[untouched]) and torch.equal(s[untouched],
+                                                                        state[untouched])
+    # bf16 rows: the update, rounded back: to nearest within half an ulp of the reference,
+    # stochastically to one of its two bfloat16 neighbours, with bits keyed by the global row.
+    low = weight.to(torch.bfloat16)
+    ref, _ = _reference_rowwise(low.double(), state.double(), rows, grad.double(), 0.1, 1e-10)
+    ref = ref[rows]
+    results = {}
+    for rounding, offset in ((NEAREST, 100), (SR, 100), (SR, 0)):
+        w16, s16 = low.clone(), state.clone()
+        rowwise_adagrad_rows_(w16, s16, rows, grad, 0.1, 1e-10, rounding, seed=0, step=1,
+                              row_offset=offset)
+        assert w16.dtype == torch.bfloat16 and torch.equal(w16[untouched], low[untouched])
+        got, ulp = w16[rows].double(), _ulp(ref.float()).double()
+        assert bool(((got - ref).abs() < ulp * (0.5 if rounding is NEAREST else 1) + 1e-6).all())
+        results[rounding, offset] = w16
+    assert not torch.equal(results[SR, 100], results[SR, 0])
+    assert not torch.equal(results[SR, 100], results[NEAREST, 100])
+
+
+def _reference(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(C, D, generator=g).to(torch.bfloat16)  # bf16-representable values
+    features = torch.randn(2 * B, D, generator=g)
+    labels = torch.randint(0, C, (2 * B,), generator=g)
+    return weight, features, labels
+
+
+@pytest.mark.parametrize("margin", ["none", "cosface"])
+def test_a_bf16_step_is_the_float32_step_of_the_same_values(margin):
+    """A bf16 head gathers its rows in float32: the loss, the features' gradient and the rows'
+    gradient (in ``main_grad``, float32) are those of a float32 head holding the same values."""
+    weight, features, labels = _reference()
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        head = PartialFCHead(C, D, sample_rate=0.4, seed=3, dtype=dtype, margin=Margin(margin),
+                             scale=16.0)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+        x = features.clone().requires_grad_(True)
+        loss = head(x, labels)
+        loss.backward()
+        grad = head.weight.grad if dtype == torch.float32 else head.weight.main_grad
+        assert (head.weight.grad is None) == (dtype == torch.bfloat16)
+        out[dtype] = (loss.detach(), x.grad, grad.to_dense(), head.last_sample)
+        head.eval()
+        ref = blocked_topk(features, weight.float(), 5, normalize_rows=margin != "none")
+        scale = 16.0 if margin != "none" else 1.0
+        q = torch.nn.functional.normalize(features, dim=1) * scale if scale != 1 else features
+        scores, ids = head.topk(features, 5)
+        assert torch.equal(ids, blocked_topk(q, weight.float(), 5,
+                                             normalize_rows=margin != "none")[1]), ref
+        out[dtype] += (scores, head.eval_loss(features, labels))
+    for a, b in zip(out[torch.float32], out[torch.bfloat16]):
+        assert torch.equal(a, b)
+
+
+def _rank_step(rank, world):
+    """Each rank: a bf16 full head's slice, one step of 2 of the reference's examples each."""
+    from embedtrain.train.optim import sharded_head_optimizer
+    from embedtrain.train.options import HeadOptimizer
+
+    weight, features, labels = _reference()
+    head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4, loss=HeadLoss.SOFTMAX)
+    with torch.no_grad():
+        head.weight.copy_(weight[head.start:head.end])
+    opt = sharded_head_optimizer(head, HeadOptimizer.ROWWISE_ADAGRAD, 0.5)
+    part = slice(rank * B, (rank + 1) * B)
+    head(features[part].clone().requires_grad_(True), labels[part]).backward()
+    grad = head.weight.main_grad.to_dense()
+    opt.step()
+    opt.zero_grad()
+    head.eval()
+    n = B if rank == 0 else B - 2  # uneven evaluation batches
+    ids = head.topk(features[rank * B:rank * B + n], 5)[1]
+    sums = opt.state_dict()["state"]["weight"]["sum"]
+    return {"start": head.start, "grad": grad, "weight": head.weight.detach().clone(),
+            "topk": ids, "sum": sums.to_local().clone(), "sum_shape": tuple(sums.shape)}
+
+
+@pytest.mark.slow
+def test_a_bf16_head_on_two_ranks_steps_as_on_one():
+    """The slices' float32 gradients are the 1-rank head's; given them, the update (its
+    stochastic rounding keyed by global rows) is bit for bit the 1-rank update."""
+    from embedtrain.train.optim import sharded_head_optimizer
+    from embedtrain.train.options import HeadOptimizer
+
+    ranks = spawn(_rank_step, 2)
+    assert [r["start"] for r in ranks] == [0, 19]
+    assert all(r["weight"].dtype == torch.bfloat16 for r in ranks)
+    assert ranks[0]["sum_shape"] == (C,)  # the row-wise state is saved as one [C] tensor
+    weight, features, labels = _reference()
+    head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    opt = sharded_head_optimizer(head, HeadOptimizer.ROWWISE_ADAGRAD, 0.5)
+    head(features.clone().requires_grad_(True), labels).backward()
+    grads = torch.cat([r["grad"] for r in ranks])
+    torch.testing.assert_close(head.weight.main_grad.to_dense(), grads)
+    head.weight.main_grad = grads.to_sparse(1)  # the ranks' own gradients, to compare updates
+    opt.step()
+    assert torch.equal(head.weight.detach(), torch.cat([r["weight"] for r in ranks]))
+    assert torch.equal(opt.state[head.weight]["sum"], torch.cat([r["sum"] for r in ranks]))
+    head.eval()
+    ids = head.topk(features, 5)[1]
+    assert torch.equal(torch.cat([ranks[0]["topk"], ranks[1]["topk"]]),
+                       torch.cat([ids[:B], ids[B:2 * B - 2]]))
