@@ -492,7 +492,9 @@ def main() -> int:
     runs.mkdir(parents=True, exist_ok=True)
     if recording:
         out = record_run(args)
-        out["command"] = " ".join(["python", *sys.argv])
+        malloc = [f"{k}={os.environ[k]}" for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_",
+                  "MALLOC_TRIM_THRESHOLD_", "EMBEDTRAIN_MALLOC") if os.environ.get(k)]
+        out["command"] = " ".join([*malloc, "python", *sys.argv])
         print_record(out)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

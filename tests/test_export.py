@@ -431,21 +431,24 @@ def test_export_memory_is_one_table_over_the_baseline(tmp_path):
         assert over is not None and over <= 1.2 * largest, (name, over / 2**20, largest / 2**20)
 
 
-def test_gnn_exports_its_node_table_and_predict_refuses(tmp_path, capsys):
+def test_gnn_exports_its_node_table_and_every_nodes_outputs(tmp_path, capsys):
+    """No dense program; the per-node outputs of layer-wise inference instead (their values and
+    predict: tests/test_gnn_layerwise.py)."""
     from embedtrain.testing import tiny_graph_dataset
 
     data = tiny_graph_dataset(tmp_path / "graph", nodes=1000)
     run = _train("gnn_node.yaml", data, tmp_path / "run", "data.batch_size=64",
                  "data.num_workers=0", "train.max_steps=2", "train.eval_every=0",
                  "train.progress=false")
-    m = export_run(run, tmp_path / "out", progress=False).manifest
+    assert main(["export", str(run), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    assert "node outputs scores [1,000, 4], embeddings [1,000, 128]" in capsys.readouterr().out
+    m = load_manifest(tmp_path / "out")
     assert [t.name for t in m.tables] == ["t_node"] and m.tables[0].rows == 1000
-    assert m.dense_program is None and "sampled neighbourhoods" in m.note
-    assert main(["predict", str(tmp_path / "out"), "--input", str(tmp_path / "graph"),
-                 "--out", str(tmp_path / "p.parquet")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "task gnn_node: embedtrain predict scores rows with ctr and xc" \
-        in err[0], err
+    assert m.dense_program is None and "layer-wise full-graph inference" in m.note
+    assert [a.file for a in m.nodes.arrays] == ["nodes/scores.npy", "nodes/embeddings.npy"]
+    assert np.load(tmp_path / "out" / "nodes/scores.npy").shape == (1000, 4)
+    with pytest.raises(ValueError, match="--top-k: a GNN export's inputs are node ids"):
+        predict(tmp_path / "out", [str(tmp_path / "graph")], tmp_path / "p.parquet", top_k=3)
 
 
 @pytest.mark.slow

@@ -219,3 +219,27 @@ def test_two_ranks_step_like_one(graph, tmp_path, task):
         for rank in two:
             torch.testing.assert_close(rank["dense"][name], value, atol=1e-5, rtol=1e-4,
                                        msg=name)
+
+
+@pytest.fixture(scope="module")
+def half_graph(tmp_path_factory):
+    """``graph`` with its node features stored in float16 (issue 32)."""
+    from embedtrain.graph.store import FeatureDtype
+
+    out = tmp_path_factory.mktemp("half_graph")
+    generate_graph(GraphDataSpec(nodes=4_000, avg_degree=10, communities=8, seed=1,
+                                 link_fraction=0.1, feature_dtype=FeatureDtype.FLOAT16), out,
+                   progress=False)
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_step_like_one_with_float16_features(half_graph, tmp_path):
+    """The 2-rank == 1-rank node step of :func:`test_two_ranks_step_like_one` where every rank
+    reads its sampled nodes' rows from a float16 feature file (cast to float32 in the collate)."""
+    import numpy as np
+
+    from embedtrain.graph.store import load_graph
+
+    assert load_graph(half_graph).features.dtype == np.float16
+    test_two_ranks_step_like_one(half_graph, tmp_path, "node")

@@ -103,6 +103,15 @@ def test_plan_counts_a_bf16_head_and_its_rowwise_state(xc_data, tmp_path):
     (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
     dim = cfg.xc.mlp[-1]
     assert head["weight_bytes"] == CLASSES * dim * 2 and head["optimizer_bytes"] == CLASSES * 4
+    # ... and so do the shards the plan packs: an fp32 head with full Adagrad against one with
+    # row-wise Adagrad differ by the state's bytes alone (TorchRec's estimator would charge the
+    # row-wise optimizer it does not know one slot a weight: a 50M-class bf16 head, 12 GiB of
+    # weights, refused on this 24 GiB machine as needing 24 GiB)
+    packed = [sum(s["ddr_bytes"] + s["hbm_bytes"] for t in plan_model(
+        _cfg(xc_data, "xc.head.kind=partial_fc", f"xc.head.optimizer={opt}"),
+        load_cluster("configs/clusters/cpu-1x2.yaml")).report.to_dict()["tables"]
+        if t["name"] == "class_head" for s in t["shards"]) for opt in ("adagrad", "rowwise_adagrad")]
+    assert packed[0] - packed[1] == CLASSES * dim * 4 - CLASSES * 4
     build_run(_cfg(xc_data, "xc.head.kind=partial_fc", *BF16, "train.max_steps=2",
                    "train.checkpoint_every=0"), tmp_path)
     (rank,) = json.loads((tmp_path / "plan_vs_measured.json").read_text())["ranks"]

@@ -89,10 +89,19 @@ def register(sub) -> None:
                                      "that set the labels, and weakly informative features")
     g.add_argument("--nodes", type=int, default=100_000, help="number of nodes N")
     g.add_argument("--avg-degree", type=float, default=10.0, help="expected neighbours per node")
+    g.add_argument("--edges", type=int, default=None,
+                   help="undirected edges drawn, instead of --avg-degree (= 2 * edges / nodes)")
+    g.add_argument("--memory-gb", type=float, default=None,
+                   help="GiB the CSR build may sort in memory (default: a quarter of the RAM); a "
+                        "bigger graph is drawn in chunks and built out of core: the same files")
     g.add_argument("--communities", type=int, default=16, help="communities = classes")
     g.add_argument("--feature-dim", type=int, default=32, help="node feature dimension")
     g.add_argument("--link-fraction", type=float, default=0.0,
                    help="share of edges held out as valid/test link-prediction positives")
+    # Not argparse's choices: a bad value is then one line naming the option.
+    g.add_argument("--feature-dtype", default="float32", metavar="{float32,float16}",
+                   help="the node features' type on disk: float32 (default) or float16 (half "
+                        "the bytes; the collate casts the sampled rows to float32)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_datagen)
@@ -193,13 +202,26 @@ def _datagen_xc(args: argparse.Namespace) -> int:
 
 def _datagen_graph(args: argparse.Namespace) -> int:
     from embedtrain.datagen import GraphDataSpec, generate_graph
+    from embedtrain.graph.store import FeatureDtype
 
     try:
-        spec = GraphDataSpec(nodes=args.nodes, avg_degree=args.avg_degree,
+        dtype = FeatureDtype(args.feature_dtype)
+    except ValueError:
+        raise UsageError(f"--feature-dtype: expected one of "
+                         f"{', '.join(d.value for d in FeatureDtype)}, got "
+                         f"{args.feature_dtype!r}") from None
+    try:
+        if args.edges is not None and args.edges < 1:
+            raise UsageError(f"--edges must be a positive integer, got {args.edges}")
+        if args.memory_gb is not None and not args.memory_gb > 0:
+            raise UsageError(f"--memory-gb must be > 0, got {args.memory_gb}")
+        degree = args.avg_degree if args.edges is None else 2 * args.edges / max(args.nodes, 1)
+        spec = GraphDataSpec(nodes=args.nodes, avg_degree=degree,
                              communities=args.communities, feature_dim=args.feature_dim,
-                             link_fraction=args.link_fraction, seed=args.seed)
+                             link_fraction=args.link_fraction, seed=args.seed,
+                             feature_dtype=dtype)
         with writing(args.out) as out:
-            meta = generate_graph(spec, out)
+            meta = generate_graph(spec, out, memory_gb=args.memory_gb)
     except ValueError as e:  # "GraphDataSpec.avg_degree must be ..." -> the flag's name
         raise UsageError(re.sub(r"GraphDataSpec\.(\w+)",
                                 lambda m: "--" + m.group(1).replace("_", "-"), str(e))) from None
@@ -207,7 +229,9 @@ def _datagen_graph(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     g = meta["generator"]
     bayes = g["feature_bayes_accuracy"]["test"] or g["feature_bayes_accuracy"]["all"]
-    print(f"wrote {args.out}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} CSR entries, "
-          f"homophily {g['homophily']:.3f}, feature-only Bayes accuracy {bayes:.3f} "
+    stored = (f", {meta['num_features']} {meta['feature_dtype']} features"
+              if meta["num_features"] else "")
+    print(f"wrote {args.out}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} CSR entries"
+          f"{stored}, homophily {g['homophily']:.3f}, feature-only Bayes accuracy {bayes:.3f} "
           f"(one-hop Bayes {g['one_hop_bayes_accuracy']['test']:.3f})")
     return 0

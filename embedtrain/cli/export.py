@@ -25,11 +25,13 @@ def register(sub) -> None:
     p.set_defaults(func=_export)
 
     p = sub.add_parser("predict", help="score rows with an export (streaming): parquet rows in "
-                       "the data set's layout, or raw rows (--raw)")
+                       "the data set's layout, or raw rows (--raw); GNN exports: node ids "
+                       "(column node, or id: the data set's original ids), parquet or CSV")
     p.add_argument("export_dir", help="a directory written by `embedtrain export`")
     p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
                    help="parquet file, directory or quoted glob in the data set's layout; with "
-                        "--raw, raw files as the data set was ingested from (repeatable)")
+                        "--raw, raw files as the data set was ingested from; GNN: parquet or "
+                        "CSV files with a node (or id) column (repeatable)")
     p.add_argument("--raw", action="store_true", help="the inputs are raw rows (Criteo TSV, "
                    "CSV, parquet, XC repository format): encoded by the data set's own "
                    "ingestion (its spec, vocabularies, statistics, copied into the export)")
@@ -84,11 +86,15 @@ def _export(args: argparse.Namespace) -> int:
                   f"embedtrain predict --program aot, examples/serve_aot.py)")
     else:
         print(f"  dense model  none ({m.note})")
+    if m.nodes is not None:
+        arrays = ", ".join(f"{a.name} [{a.rows:,}, {a.dim}]" for a in m.nodes.arrays)
+        print(f"  node outputs {arrays} (layer-wise full-graph inference; embedtrain predict "
+              f"looks them up by node id)")
     if result.peak_over_baseline is not None:
         print(f"  memory       peak RSS {result.peak_over_baseline / mib:,.1f} MiB over the "
               f"{result.baseline_rss / mib:,.0f} MiB before the tables (largest table "
               f"{result.largest_table / mib:,.1f} MiB)")
-    print(f"files: {result.out}/ (model.json, tables/, "
+    print(f"files: {result.out}/ (model.json, tables/, {'nodes/, ' if m.nodes else ''}"
           f"{m.dense_program.file + ', ' if m.dense_program else ''}"
           f"{m.dense_program.aot + ', ' if m.dense_program and m.dense_program.aot else ''}"
           f"config.yaml)")

@@ -19,7 +19,9 @@ The generative model (all parameters derived from the spec's seed):
   community ``~ theta``, else from another community (chosen by size) ``~ theta``. Self-loops and
   repeated edges are dropped (counted), so the graph has slightly fewer edges than drawn and a
   homophily slightly below ``1 - mixing``.
-- Features ``x = mu_label + feature_noise * N(0, I)`` (float32), ``mu_k`` random unit vectors.
+- Features ``x = mu_label + feature_noise * N(0, I)``, ``mu_k`` random unit vectors, drawn in
+  float32 and stored as ``feature_dtype`` (float32, or float16: the same draws rounded, half the
+  bytes; the Bayes figures are computed on the stored values).
   The Bayes-optimal classifier on features alone picks ``argmax_k log pi_k + <mu_k, x> /
   feature_noise**2``; with the defaults (16 communities, 32 dims, noise 0.5) it is right ~57% of
   the time, against ~90% for the one-hop Bayes classifier (average degree 10).
@@ -45,17 +47,26 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 from tqdm import tqdm
 
 from embedtrain.datagen.ctr import check_fields, is_real
-from embedtrain.graph.csr import csr_from_edges, hold_out_edges, row_blocks
-from embedtrain.graph.store import write_graph
+from embedtrain.graph.csr import (
+    ENTRY_BYTES,
+    ScratchDir,
+    csr_from_edge_chunks,
+    csr_from_edges,
+    hold_out_edges,
+    memory_budget,
+    row_blocks,
+)
+from embedtrain.graph.store import FeatureDtype, FeatureRangeError, cast_features, write_graph
 from embedtrain.utils import is_int, phase_bar
 
 _FEATURE_CHUNK = 1 << 20     # nodes per feature chunk (also fixes the per-chunk random streams)
+_EDGE_CHUNK = 1 << 26        # edges drawn at once (~1.5 GB of working memory at most)
 _ONE_HOP_NODES = 20_000      # test nodes scored by the one-hop Bayes classifier
 _HILL_TAIL = 0.01            # share of the nodes in the tail of the Hill estimate
 
@@ -76,6 +87,7 @@ class GraphDataSpec:
     valid_fraction: float = 0.1
     test_fraction: float = 0.1
     link_fraction: float = 0.0            # share of edges held out for link prediction
+    feature_dtype: FeatureDtype = FeatureDtype.FLOAT32  # the features' type on disk
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,6 +111,8 @@ class GraphDataSpec:
             ("valid_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
             ("test_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
             ("link_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("feature_dtype", lambda v: isinstance(v, FeatureDtype), lambda v: True,
+             "a FeatureDtype (" + ", ".join(d.value for d in FeatureDtype) + ")"),
         ]
         check_fields(self, checks)
         if self.valid_fraction + self.test_fraction >= 1:
@@ -147,10 +161,29 @@ class PlantedGraph:
         self.prior = sizes / n
 
     def draw_edges(self, spec: GraphDataSpec) -> tuple[np.ndarray, np.ndarray]:
-        """``E = N * avg_degree / 2`` undirected edges as ``(src, dst)`` node ids."""
+        """``E = N * avg_degree / 2`` undirected edges as ``(src, dst)`` node ids (all chunks of
+        :meth:`edge_chunks` together)."""
+        parts = list(self.edge_chunks(spec))
+        if len(parts) == 1:
+            return parts[0]
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+    def edge_chunks(self, spec: GraphDataSpec) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The edges in chunks of at most :data:`_EDGE_CHUNK`, each drawn as the whole list
+        would be (a multinomial split of its edges over the nodes): the sum of independent
+        multinomials is the multinomial of the sum, so chunking changes no distribution. The
+        first chunk's stream is the unchunked generator's, so graphs of one chunk are unchanged."""
+        e = int(round(spec.nodes * spec.avg_degree / 2))
+        chunks = max(1, -(-e // _EDGE_CHUNK))
+        for j in range(chunks):
+            size = e * (j + 1) // chunks - e * j // chunks
+            seed = [spec.seed, 1] if j == 0 else [spec.seed, 1, j]
+            yield self._draw(spec, size, np.random.default_rng(np.random.SeedSequence(seed)))
+
+    def _draw(self, spec: GraphDataSpec, e: int, rng: np.random.Generator
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """``e`` edges of the model, drawn with ``rng``."""
         n, k = spec.nodes, spec.communities
-        e = int(round(n * spec.avg_degree / 2))
-        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 1]))
         idx = self.by_position.dtype
         # First endpoints: counts per node from one multinomial, expanded, then shuffled so that
         # their order says nothing about them (the second endpoints are matched by order).
@@ -190,16 +223,49 @@ class PlantedGraph:
         return src, dst
 
     def features(self, spec: GraphDataSpec, labels: np.ndarray) -> np.ndarray:
-        """``[N, F]`` float32 features, drawn chunk by chunk (each chunk its own stream)."""
+        """``[N, F]`` features in ``spec.feature_dtype``, drawn in float32 chunk by chunk (each
+        chunk its own stream), so a float16 set holds the float32 set's values rounded.
+
+        Raises:
+            ValueError: a float16 feature out of range (a huge ``feature_noise``), naming it.
+        """
+        out = np.empty((spec.nodes, spec.feature_dim), dtype=spec.feature_dtype.numpy)
+        for lo, hi, part in self.feature_chunks(spec, labels):
+            out[lo:hi] = part
+        return out
+
+    def feature_chunks(self, spec: GraphDataSpec, labels: np.ndarray
+                       ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """:meth:`features` a chunk of :data:`_FEATURE_CHUNK` nodes at a time: ``(lo, hi,
+        rows)``."""
         n, f = spec.nodes, spec.feature_dim
-        out = np.empty((n, f), dtype=np.float32)
         for i, lo in enumerate(range(0, n, _FEATURE_CHUNK)):
             hi = min(lo + _FEATURE_CHUNK, n)
             rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 3, i]))
             noise = rng.standard_normal((hi - lo, f), dtype=np.float32)
             noise *= np.float32(spec.feature_noise)
-            out[lo:hi] = self.class_means[labels[lo:hi]] + noise
-        return out
+            noise += self.class_means[labels[lo:hi]]
+            try:
+                yield lo, hi, cast_features(noise, spec.feature_dtype, first_row=lo)
+            except FeatureRangeError as e:
+                raise ValueError(f"GraphDataSpec.feature_dtype: {e}, drawn with feature_noise "
+                                 f"{spec.feature_noise:g}; use float32 or less noise") from None
+
+    def write_features(self, spec: GraphDataSpec, labels: np.ndarray, path: Path
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`features` written to the ``.npy`` file ``path`` a chunk at a time (plain
+        writes: no page of it is held by this process), with :meth:`feature_bayes`'s predictions
+        made on each chunk as written. Returns ``(features memory-mapped read-only, preds)``."""
+        shape = (spec.nodes, spec.feature_dim)
+        pred = np.empty(spec.nodes, dtype=np.int64)
+        with open(path, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {
+                "descr": np.lib.format.dtype_to_descr(np.dtype(spec.feature_dtype.numpy)),
+                "fortran_order": False, "shape": shape})
+            for lo, hi, part in self.feature_chunks(spec, labels):
+                part.tofile(f)
+                pred[lo:hi] = self.feature_bayes(spec, part)
+        return np.load(path, mmap_mode="r"), pred
 
     def log_likelihoods(self, spec: GraphDataSpec, x: np.ndarray) -> np.ndarray:
         """``log p(x | k)`` up to a term constant in ``k`` (the class means have equal norms)."""
@@ -308,7 +374,8 @@ def _log(bar: tqdm, what: str) -> None:
     bar.update()
 
 
-def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = True) -> dict:
+def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = True,
+                   memory_gb: Optional[float] = None) -> dict:
     """Writes a synthetic graph data set (the format of :mod:`embedtrain.graph.store`) to ``out_dir``.
 
     An earlier graph data set there is replaced; the same spec always gives identical files.
@@ -317,6 +384,10 @@ def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = Tr
         spec: size, communities, degrees, features, splits.
         out_dir: destination folder (created if missing).
         progress: show a progress bar on stderr (phases done, elapsed time, the last phase).
+        memory_gb: GiB the CSR build may sort in memory (default a quarter of the RAM). A graph
+            needing more is drawn in chunks and built out of core
+            (:func:`~embedtrain.graph.csr.csr_from_edge_chunks`), its features written to a
+            memory map: the same files, in bounded memory.
 
     Returns:
         The metadata written to ``metadata.json``; ``metadata["generator"]`` holds the spec and
@@ -330,18 +401,39 @@ def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = Tr
     """
     spec.validate()
     phases = 5 if spec.link_fraction > 0 else 4
+    scratch = ScratchDir(out_dir)
     with phase_bar(phases, "datagen graph", disable=not progress) as bar:
-        return _generate(spec, out_dir, bar)
+        try:
+            return _generate(spec, out_dir, bar, memory_budget(memory_gb), scratch)
+        finally:
+            scratch.close()
 
 
-def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm) -> dict:
+def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm, budget: int,
+              scratch: ScratchDir) -> dict:
     model = PlantedGraph(spec)
     labels = model.community.astype(np.int64)
-    src, dst = model.draw_edges(spec)
-    drawn = int(src.shape[0])
-    _log(bar, f"{drawn:,} edges drawn")
-    indptr, indices, _, counts = csr_from_edges(src, dst, spec.nodes)
-    del src, dst
+    edges = int(round(spec.nodes * spec.avg_degree / 2))
+    features = None
+    if 2 * edges * ENTRY_BYTES <= budget:
+        src, dst = model.draw_edges(spec)
+        drawn = int(src.shape[0])
+        _log(bar, f"{drawn:,} edges drawn")
+        indptr, indices, _, counts = csr_from_edges(src, dst, spec.nodes)
+        del src, dst
+    else:  # drawn a chunk at a time into the out-of-core build
+        def chunks():
+            for src, dst in model.edge_chunks(spec):
+                bar.set_postfix_str("drawing edges", refresh=True)
+                yield src, dst, None
+
+        indptr, indices, _, counts = csr_from_edge_chunks(
+            chunks(), spec.nodes, scratch.path() / "csr", memory_budget=budget,
+            progress=lambda msg: bar.set_postfix_str(msg, refresh=True))
+        drawn = counts.input_edges
+        _log(bar, f"{drawn:,} edges drawn")
+        if spec.feature_dim:
+            features, pred = model.write_features(spec, labels, scratch.path() / "features.npy")
     _log(bar, f"CSR of {indices.shape[0]:,} entries")
     edge_splits: Optional[dict[str, np.ndarray]] = None
     if spec.link_fraction > 0:
@@ -350,9 +442,10 @@ def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm) -> dict:
             test_fraction=spec.link_fraction / 2, seed=spec.seed)
         _log(bar, "link-prediction edges held out")
     splits = _splits(spec)
-    features = model.features(spec, labels)
+    if features is None:
+        features = model.features(spec, labels)
+        pred = model.feature_bayes(spec, features)
     h = homophily(indptr, indices, labels)
-    pred = model.feature_bayes(spec, features)
     test = splits["test"] if splits["test"].shape[0] else np.arange(spec.nodes)
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 5]))
     sample = np.sort(rng.choice(test, size=min(_ONE_HOP_NODES, test.shape[0]), replace=False))
@@ -364,7 +457,7 @@ def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm) -> dict:
 
     generator = {
         "model": "degree-corrected stochastic block model",
-        "spec": asdict(spec),
+        "spec": {**asdict(spec), "feature_dtype": spec.feature_dtype.value},
         "planted": planted_description(spec),
         "community_sizes": model.sizes.tolist(),
         "edges_drawn": drawn,
@@ -381,6 +474,6 @@ def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm) -> dict:
     meta = write_graph(out_dir, indptr, indices, features=features if spec.feature_dim else None,
                        labels=labels, num_classes=spec.communities, splits=splits,
                        edge_splits=edge_splits, directed=False, name="synthetic_graph",
-                       extra_meta={"generator": generator})
+                       extra_meta={"generator": generator}, feature_dtype=spec.feature_dtype)
     _log(bar, f"wrote {out_dir}")
     return meta

@@ -48,8 +48,15 @@ Tables are listed in the model's own feature order (a model with dynamic tables 
 and dynamic tables in two collections, but its sparse arch stacks the pooled embeddings in the
 features' order): the order the dense program's ``pooled`` input takes them in.
 
-GNN runs export their node table (no dense program: GraphSAGE runs on sampled neighbourhoods,
-not on rows). XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``); the
+GNN runs export their node table (if the model has one) and every node's outputs, computed by
+layer-wise full-graph inference (:mod:`embedtrain.graph.inference`: each SAGE layer over all
+nodes in chunks with their full neighbourhoods, no sampling) with the run's layers (loaded from
+the checkpoint) over the node table just written (read through its memory map, and its id map
+for a dynamic table), before that table is converted (parquet, quantized): ``nodes/scores.npy``
+and ``nodes/embeddings.npy`` (node classification) or ``nodes/embeddings.npy`` (link
+prediction), written chunk by chunk (:class:`~embedtrain.recipes.base.NodeOutputsExport`,
+``model.json``'s ``nodes``). There is no dense program: a node's output needs its
+neighbourhood, not a row. XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``); the
 recipes say so.
 
 Example:
@@ -67,6 +74,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -82,6 +90,8 @@ from embedtrain.export.manifest import (
     Features,
     Head,
     Manifest,
+    NodeArray,
+    NodeOutputs,
     Shard,
     Source,
     SparseFeature,
@@ -106,7 +116,13 @@ from embedtrain.export.tables import (
 )
 from embedtrain.models.dynamic import MIX_VERSION, EmbeddingBags
 from embedtrain.recipes import recipe_for
-from embedtrain.recipes.base import DatasetInfo, DenseExport, ExportParts, HeadExport
+from embedtrain.recipes.base import (
+    DatasetInfo,
+    DenseExport,
+    ExportParts,
+    HeadExport,
+    NodeOutputsExport,
+)
 from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
 from embedtrain.utils import progress_bar
 
@@ -126,8 +142,9 @@ class ExportResult:
             and TorchRec imported, the config read, the model built on ``meta``, the (small)
             dense model exported.
         peak_rss: the highest resident bytes while the tables (and the head) are read,
-            written, converted to parquet and quantized (``VmHWM``, reset to the baseline
-            before them); None where Linux's ``/proc/self/clear_refs`` cannot reset it.
+            written, converted to parquet and quantized, and a GNN's per-node outputs computed
+            (``VmHWM``, reset to the baseline before them); None where Linux's
+            ``/proc/self/clear_refs`` cannot reset it.
         largest_table: bytes of the largest tensor exported, as written (a float32 table, or
             the class head in its dtype).
     """
@@ -251,18 +268,24 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_Tab
                             head_dtype))
     baseline, can_reset = _reset_peak_rss()
     entries: list[Table] = []
-    head_entry = None
+    head_entry = node_entry = None
+    nodes = parts.nodes
     with progress_bar(sum(t.shape[0] for t in todo), "export", disable=not progress) as bar:
         for i, t in enumerate(todo):
             with NpyWriter(t.stem.with_suffix(".npy"), t.shape, t.dtype) as writer:
                 shards = stream_tensor(ckpt, t.key, t.shape, writer.write)
             if i < len(tables):
+                if nodes is not None and tables[i].name == nodes.table:
+                    # from the float table as written, before it is converted
+                    node_entry = _node_outputs(nodes, ckpt, out, tables[i], progress)
                 entries.append(_table_entry(tables[i], shards, out, quantize, formats))
                 if tables[i].remap:
                     _add_id_map(entries[-1], tables[i], ckpt, out)
             else:
                 head_entry = _head_entry(h, shards, data.root, out, formats, t.dtype)
             bar.update(t.shape[0])
+    if nodes is not None and node_entry is None:  # a model without a node table
+        node_entry = _node_outputs(nodes, ckpt, out, None, progress)
     peak = _peak_rss() if can_reset else None
 
     # 3. Vocabularies, config, data set metadata, model.json.
@@ -277,7 +300,7 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_Tab
             run_dir=str(run_dir.resolve()), checkpoint=str(Path(ckpt).resolve()),
             step=int(info["step"]), world_size=int(info.get("world_size", 1)),
             dataset=str(data.root), dataset_name=data.name),
-        dense_program=program, head=head_entry, note=parts.note)
+        dense_program=program, head=head_entry, note=parts.note, nodes=node_entry)
     write_manifest(manifest, out)
     largest = max((t.shape[0] * t.shape[1] * NPY_DTYPES[t.dtype].itemsize for t in todo),
                   default=0)
@@ -447,6 +470,55 @@ def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path, aot: boo
     return DenseProgram(file=file, format=kind, inputs=dense.inputs, output=dense.output,
                         parameters=sum(p.numel() for p in module.parameters()),
                         aot=aot_package(module, dense.example, out, progress) if aot else None)
+
+
+def _node_outputs(nodes: NodeOutputsExport, ckpt: Path, out: Path,
+                  table: Optional["_TableSpec"], progress: bool) -> NodeOutputs:
+    """Loads the layers from the checkpoint and computes every node's outputs into
+    ``out/nodes/<name>.npy`` over the node table written at ``out/tables`` (its id map, for a
+    dynamic table, read from the checkpoint); copies the data set's node ids."""
+    module = nodes.module
+    # the layers' parameters; the tables (on meta) are read from their exported file
+    tensors = {nodes.checkpoint_prefix + k: v for k, v in module.state_dict().items()
+               if v.device.type != "meta"}
+    saved = checkpoint_tensors(ckpt)
+    missing = [k for k in tensors if k not in saved]
+    if missing:
+        raise CheckpointError(f"{ckpt}: has no {missing[0]}; was it written by this run's "
+                              "model?")
+    load_tensors(ckpt, tensors)
+    lookup = None
+    if table is not None:
+        lookup = _table_lookup(out / "tables" / f"{table.name}.npy", table, ckpt)
+    (out / "nodes").mkdir()
+    files = {name: out / "nodes" / f"{name}.npy" for name in nodes.arrays}
+    nodes.compute(module, lookup, files, progress)
+    arrays = []
+    for name, what in nodes.arrays.items():
+        rows, dim = np.load(files[name], mmap_mode="r").shape
+        arrays.append(NodeArray(name, f"nodes/{name}.npy", int(rows), int(dim), what))
+    ids = None
+    if nodes.ids is not None:
+        shutil.copyfile(nodes.ids, out / "nodes" / "ids.parquet")
+        ids = "nodes/ids.parquet"
+    return NodeOutputs(num_nodes=arrays[0].rows, output=arrays[0].name, arrays=arrays, ids=ids)
+
+
+def _table_lookup(npy: Path, table: "_TableSpec", ckpt: Path):
+    """ids -> rows of an exported float table (memory-mapped); a dynamic table's ids through
+    its id map, as predict and evaluation map them."""
+    from embedtrain.export.predict import IdMap
+
+    weights = np.load(npy, mmap_mode="r")
+    id_map = None
+    if table.remap:
+        id_map = IdMap(*checkpoint_id_map(ckpt, table.remap, table.rows))
+
+    def lookup(ids: torch.Tensor) -> torch.Tensor:
+        rows = ids if id_map is None else id_map.rows(ids)
+        return torch.from_numpy(np.asarray(weights[rows.numpy()]))
+
+    return lookup
 
 
 def _head_dtype(ckpt: Path, h: HeadExport, formats: Sequence[str]) -> str:

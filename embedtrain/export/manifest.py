@@ -19,6 +19,14 @@ An export (``embedtrain export RUN_DIR --out DIR``) is a directory::
                                   torch.from_numpy(a).view(torch.bfloat16))
     DIR/head/weight.parquet       with --format npy,parquet: id, vector (list<float32>; a
                                   bfloat16 head's values widened exactly)
+    DIR/nodes/scores.npy          GNN node classification: float32 [N, classes], every node's
+                                  class logits (row = dense node id), by layer-wise full-graph
+                                  inference (no sampling)
+    DIR/nodes/embeddings.npy      GNN: float32 [N, D]: node classification, the last SAGE
+                                  layer's output (what the class layer scores); link
+                                  prediction, the embeddings whose dot products score a link
+    DIR/nodes/ids.parquet         GNN, where the data set has them: its original node ids (id,
+                                  row = dense id), copied
     DIR/vocab/<feature>.parquet   ingested features' vocabularies (value, id, count), copied
     DIR/config.yaml               the run's resolved config, copied
     DIR/dataset_metadata.json     the data set's metadata.json, copied
@@ -217,6 +225,40 @@ class Head:
 
 
 @dataclass
+class NodeArray:
+    """One per-node array of a GNN export: float32 ``[rows, dim]``, row = dense node id."""
+
+    name: str  # scores | embeddings
+    file: str  # nodes/<name>.npy
+    rows: int
+    dim: int
+    what: str
+
+
+@dataclass
+class NodeOutputs:
+    """A GNN export's per-node outputs, computed at export for every node by layer-wise
+    full-graph inference (:mod:`embedtrain.graph.inference`: each layer over all nodes with
+    their full neighbourhoods, no sampling).
+
+    ``output`` names the array that is the model's output, which ``embedtrain predict`` writes
+    per node: ``scores`` (node classification: class logits) or ``embeddings`` (link prediction:
+    the embeddings whose dot products score a link). ``ids``: the data set's original node ids
+    (``nodes/ids.parquet``, column ``id``, row = dense id), when it has them.
+    """
+
+    num_nodes: int
+    output: str
+    arrays: list[NodeArray]
+    ids: Optional[str] = None
+    method: str = "layerwise"
+
+    def array(self, name: str) -> Optional[NodeArray]:
+        """The array called ``name``, or None."""
+        return next((a for a in self.arrays if a.name == name), None)
+
+
+@dataclass
 class Source:
     """Where the export came from."""
 
@@ -244,6 +286,7 @@ class Manifest:
     dense_program: Optional[DenseProgram] = None
     head: Optional[Head] = None
     note: Optional[str] = None
+    nodes: Optional[NodeOutputs] = None  # GNN: every node's outputs (nodes/*.npy)
 
     @property
     def table_bytes(self) -> int:

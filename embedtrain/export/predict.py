@@ -38,7 +38,9 @@ metrics of the scores against it are returned too (AUC and log loss; with a head
 What scoring takes is in ``model.json`` (its ``head``) but for one thing, which the run's recipe
 says (the export's copy of ``config.yaml``): how the dense program takes the pooled embeddings
 (:meth:`~embedtrain.recipes.base.Recipe.predict_pooled`: stacked for DLRM, concatenated for
-XC). An export without a dense program (GNN) scores no rows.
+XC). A GNN export has no dense program: its per-node outputs, computed at export, are looked up
+by node id (:func:`embedtrain.export.nodes.predict_nodes`, which :func:`predict` hands such an
+export to).
 
 Example:
     >>> model = ExportedModel("exports/demo")
@@ -146,8 +148,10 @@ class ExportedModel:
         m = self.manifest = load_manifest(self.root)
         where = self.root / "model.json"
         if m.dense_program is None:
-            raise ExportError(f"{where}: task {m.task}: embedtrain predict scores rows with "
-                              f"ctr and xc exports ({m.note or 'this one has no dense program'})")
+            what = ("its per-node outputs are read by embedtrain.export.nodes.ExportedNodes"
+                    if m.nodes is not None else m.note or "this one has no dense program")
+            raise ExportError(f"{where}: task {m.task}: ExportedModel scores rows with ctr and "
+                              f"xc exports ({what})")
         try:
             self.recipe = recipe_for(load_run_config(self.root / m.source.config))
         except ConfigError as e:
@@ -327,7 +331,9 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
             batch_size: int = 8192, top_k: Optional[int] = None, progress: bool = True,
             raw: bool = False, keep: Sequence[str] = (), on_invalid: str = "drop",
             program: str = "export") -> PredictResult:
-    """Scores every row of ``inputs`` with the export at ``export_dir`` into parquet ``out``.
+    """Scores every row of ``inputs`` with the export at ``export_dir`` into parquet ``out``
+    (a GNN export: looks up the node ids of ``inputs``, :func:`embedtrain.export.nodes.
+    predict_nodes`).
 
     Args:
         export_dir: an ``embedtrain export`` directory.
@@ -356,6 +362,16 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         raise ValueError(f"--batch-size: must be at least 1, got {batch_size}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top-k: must be at least 1, got {top_k}")
+    if load_manifest(export_dir).nodes is not None:  # GNN: every node's outputs, by node id
+        given = [o for o, on in (("--raw", raw), ("--top-k", top_k is not None),
+                                 ("--program aot", program != "export")) if on]
+        if given:
+            raise ValueError(f"{given[0]}: a GNN export's inputs are node ids, looked up in its "
+                             f"per-node outputs (no rows to encode, no program to run)")
+        from embedtrain.export.nodes import predict_nodes
+
+        return predict_nodes(export_dir, inputs, out, batch_size=batch_size, progress=progress,
+                             keep=keep)
     quiet_fx_tracing_warning()
     model = ExportedModel(export_dir, program=program)
     spec = model.spec

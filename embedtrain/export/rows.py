@@ -37,25 +37,29 @@ from embedtrain.utils import natural_key
 RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)
 
 
-def input_files(inputs: Sequence[str]) -> list[Path]:
-    """The parquet files of ``--input`` arguments: files, directories (their ``*.parquet``) or
-    quoted globs, each sorted naturally, in the order given.
+def input_files(inputs: Sequence[str], suffixes: tuple[str, ...] = (".parquet",)
+                ) -> list[Path]:
+    """The data files of ``--input`` arguments: files, directories (their files ending in one of
+    ``suffixes``, any case) or quoted globs, each sorted naturally, in the order given.
 
     Raises:
-        FileNotFoundError: an argument that names no parquet file.
+        FileNotFoundError: an argument that names no such file.
     """
+    kinds = " or ".join(x.lstrip(".").upper() if x != ".parquet" else "parquet"
+                        for x in suffixes)
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
         if path.is_file():
             found = [path]
         elif path.is_dir():
-            found = sorted(path.rglob("*.parquet"), key=natural_key)
+            found = sorted((p for p in path.rglob("*") if p.suffix.lower() in suffixes),
+                           key=natural_key)
         else:
             found = sorted((Path(p) for p in glob.glob(item, recursive=True)
                             if Path(p).is_file()), key=natural_key)
         if not found:
-            raise FileNotFoundError(f"--input {item}: no parquet file there")
+            raise FileNotFoundError(f"--input {item}: no {kinds} file there")
         files.extend(f for f in found if f not in files)
     return files
 

@@ -4,13 +4,16 @@ The collate functions here run once per batch (in a loader thread of
 :class:`~embedtrain.graph.loader.SeedBatches`) with the batch's seed ids and its generator:
 
 - :func:`node_batch`: seed nodes -> :class:`~embedtrain.graph.sampler.NeighborSampler` ->
-  blocks; then the features of the sampled nodes (:func:`gather_rows`) and the seeds' labels;
+  blocks; then the features of the sampled nodes (:func:`node_features`) and the seeds' labels;
 - :func:`link_batch`: positive edge ids -> :class:`~embedtrain.graph.link.LinkSampler` (pairs and
   negatives over the distinct endpoints) -> the neighbour sampler on the endpoints -> blocks;
   then the features.
 
 Both return a :class:`GraphBatch`, which the GNN tasks (:mod:`embedtrain.train.gnn`) feed to the
-model. The same ``(ids, rng)`` always gives the same batch.
+model. The same ``(ids, rng)`` always gives the same batch. Features stored as float16
+(``metadata.json`` ``feature_dtype``) are read from the memory map for the sampled nodes only and
+cast to float32 as they are copied (exact: every float16 is a float32); no float32 copy of the
+whole feature array is ever made.
 
 Example:
     >>> sampler = NeighborSampler(graph.indptr, graph.indices, [15, 10])
@@ -66,25 +69,50 @@ class GraphBatch:
         return int(self.labels.numel()) if self.labels is not None else int(self.pairs.shape[1])
 
 
-def gather_rows(array: np.ndarray, ids: np.ndarray) -> Tensor:
+def gather_rows(array: np.ndarray, ids: np.ndarray, dtype: Optional[np.dtype] = None
+                ) -> Tensor:
     """``array[ids]`` as a tensor, reading the rows in ascending order (on a memory-mapped array
     it reads only those rows, sequentially).
 
     Args:
         array: ``[N, ...]`` (e.g. node features), a NumPy array or memory map.
         ids: int row ids ``[n]`` (any order, duplicates allowed).
+        dtype: the output's dtype, the rows cast as they are copied (default: ``array``'s).
 
     Returns:
-        ``[n, ...]`` tensor of ``array``'s dtype, rows in ``ids`` order.
+        ``[n, ...]`` tensor, rows in ``ids`` order.
+
+    Example:
+        >>> gather_rows(np.eye(3, dtype=np.float16), np.array([2, 0]), np.float32)
+        tensor([[0., 0., 1.],
+                [1., 0., 0.]])
     """
     order = np.argsort(ids, kind="stable")  # sorted reads are sequential on a memory map
-    out = np.empty((len(ids), *array.shape[1:]), array.dtype)
+    out = np.empty((len(ids), *array.shape[1:]), array.dtype if dtype is None else dtype)
     out[order] = array[ids[order]]
     return torch.from_numpy(out)
 
 
-def _features(graph: GraphData, blocks: SampledBlocks) -> Optional[Tensor]:
-    return gather_rows(graph.features, blocks.n_id.numpy()) if graph.features is not None else None
+def node_features(graph: GraphData, n_id: Tensor) -> Optional[Tensor]:
+    """The float32 features of the nodes ``n_id``, in that order, or None (no node features).
+
+    Only these rows are read from the (memory-mapped) feature array, in whatever type it is
+    stored (float32 or float16), and cast to float32.
+
+    Args:
+        graph: the data set.
+        n_id: int64 node ids (a batch's ``blocks.n_id``).
+
+    Returns:
+        float32 ``[len(n_id), F]``.
+
+    Example:
+        >>> node_features(graph, torch.tensor([5, 1])).dtype  # doctest: +SKIP
+        torch.float32
+    """
+    if graph.features is None:
+        return None
+    return gather_rows(graph.features, n_id.numpy(), np.float32)
 
 
 def node_batch(ids: np.ndarray, rng: np.random.Generator, sampler: NeighborSampler,
@@ -104,7 +132,7 @@ def node_batch(ids: np.ndarray, rng: np.random.Generator, sampler: NeighborSampl
     return GraphBatch(
         blocks=blocks,
         num_nodes=len(blocks.n_id),
-        features=_features(graph, blocks),
+        features=node_features(graph, blocks.n_id),
         labels=torch.from_numpy(np.asarray(graph.labels[ids], dtype=np.int64)),
     )
 
@@ -130,5 +158,5 @@ def link_batch(edge_ids: np.ndarray, rng: np.random.Generator, link: LinkSampler
     lb = link.sample(pos, rng)
     blocks = sampler.sample(lb.node_ids.numpy(), rng)
     return GraphBatch(
-        blocks=blocks, num_nodes=len(blocks.n_id), features=_features(graph, blocks),
+        blocks=blocks, num_nodes=len(blocks.n_id), features=node_features(graph, blocks.n_id),
         labels=None, pairs=lb.pos_index, negatives=lb.neg_index)

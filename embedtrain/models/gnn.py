@@ -10,6 +10,10 @@ The inputs are explicit: the blocks of :class:`~embedtrain.graph.sampler.Neighbo
 node ids as a ``KeyedJaggedTensor`` of key :data:`NODE_FEATURE` (one id per node of ``n_id``,
 possibly padded with empty bags), and the nodes' features.
 
+Every node's output without sampling -- each layer over all nodes in chunks, with full
+neighbourhoods -- is :func:`embedtrain.graph.inference.layerwise_inference`; it runs the same
+:meth:`GraphSAGE.layer` as :meth:`GraphSAGE.forward`.
+
 Example:
     >>> model = GraphSAGE(num_nodes=1_000_000, num_features=32, embedding_dim=32,
     ...                   hidden=[128, 128], out_dim=16, aggr=Aggregation.MEAN)
@@ -75,6 +79,7 @@ class GraphSAGE(nn.Module):
                 feature_names=[NODE_FEATURE], pooling=PoolingType.SUM)],
                 {NODE_TABLE: dynamic} if dynamic is not None else None, device)
         width = num_features + (embedding_dim if self.ebc is not None else 0)
+        self.num_features, self.input_width = num_features, width
         convs = []
         for size in hidden:
             convs.append(SAGEConv(width, size, aggr=aggr.value) if kind is GNNModel.SAGE
@@ -99,33 +104,90 @@ class GraphSAGE(nn.Module):
         Returns:
             ``[blocks.num_seeds, out_dim]``.
         """
-        parts = []
+        embeddings = None
         if self.ebc is not None:
             if node_ids is None:
                 raise ValueError("GraphSAGE has a node-id table: pass node_ids")
-            parts.append(self.ebc(node_ids).values()[: blocks.n_id.numel()])
-        if features is not None and features.shape[1]:
-            parts.append(features)
-        x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+            embeddings = self.ebc(node_ids).values()[: blocks.n_id.numel()]
+        x = self.node_inputs(embeddings, features)
         if self.kind is GNNModel.MLP:
             x = x[: blocks.num_seeds]
-            for i, layer in enumerate(self.convs):
-                x = layer(x)
-                if i < len(self.convs) - 1:
-                    x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
+            for i in range(len(self.convs)):
+                x = self.layer(i, x)
             return self.out(x)
         hops = len(blocks.edge_index)
         if hops != len(self.convs):
             raise ValueError(f"the sampler draws {hops} hop(s) but the model has "
                              f"{len(self.convs)} SAGEConv layer(s): gnn.fanouts and gnn.hidden "
                              f"must have the same length")
-        for i, conv in enumerate(self.convs):
+        for i in range(len(self.convs)):
             # Layer i updates the nodes within hops - i - 1 of the seeds from their sampled
             # neighbours: edge_index[h - 1] holds the edges of hops 1 .. h (trim-to-layer).
             h = hops - i
             n_src, n_dst = blocks.num_nodes_per_hop[h], blocks.num_nodes_per_hop[h - 1]
-            x = conv((x[:n_src], x[:n_dst]), blocks.edge_index[h - 1])
-            if i < len(self.convs) - 1:
-                x = torch.relu(x)
-                x = nn.functional.dropout(x, self.dropout, self.training)
+            x = self.layer(i, (x[:n_src], x[:n_dst]), blocks.edge_index[h - 1])
         return self.out(x[: blocks.num_seeds])
+
+    def node_inputs(self, embeddings: Optional[Tensor], features: Optional[Tensor]) -> Tensor:
+        """The first layer's input rows: ``[id embedding | features]``.
+
+        Args:
+            embeddings: ``[n, embedding_dim]`` rows of the node-id table, or None (no table).
+            features: ``[n, F]`` node features, or None (or 0 columns: none).
+
+        Returns:
+            ``[n, input_width]``.
+        """
+        parts = [] if embeddings is None else [embeddings]
+        if features is not None and features.shape[1]:
+            parts.append(features)
+        if not parts:
+            raise ValueError("GraphSAGE: no input: the model has neither a node-id table nor "
+                             "node features")
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def embed_nodes(self, ids: Tensor) -> Tensor:
+        """The node-id table's rows of ``ids`` through the model's own (unsharded) table; a
+        dynamic table maps the ids as evaluation does (in eval mode, nothing is admitted).
+
+        Args:
+            ids: int64 ``[n]`` node ids.
+
+        Returns:
+            float ``[n, embedding_dim]``.
+
+        Example:
+            >>> model.embed_nodes(torch.arange(4)).shape
+            torch.Size([4, 32])
+        """
+        if self.ebc is None:
+            raise ValueError("GraphSAGE has no node-id table (gnn.embedding_dim: 0)")
+        ids = ids.long()
+        kjt = KeyedJaggedTensor(keys=[NODE_FEATURE], values=ids,
+                                lengths=torch.ones(ids.numel(), dtype=torch.int32),
+                                stride=ids.numel())
+        return self.ebc(kjt).values()
+
+    def layer(self, i: int, x: Tensor | tuple[Tensor, Tensor],
+              edge_index: Optional[Tensor] = None) -> Tensor:
+        """Layer ``i`` (``SAGEConv``, or the MLP kind's ``Linear`` on the targets alone), then,
+        but after the last layer, ReLU and dropout (in training mode): what :meth:`forward`
+        runs per hop, and layer-wise inference (:mod:`embedtrain.graph.inference`) per chunk.
+
+        Args:
+            i: the layer, ``0 .. len(convs) - 1``.
+            x: ``(x_src, x_dst)``: the message sources' rows and the targets' rows (one tensor:
+                both).
+            edge_index: ``[2, E]`` local ids (row 0 into ``x_src``, row 1 into ``x_dst``); the
+                MLP kind takes none.
+
+        Returns:
+            ``[len(x_dst), hidden[i]]``.
+        """
+        if self.kind is GNNModel.MLP:
+            x = self.convs[i](x[1] if isinstance(x, tuple) else x)
+        else:
+            x = self.convs[i](x, edge_index)
+        if i < len(self.convs) - 1:
+            x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
+        return x

@@ -163,6 +163,32 @@ class HeadExport:
 
 
 @dataclass
+class NodeOutputsExport:
+    """Outputs ``embedtrain export`` computes for every node of a graph (GNN: layer-wise
+    full-graph inference) and writes as ``nodes/<name>.npy``.
+
+    Attributes:
+        module: the model on CPU but for its tables (left on ``meta``: the node table is read
+            from the export's own file); its other parameters are loaded from the checkpoint.
+        checkpoint_prefix: what the checkpoint's keys of ``module``'s parameters start with.
+        table: the table whose rows are the nodes' id embeddings, or None (no table).
+        arrays: ``{name: what it is}`` of the arrays written, the model's output first.
+        compute: ``compute(module, node_embeddings, files, progress)`` writes each array to
+            ``files[name]``; ``node_embeddings`` maps int64 node ids to their table rows
+            (None: no table).
+        ids: the data set's original node ids (``nodes/ids.parquet``) to copy, if any.
+    """
+
+    module: nn.Module
+    checkpoint_prefix: str
+    table: Optional[str]
+    arrays: dict[str, str]
+    compute: Callable[[nn.Module, Optional[Callable[[torch.Tensor], torch.Tensor]],
+                       dict[str, Path], bool], None]
+    ids: Optional[Path] = None
+
+
+@dataclass
 class ExportParts:
     """What exporting a family's model takes besides its tables (which ``embedtrain export``
     reads from the model itself).
@@ -176,6 +202,7 @@ class ExportParts:
         dense: the dense program; None: none (the tables are the whole export).
         head: a class head; None: none.
         note: a line for ``model.json`` on what the export leaves out.
+        nodes: per-node outputs to compute and write (GNN); None: none.
     """
 
     model: str
@@ -184,6 +211,7 @@ class ExportParts:
     dense: Optional[DenseExport] = None
     head: Optional[HeadExport] = None
     note: Optional[str] = None
+    nodes: Optional[NodeOutputsExport] = None
 
 
 class Recipe:

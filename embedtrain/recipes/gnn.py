@@ -6,23 +6,31 @@ the SAGEConv layers are data-parallel. Seed nodes (or edges) are split over the 
 graph loader (:mod:`embedtrain.graph.loader`), each batch's neighbourhood sampled in loader
 threads, seeded by ``(seed, epoch, rank, batch)`` so a resumed run sees the same subgraphs.
 
-An export holds the node table only: the SAGE layers run on sampled neighbourhoods of the
-graph, not on rows, so there is no dense program to score rows with.
+An export holds the node table (if any) and every node's outputs, computed once at export by
+layer-wise full-graph inference (:mod:`embedtrain.graph.inference`: each SAGE layer over all
+nodes in chunks, with full neighbourhoods, no sampling): ``nodes/scores.npy`` (class logits) and
+``nodes/embeddings.npy`` (the last layer's output) for node classification,
+``nodes/embeddings.npy`` (the embeddings a link is scored by) for link prediction. There is no
+dense program: a node's output needs its neighbourhood, not a row, so ``embedtrain predict``
+looks the outputs up by node id.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from embedtrain.config import GNNModel, dynamic_tables
 from embedtrain.features import FeatureSpec, SparseFeature
+from embedtrain.graph.inference import layerwise_inference
 from embedtrain.graph.loader import SeedBatches, link_loader, node_loader
 from embedtrain.graph.store import GraphData, load_graph
 from embedtrain.models.gnn import NODE_FEATURE, NODE_TABLE, GraphSAGE
-from embedtrain.recipes.base import DatasetInfo, ExportParts, Recipe
+from embedtrain.recipes.base import DatasetInfo, ExportParts, NodeOutputsExport, Recipe
+from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.gnn import LinkPredictionTask, NodeClassificationTask
 
 
@@ -59,22 +67,51 @@ class GraphRecipe(Recipe):
     def _has_node_table(self) -> bool:
         return self.dataset.num_nodes > 0 and self.cfg.gnn.embedding_dim > 0
 
-    def export_refusal(self) -> Optional[str]:
-        """A model without a node table (``gnn.embedding_dim: 0``) has nothing to export."""
-        if self._has_node_table():
-            return None
-        return (f"gnn.embedding_dim: {self.cfg.gnn.embedding_dim}: the model has no node "
-                f"table, and its SAGE layers run on sampled neighbourhoods: nothing to export")
-
     def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
                      ) -> ExportParts:
-        """The node table's one feature, the node id; no dense program."""
-        [(_, rows, _)] = tables
-        spec = FeatureSpec("label", (), (SparseFeature(NODE_FEATURE, rows),),
-                           num_classes=self.dataset.num_classes or None)
-        return ExportParts("graphsage", spec, note=(
-            "GraphSAGE runs on sampled neighbourhoods of the graph, not on rows: the node "
-            "table only, no dense program"))
+        """The node table's one feature, the node id (if the model has a table), and every
+        node's outputs by layer-wise inference (:meth:`node_arrays`); no dense program."""
+        rows = tables[0][1] if tables else 0
+        sparse = (SparseFeature(NODE_FEATURE, rows),) if tables else ()
+        spec = FeatureSpec("label", (), sparse, num_classes=self.dataset.num_classes or None)
+        model.convs.to_empty(device="cpu")  # the layers run at export; the table stays on meta
+        model.out.to_empty(device="cpu")
+        arrays = self.node_arrays()
+        nodes = NodeOutputsExport(model, "model.", NODE_TABLE if tables else None,
+                                  {name: what for name, (_, what) in arrays.items()},
+                                  self._write_node_outputs, self.dataset.id_map)
+        return ExportParts("graphsage", spec, nodes=nodes, note=(
+            f"no dense program (a node's output needs its neighbourhood, not a row): every "
+            f"node's {' and '.join(arrays)} by layer-wise full-graph inference, nodes/*.npy "
+            f"(row = node id)"))
+
+    def node_arrays(self) -> dict[str, tuple[str, str]]:
+        """``{name: (role, what it is)}`` of the per-node arrays an export writes, the model's
+        output first; role ``outputs`` (``model.out``) or ``embeddings`` (its input)."""
+        raise NotImplementedError
+
+    def _write_node_outputs(self, model: nn.Module, node_embeddings, files: dict[str, Path],
+                            progress: bool) -> None:
+        role = {r: files[name] for name, (r, _) in self.node_arrays().items()}
+        layerwise_inference(model, self.dataset, node_embeddings=node_embeddings,
+                            outputs_file=role["outputs"], embeddings_file=role.get("embeddings"),
+                            keep_embeddings="embeddings" in role,
+                            scratch_dir=role["outputs"].parent, progress=progress)
+
+    def describe_plan(self, result: PlanResult) -> None:
+        """Notes the node features in the report: they are read through the page cache from
+        their memory map, not placed by the planner, so their bytes are not in any rank's."""
+        g = self.dataset
+        if g.features is None:
+            return
+        nbytes = int(g.features.nbytes)
+        result.report.model["node_features"] = {
+            "nodes": g.num_nodes, "dim": int(g.features.shape[1]),
+            "dtype": str(g.features.dtype), "bytes": nbytes}
+        result.report.warnings.append(
+            f"node features ({g.num_nodes:,} x {g.features.shape[1]} {g.features.dtype}, "
+            f"{nbytes / 2**30:.2f} GiB) are memory-mapped and read through the page cache: not "
+            f"in the ranks' bytes; a host holding them in RAM needs that much more")
 
     def loader_arguments(self, train: bool, rank: int, world_size: int) -> dict[str, Any]:
         """The loader's fanouts, seeds and threads (seeded ``train.seed``, +1 for evaluation)."""
@@ -113,6 +150,14 @@ class NodeClassificationRecipe(GraphRecipe):
             raise ValueError(f"{graph.root / 'metadata.json'}: task gnn_node needs node labels")
         return graph.num_classes
 
+    def node_arrays(self) -> dict[str, tuple[str, str]]:
+        """Class logits, and the last SAGE layer's output they are computed from."""
+        k, width = self.dataset.num_classes, self.cfg.gnn.hidden[-1]
+        return {"scores": ("outputs", f"float32 [N, {k}]: class logits (predicted class: the "
+                                      f"arg-max)"),
+                "embeddings": ("embeddings", f"float32 [N, {width}]: the last SAGE layer's "
+                                             f"output, which the class layer scores")}
+
     def reader(self, split: str, train: bool, batch_size: int, rank: int,
                world_size: int) -> SeedBatches:
         """The split's nodes with their sampled neighbourhoods (this rank's share)."""
@@ -141,6 +186,12 @@ class LinkPredictionRecipe(GraphRecipe):
     def out_dim(self) -> int:
         """``gnn.out_dim``: the node embedding size scored by dot products."""
         return self.cfg.gnn.out_dim
+
+    def node_arrays(self) -> dict[str, tuple[str, str]]:
+        """The node embeddings whose dot products score a link."""
+        return {"embeddings": ("outputs", f"float32 [N, {self.cfg.gnn.out_dim}]: node "
+                                          f"embeddings; a link (u, v) scores "
+                                          f"embeddings[u] @ embeddings[v]")}
 
     def reader(self, split: str, train: bool, batch_size: int, rank: int,
                world_size: int) -> SeedBatches:

@@ -52,7 +52,10 @@ from torchrec.distributed.planner.enumerators import (
     get_partition_by_type,
 )
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimatorFactory
-from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+from torchrec.distributed.planner.shard_estimators import (
+    EmbeddingStorageEstimator,
+    _get_optimizer_multipler,
+)
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
     Shard,
@@ -65,6 +68,7 @@ from torchrec.distributed.sharding_plan import (
     calculate_shard_sizes_and_offsets,
 )
 from torchrec.distributed.types import ModuleSharder, ShardingType
+from torchrec.optim import RowWiseAdagrad
 
 SHARDING_TYPE_ORDER = [
     ShardingType.TABLE_WISE.value,
@@ -194,6 +198,48 @@ def option_key(option: ShardingOption) -> OptionKey:
     return (option.fqn, option.sharding_type, option.compute_kernel)
 
 
+def optimizer_slots(param) -> float:
+    """Optimizer state per weight of a fused table, in units of the weight's bytes: TorchRec's
+    storage estimator's rule, but a row-wise optimizer's one float32 a row is 4 bytes whatever
+    the weights' dtype (FBGEMM keeps a bf16/fp16 table's momentum in float32; so do class heads'
+    ``HeadRowWiseAdagrad``, marked by ``row_state_bytes``)."""
+    cls = getattr(param, "_optimizer_classes", [None])[0]
+    row_bytes = getattr(cls, "row_state_bytes", 4 if cls is RowWiseAdagrad else 0)
+    if row_bytes:
+        return row_bytes / (param.shape[-1] * param.element_size())
+    return float(_get_optimizer_multipler(cls, param.shape))
+
+
+class StorageEstimator(EmbeddingStorageEstimator):
+    """TorchRec's storage estimator, with the optimizer state counted by :func:`optimizer_slots`.
+
+    TorchRec charges an optimizer it does not know (a class head's ``HeadRowWiseAdagrad``) one
+    slot a weight, and a row-wise one ``1 / D`` weights a row: for a 50M x 128 bf16 head with one
+    float32 a row that is 11.9 GiB of state instead of 0.2 GiB, and a plan that refuses what
+    fits. Each shard's bytes are corrected by the difference, in the tier holding its weights
+    (host memory for offloaded kernels and CPU clusters; both tiers hold them when cached).
+    """
+
+    def estimate(self, sharding_options, sharder_data_map) -> None:
+        super().estimate(sharding_options, sharder_data_map=sharder_data_map)
+        cpu = self._topology.compute_device == "cpu"
+        for option in sharding_options:
+            param = option.tensor
+            delta = optimizer_slots(param) - _get_optimizer_multipler(
+                getattr(param, "_optimizer_classes", [None])[0], param.shape)
+            if not delta:
+                continue
+            for shard in option.shards:
+                extra = round(math.prod(shard.size) * param.element_size() * delta)
+                storage = shard.storage
+                if storage is None:
+                    continue
+                if cpu or option.compute_kernel in OFFLOAD_KERNELS:
+                    storage.ddr += extra
+                else:
+                    storage.hbm += extra
+
+
 class CompactEnumerator(EmbeddingEnumerator):
     """Enumerates pruned sharding options with compact (distinct-size) shard lists.
 
@@ -213,8 +259,8 @@ class CompactEnumerator(EmbeddingEnumerator):
     ) -> None:
         super().__init__(topology=topology, batch_size=batch_size, constraints=constraints,
                          estimator=[perf_estimator(topology, constraints),
-                                    EmbeddingStorageEstimator(topology=topology,
-                                                              constraints=constraints)])
+                                    StorageEstimator(topology=topology,
+                                                     constraints=constraints)])
         self.offload_tables = set(offload_tables)
         self._runs: dict[OptionKey, Runs] = {}
         self.num_estimated_shards = 0

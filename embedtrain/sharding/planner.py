@@ -27,17 +27,20 @@ from typing import Optional
 import torch
 from torch import nn
 from torchrec.distributed.planner.planners import to_sharding_plan
-from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipler
 from torchrec.distributed.planner.types import (
     CacheParams,
     ParameterConstraints,
     ShardingOption,
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
-from torchrec.optim import RowWiseAdagrad
 
 from embedtrain.sharding.cluster import GIB, device_memory_tier, tier_capacity, topology
-from embedtrain.sharding.enumerator import OFFLOAD_KERNELS, CompactEnumerator, _shardable_modules
+from embedtrain.sharding.enumerator import (
+    OFFLOAD_KERNELS,
+    CompactEnumerator,
+    _shardable_modules,
+    optimizer_slots,
+)
 from embedtrain.sharding.report_types import (
     PlannerInfo,
     PlanReport,
@@ -329,18 +332,6 @@ def _no_fit_message(options, enum, left, cluster: ClusterConfig, tier: MemoryTie
             f"(try more ranks or fewer constraints); largest tables: {largest}")
 
 
-def _optimizer_slots(param: torch.Tensor) -> float:
-    """Optimizer state per weight of a fused table, in units of the weight's bytes: TorchRec's
-    storage estimator's rule, but a row-wise optimizer's one float32 a row is 4 bytes whatever
-    the weights' dtype (FBGEMM keeps a bf16/fp16 table's momentum in float32; so do class heads'
-    ``HeadRowWiseAdagrad``, marked by ``row_state_bytes``)."""
-    cls = getattr(param, "_optimizer_classes", [None])[0]
-    row_bytes = getattr(cls, "row_state_bytes", 4 if cls is RowWiseAdagrad else 0)
-    if row_bytes:
-        return row_bytes / (param.shape[-1] * param.element_size())
-    return float(_get_optimizer_multipler(cls, param.shape))
-
-
 def dense_allreduce_bytes(shapes: list[tuple[int, ...]], mode: DenseAllReduce,
                           powersgd_rank: int = 2) -> int:
     """Bytes each rank all-reduces per step for the dense gradients (fp32 values, compressed).
@@ -384,7 +375,7 @@ def _build_report(result: SearchResult, cluster: ClusterConfig, sharding: Planne
         # A data-parallel table is replicated and stepped by the dense optimizer (TorchRec's DP
         # lookup is a DDP module whose parameters carry no fused optimizer).
         dp = option.sharding_type == "data_parallel"
-        slots = float(dense_slots) if dp else _optimizer_slots(param)
+        slots = float(dense_slots) if dp else optimizer_slots(param)
         offload = option.compute_kernel in OFFLOAD_KERNELS or tier is MemoryTier.DDR
         table_plans.append(_table_plan(option, param, constraints[option.name], slots, remap))
         usage.add(option, param.element_size(), slots, MemoryTier.DDR if offload else MemoryTier.HBM,

@@ -20,7 +20,14 @@ build, held-out edges and splits are one step where the job runs, on the merged 
    first positions, merged by minimum, then each shard joins its edges with the id map, the
    shards' edges concatenated in input order;
 5. builds the CSR (:func:`embedtrain.graph.csr.csr_from_edges`): self-loops and
-   repeated edges dropped, kept or summed as configured, and counted;
+   repeated edges dropped, kept or summed as configured, and counted. Edges whose sort would
+   need more than ``graph.memory_gb`` (default a quarter of the RAM; 24 bytes an entry, 48 with
+   weights) are built out of core instead, into the same files: each shard's remapped edges are
+   streamed to a parquet file beside the output (Polars' streaming engine, never collected) and
+   read back a batch at a time into :func:`embedtrain.graph.csr.csr_from_edge_chunks`, whose
+   memory-mapped arrays are moved into the data set (``csr_build`` in the report says which
+   build ran; ``peak_rss_gb`` is the job's peak resident memory). Holding out edges by
+   timestamp needs the in-memory build (refused in one line otherwise);
 6. optionally holds out edges for link prediction (the newest by ``timestamp`` if given, else
    random) and makes the node splits (``split.method``): random fractions over the labelled
    nodes (all nodes without labels), a split column of the node table, or one id list per split
@@ -54,11 +61,22 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from embedtrain.config_io import to_dict
-from embedtrain.graph.csr import Duplicates, csr_from_edges, edge_pairs, hold_out_edges
-from embedtrain.graph.store import write_graph
+from embedtrain.graph.csr import (
+    ENTRY_BYTES,
+    WEIGHTED_ENTRY_BYTES,
+    Duplicates,
+    ScratchDir,
+    csr_from_edge_chunks,
+    csr_from_edges,
+    edge_pairs,
+    hold_out_edges,
+    memory_budget,
+)
+from embedtrain.graph.store import FeatureRangeError, cast_features, write_graph
 from embedtrain.utils import phase_bar
 from pipelines.core.errors import IngestError
 from pipelines.core.fields import ValueType
@@ -107,15 +125,19 @@ def ingest(spec: GraphIngestSpec, inputs: Sequence[str | os.PathLike],
         for split, path in id_files(spec.split).items():
             if not path.is_file():
                 raise IngestError(f"{path}: id file not found (split.files.{split})")
+    scratch = ScratchDir(out)
     with phase_bar(None, "ingest graph", disable=not progress) as bar:
         try:
-            return _ingest(spec, engine, edge_files, node_files, out, bar, started)
+            return _ingest(spec, engine, edge_files, node_files, out, bar, started, scratch)
         except pl.exceptions.PolarsError as e:  # a malformed line, a corrupt page: name the file
             raise locate_failure(spec, edge_files, node_files, e) from None
+        finally:
+            scratch.close()
 
 
 def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
-            node_files: list[Path], out: Path, bar: tqdm, started: float) -> dict:
+            node_files: list[Path], out: Path, bar: tqdm, started: float,
+            scratch: ScratchDir) -> dict:
     phases: list[dict] = []
 
     def phase(name: str, t0: float) -> float:
@@ -157,23 +179,44 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
     add = spec.nodes is None or spec.nodes.missing_nodes is MissingNodes.ADD
     if not add:
         ids = ids.head(n_table)
-    frame = engine.run(Pass("remap ids", _remap, _concat), shards,
-                       (spec, ids.select(pl.col("id"), pl.col("dense"))))
-    missing_rows = frame.filter(pl.col("s").is_null() | pl.col("d").is_null()).height
+    g = spec.graph
+    num_nodes = ids.height
+    lookup = ids.select(pl.col("id"), pl.col("dense"))
+    budget = memory_budget(g.memory_gb)
+    per_entry = WEIGHTED_ENTRY_BYTES if spec.edges.weight else ENTRY_BYTES
+    src = dst = times = first_times = None
+    if rows_read * (1 if g.directed else 2) * per_entry <= budget:
+        frame = engine.run(Pass("remap ids", _remap, _concat), shards, (spec, lookup))
+        missing_rows = frame.filter(pl.col("s").is_null() | pl.col("d").is_null()).height
+        if spec.nodes is not None:
+            frame = frame.filter(pl.col("s").is_not_null() & pl.col("d").is_not_null())
+        t = phase("remap ids", t)
+        src, dst = frame["s"].to_numpy(), frame["d"].to_numpy()
+        weights = frame["weight"].to_numpy() if spec.edges.weight else None
+        times = frame["time"].to_numpy() if spec.edges.timestamp else None
+        del frame
+        indptr, indices, out_w, edge_counts = csr_from_edges(
+            src, dst, num_nodes, weights, undirected=not g.directed, self_loops=g.self_loops,
+            duplicates=g.duplicates)
+        del weights
+        csr_build = {"method": "in memory", "memory_budget_gb": round(budget / 2**30, 3)}
+    else:
+        parts = []
+        for i, shard in enumerate(shards):  # streamed to disk, not collected
+            parts.append(scratch.path() / f"edges{i}.parquet")
+            _remapped(shard, spec, lookup).sink_parquet(parts[-1], row_group_size=1 << 20)
+        s = spec.split
+        if spec.edges.timestamp and (s.edge_valid_fraction or s.edge_test_fraction):
+            first_times = _first_times(pl.scan_parquet(parts).filter(
+                pl.col("s").is_not_null() & pl.col("d").is_not_null()), g.directed, num_nodes)
+        t = phase("remap ids", t)
+        built = _external_csr(spec, parts, num_nodes, scratch.path(), budget, bar)
+        indptr, indices, out_w, edge_counts, missing_rows, no_time = built
+        csr_build = {"method": "out of core", "memory_budget_gb": round(budget / 2**30, 3)}
+        if spec.edges.timestamp:
+            csr_build["rows_without_timestamp"] = no_time
     if spec.nodes is not None:
         dropped[NOT_IN_NODE_TABLE] = missing_rows
-        frame = frame.filter(pl.col("s").is_not_null() & pl.col("d").is_not_null())
-    t = phase("remap ids", t)
-
-    num_nodes = ids.height
-    src, dst = frame["s"].to_numpy(), frame["d"].to_numpy()
-    weights = frame["weight"].to_numpy() if spec.edges.weight else None
-    times = frame["time"].to_numpy() if spec.edges.timestamp else None
-    del frame
-    g = spec.graph
-    indptr, indices, out_w, edge_counts = csr_from_edges(
-        src, dst, num_nodes, weights, undirected=not g.directed, self_loops=g.self_loops,
-        duplicates=g.duplicates)
     dropped["self_loop"] = edge_counts.self_loops_dropped
     dropped["duplicate"] = edge_counts.duplicates_dropped
     if edge_counts.edges == 0:
@@ -183,8 +226,11 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
     s = spec.split
     edge_splits = None
     if s.edge_valid_fraction or s.edge_test_fraction:
-        rank = None if times is None else _pair_times(src, dst, times, indptr, indices,
-                                                      g.directed, num_nodes)
+        if times is not None:
+            first_times = _first_times(pl.DataFrame({"s": src, "d": dst, "time": times}).lazy(),
+                                       g.directed, num_nodes)
+        rank = None if first_times is None else _pair_times(first_times, indptr, indices,
+                                                            g.directed, num_nodes)
         indptr, indices, out_w, edge_splits = hold_out_edges(
             indptr, indices, out_w, g.directed, s.edge_valid_fraction, s.edge_test_fraction,
             seed=s.seed, rank=rank)
@@ -193,9 +239,19 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
 
     features = labels = None
     if table is not None:
-        if table.features is not None:
-            features = np.zeros((num_nodes, table.features.shape[1]), dtype=np.float32)
-            features[:n_table] = table.features
+        if table.features is not None:  # in nodes.feature_dtype, which write_graph keeps
+            dtype, names = spec.nodes.feature_dtype, spec.nodes.features
+            features = np.zeros((num_nodes, table.features.shape[1]), dtype=dtype.numpy)
+            try:
+                features[:n_table] = cast_features(table.features, dtype)
+            except FeatureRangeError as e:
+                column = (names[e.column] if len(names) == features.shape[1]
+                          else f"{names[0]}[{e.column}]")  # one list column
+                more = f" (+{len(node_files) - 1} files)" if len(node_files) > 1 else ""
+                raise IngestError(f"{node_files[0]}{more}: column {column}: node "
+                                  f"{table.ids[e.row]!r}: {e.value:g} is outside {dtype.value}'s "
+                                  f"range (|x| <= 65504); scale the column or set "
+                                  f"nodes.feature_dtype: float32") from None
         if table.labels is not None:
             labels = np.full(num_nodes, -1, dtype=np.int64)
             labels[:n_table] = table.labels
@@ -233,7 +289,7 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
                    "nodes_in_no_split": node_splits.in_no_split,
                    **node_splits.extra,
                    "edges": held, "edge_split_method": (
-                       None if edge_splits is None else "time" if times is not None else "random"),
+                       None if edge_splits is None else "time" if first_times is not None else "random"),
                    "seed": s.seed},
         "phases": phases,
     }
@@ -247,6 +303,10 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
                                num_classes=len(table.classes) if labels is not None else None)
     if times is not None:
         report["edges"]["rows_without_timestamp"] = int(np.isnan(times).sum())
+    elif "rows_without_timestamp" in csr_build:
+        report["edges"]["rows_without_timestamp"] = csr_build.pop("rows_without_timestamp")
+    report["csr_build"] = csr_build
+    report["peak_rss_gb"] = peak_rss_gb()
     if spec.edges.edge_type:  # rows read per type, the 100 most frequent
         top = sorted(by_type.items(), key=lambda kv: (-kv[1], str(kv[0])))[:100]
         report["edges"]["rows_by_edge_type"] = {str(k): v for k, v in top}
@@ -306,7 +366,11 @@ def _merge_first_seen(parts: list[pl.DataFrame]) -> pl.DataFrame:
 def _remap(shard: Shard, shared) -> pl.DataFrame:
     """The shard's usable edges as dense ids ``s, d`` (null: not in the id map) with their
     weight and time, in input order."""
-    spec, ids = shared
+    return _remapped(shard, *shared).collect(engine="streaming")
+
+
+def _remapped(shard: Shard, spec: GraphIngestSpec, ids: pl.DataFrame) -> pl.LazyFrame:
+    """:func:`_remap`'s query."""
     lookup = ids.lazy()
     joined = (_kept(shard, spec)
               .join(lookup.rename({"id": "src", "dense": "s"}), on="src", how="left",
@@ -315,10 +379,47 @@ def _remap(shard: Shard, shared) -> pl.DataFrame:
                     maintain_order="left"))
     cols = ["s", "d"] + (["weight"] if spec.edges.weight else []) + (
         ["time"] if spec.edges.timestamp else [])
-    return joined.select(cols).collect(engine="streaming")
+    return joined.select(cols)
 
 
 # --- where the job runs ----------------------------------------------------------------------
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, GiB (``ru_maxrss``; Ray workers not in it)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+
+
+def _external_csr(spec: GraphIngestSpec, parts: list[Path], num_nodes: int, scratch: Path,
+                  budget: int, bar: tqdm):
+    """The CSR of edges too many to sort in memory: the shards' remapped edges (``parts``:
+    parquet files Polars' streaming engine wrote, deleted once read) read back a batch at a time
+    into :func:`csr_from_edge_chunks`. Returns its four results, the rows with an endpoint not
+    in the id map (dropped), and the rows without a timestamp."""
+    g = spec.graph
+    tally = {"missing": 0, "no_time": 0}
+    cols = ["s", "d"] + (["weight"] if spec.edges.weight else []) + (
+        ["time"] if spec.edges.timestamp else [])
+
+    def chunks():
+        for path in parts:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 22, columns=cols):
+                frame = pl.from_arrow(batch)
+                ok = frame.filter(pl.col("s").is_not_null() & pl.col("d").is_not_null())
+                tally["missing"] += frame.height - ok.height
+                if spec.edges.timestamp:  # counted among the kept rows, as in memory
+                    tally["no_time"] += int(ok["time"].is_nan().fill_null(True).sum())
+                yield (ok["s"].to_numpy(), ok["d"].to_numpy(),
+                       ok["weight"].to_numpy() if spec.edges.weight else None)
+            path.unlink()
+
+    built = csr_from_edge_chunks(
+        chunks(), num_nodes, scratch / "csr", weighted=spec.edges.weight is not None,
+        undirected=not g.directed, self_loops=g.self_loops, duplicates=g.duplicates,
+        memory_budget=budget, progress=lambda msg: bar.set_postfix_str(msg, refresh=True))
+    return (*built, tally["missing"], tally["no_time"])
+
 
 def _id_map(first: pl.DataFrame, table: Optional[NodeTable], spec: GraphIngestSpec
             ) -> pl.DataFrame:
@@ -336,18 +437,22 @@ def _id_map(first: pl.DataFrame, table: Optional[NodeTable], spec: GraphIngestSp
     return ids.with_row_index("dense").with_columns(pl.col("dense").cast(pl.Int64))
 
 
-def _pair_times(src: np.ndarray, dst: np.ndarray, times: np.ndarray, indptr: np.ndarray,
-                indices: np.ndarray, directed: bool, n: int) -> np.ndarray:
-    """The first time of every :func:`edge_pairs` edge (NaN times count as the oldest)."""
-    big = np.int64(n)
-    if directed:
-        keys = src.astype(np.int64) * big + dst
-    else:
-        keys = np.minimum(src, dst).astype(np.int64) * big + np.maximum(src, dst)
-    first = (pl.DataFrame({"k": keys, "t": np.nan_to_num(times, nan=-np.inf)})
-             .group_by("k").agg(pl.col("t").min()))
+def _first_times(edges: pl.LazyFrame, directed: bool, n: int) -> pl.DataFrame:
+    """``k, t``: the first time of every distinct edge (key ``min * N + max`` undirected, ``src *
+    N + dst`` directed) among ``edges`` (columns ``s, d, time``; NaN times count as the oldest),
+    by Polars' streaming engine."""
+    s, d = pl.col("s").cast(pl.Int64), pl.col("d").cast(pl.Int64)
+    key = s * n + d if directed else pl.min_horizontal(s, d) * n + pl.max_horizontal(s, d)
+    time = pl.col("time").cast(pl.Float64).fill_nan(-np.inf).fill_null(-np.inf)
+    return (edges.select(key.alias("k"), time.alias("t"))
+            .group_by("k").agg(pl.col("t").min()).collect(engine="streaming"))
+
+
+def _pair_times(first: pl.DataFrame, indptr: np.ndarray, indices: np.ndarray, directed: bool,
+                n: int) -> np.ndarray:
+    """The first time of every :func:`edge_pairs` edge (``first``: :func:`_first_times`)."""
     ps, pd = edge_pairs(indptr, indices, directed)
-    pairs = pl.DataFrame({"k": ps * big + pd})
+    pairs = pl.DataFrame({"k": ps * np.int64(n) + pd})
     return pairs.join(first, on="k", how="left", maintain_order="left")["t"].fill_null(
         -np.inf).to_numpy()
 

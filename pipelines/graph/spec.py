@@ -15,6 +15,7 @@ from typing import Optional
 
 from embedtrain.config_io import ConfigError, config_field, load_dataclass
 from embedtrain.graph.csr import Duplicates, SelfLoops
+from embedtrain.graph.store import FeatureDtype
 from pipelines.core.fields import InputFormat, ValueType
 
 EXTENSIONS = {InputFormat.CSV: (".csv", ".tsv", ".txt"), InputFormat.PARQUET: (".parquet",)}
@@ -52,6 +53,9 @@ class NodeTableSpec:
     null_values: list[str] = field(default_factory=list)
     id: str = "id"
     features: list[str] = field(default_factory=list)  # float columns, or one list column
+    # the features' type on disk: float32, or float16 (half the bytes; a value beyond +-65504
+    # stops the job, naming its column and node)
+    feature_dtype: FeatureDtype = FeatureDtype.FLOAT32
     label: Optional[str] = None
     missing_nodes: MissingNodes = MissingNodes.ADD
 
@@ -61,6 +65,9 @@ class GraphShapeSpec:
     directed: bool = False
     self_loops: SelfLoops = SelfLoops.DROP
     duplicates: Duplicates = Duplicates.DROP
+    # GiB the CSR build may sort in memory; an edge list needing more is sorted out of core
+    # (embedtrain.graph.csr.csr_from_edge_chunks: the same CSR). None: a quarter of the RAM.
+    memory_gb: Optional[float] = None
 
 
 NODE_SPLITS = ("train", "valid", "test")
@@ -162,6 +169,11 @@ def load_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
             named.append(spec.split.column)
         if len(set(named)) != len(named):
             fail("nodes", f"a column is named twice: {named}")
+        if n.feature_dtype is not FeatureDtype.FLOAT32 and not n.features:
+            fail("nodes.feature_dtype", f"{n.feature_dtype.value} but nodes.features names no "
+                 "feature columns")
+    if spec.graph.memory_gb is not None and not spec.graph.memory_gb > 0:
+        fail("graph.memory_gb", f"must be > 0 (GiB), got {spec.graph.memory_gb}")
     s = spec.split
     for key in ("valid_fraction", "test_fraction", "edge_valid_fraction", "edge_test_fraction"):
         if not 0 <= getattr(s, key) < 1:
