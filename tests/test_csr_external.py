@@ -70,6 +70,13 @@ def test_a_large_budget_sorts_each_bucket_once(tmp_path):
     assert got[3] == want[3]
 
 
+def test_nothing_left_gives_an_empty_csr(tmp_path):
+    loops = (np.array([1, 2, 2]), np.array([1, 2, 2]), None)  # self-loops only: all dropped
+    indptr, indices, _, counts = csr_from_edge_chunks([loops], 4, tmp_path, memory_budget=8)
+    assert indptr.tolist() == [0] * 5 and indices.shape == (0,)
+    assert counts == csr_from_edges(*loops[:2], 4)[3]
+
+
 def test_bad_chunks_are_refused_as_in_memory(tmp_path):
     with pytest.raises(ValueError, match=r"dst: ids must be in \[0, 5\), got 7"):
         csr_from_edge_chunks([(np.array([0]), np.array([7]), None)], 5, tmp_path)

@@ -492,7 +492,7 @@ def _open_npy(path: Path, dtype: type, length: int) -> np.memmap:
     :data:`_HEADER` bytes (a sparse file: disk is used as entries are written)."""
     with open(path, "wb") as f:
         f.write(_npy_header(np.dtype(dtype), length))
-        f.truncate(_HEADER + length * np.dtype(dtype).itemsize)
+        f.truncate(_HEADER + max(length, 1) * np.dtype(dtype).itemsize)  # an empty map fails
     return np.memmap(path, dtype=dtype, mode="r+", offset=_HEADER, shape=(max(length, 1),))
 
 
