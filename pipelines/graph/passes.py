@@ -199,7 +199,7 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
             src, dst, num_nodes, weights, undirected=not g.directed, self_loops=g.self_loops,
             duplicates=g.duplicates)
         del weights
-        csr_build = {"method": "in memory", "memory_budget_gb": round(budget / 2**30, 3)}
+        csr_build = {"method": "in memory", "memory_budget_gb": float(f"{budget / 2**30:.4g}")}
     else:
         parts = []
         for i, shard in enumerate(shards):  # streamed to disk, not collected
@@ -212,7 +212,7 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
         t = phase("remap ids", t)
         built = _external_csr(spec, parts, num_nodes, scratch.path(), budget, bar)
         indptr, indices, out_w, edge_counts, missing_rows, no_time = built
-        csr_build = {"method": "out of core", "memory_budget_gb": round(budget / 2**30, 3)}
+        csr_build = {"method": "out of core", "memory_budget_gb": float(f"{budget / 2**30:.4g}")}
         if spec.edges.timestamp:
             csr_build["rows_without_timestamp"] = no_time
     if spec.nodes is not None:
