@@ -22,7 +22,7 @@ memory of the whole process tree, sampled every 0.5 s):
    (``gnn.embedding_dim: 0``), or with ``--node-table`` ``configs/gnn_node_100m.yaml``'s dynamic
    node-id table of 10M rows.
    ``train_seeds_per_s`` is the trainer's ``train_examples_per_s``.
-5. *Layer-wise inference* on ``--infer-nodes`` random nodes (:mod:`embedtrain.graph.inference`):
+5. *Layer-wise inference* on ``--infer-nodes`` random nodes (:mod:`embedtrain.models.layerwise`):
    the trained model's final outputs computed layer by layer over full neighbourhoods.
 
 Usage:

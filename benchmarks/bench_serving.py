@@ -86,7 +86,7 @@ def eager_dense(run: Path):
     """The run's dense module (the recipe's), its parameters loaded from the newest
     checkpoint: what ``embedtrain export`` exports, left as a module."""
     from embedtrain.config import load_run_config
-    from embedtrain.export.export import model_tables
+    from embedtrain.export.programs import model_tables
     from embedtrain.export.tables import load_tensors
     from embedtrain.recipes import recipe_for
     from embedtrain.train.checkpoint import CheckpointManager

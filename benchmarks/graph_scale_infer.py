@@ -2,7 +2,7 @@
 
 :func:`infer` rebuilds the run's model on CPU from its last checkpoint
 (:func:`embedtrain.export.nodes.load_graph_model`) and computes the final outputs of ``n`` random
-nodes layer by layer with full neighbourhoods (:func:`embedtrain.graph.inference.
+nodes layer by layer with full neighbourhoods (:func:`embedtrain.models.layerwise.
 layerwise_inference`: only the rows those nodes need, intermediate layers memory-mapped in the
 run folder when large), timed; with labels, the accuracy of its argmax on the sample.
 
@@ -21,7 +21,7 @@ import numpy as np
 def infer(run_dir: str, graph_dir: str, n: int, seed: int = 0) -> dict:
     """Layer-wise inference of ``n`` random nodes of the run's graph (see the module docstring)."""
     from embedtrain.export.nodes import load_graph_model
-    from embedtrain.graph.inference import layerwise_inference
+    from embedtrain.models.layerwise import layerwise_inference
 
     model, graph = load_graph_model(run_dir, table_dir=run_dir)  # a node table memory-mapped
     n = min(n, graph.num_nodes)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedtrain.graph import csr
-from embedtrain.graph.csr import csr_from_edge_chunks, csr_from_edges
+from embedtrain.graph import csr_external
+from embedtrain.graph.csr import csr_from_edges
+from embedtrain.graph.csr_external import csr_from_edge_chunks
 
 
 def _edges(n: int, m: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -32,10 +33,10 @@ def _chunks(src, dst, w, size):
     (False, "drop", "sum", True), (False, "keep", "drop", False), (False, "drop", "keep", False)])
 def test_the_external_build_equals_the_in_memory_one(tmp_path, monkeypatch, undirected,
                                                      self_loops, duplicates, weighted):
-    monkeypatch.setattr(csr, "_SPILL", 300)  # chunks of 1,000 edges spilled in slices
+    monkeypatch.setattr(csr_external, "_SPILL", 300)  # chunks of 1,000 edges spilled in slices
     splits = []
-    split = csr._SortState._split
-    monkeypatch.setattr(csr._SortState, "_split",
+    split = csr_external._SortState._split
+    monkeypatch.setattr(csr_external._SortState, "_split",
                         lambda self, *a: (splits.append(a[1:3]), split(self, *a)))
     n, m = 500, 3000
     src, dst, w = _edges(n, m, seed=3)

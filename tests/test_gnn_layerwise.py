@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from embedtrain.graph.inference import layerwise_inference
+from embedtrain.models.layerwise import layerwise_inference
 from embedtrain.graph.sampler import NeighborSampler
 from embedtrain.graph.store import load_graph
 from embedtrain.models.gnn import GraphSAGE

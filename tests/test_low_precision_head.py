@@ -10,7 +10,7 @@ from embedtrain.models.low_precision import random_bits16, round_rows
 from embedtrain.models.options import HeadLoss, Margin, Rounding
 from embedtrain.models.topk import blocked_topk
 from embedtrain.processes import spawn
-from embedtrain.train.optim import HeadRowWiseAdagrad, rowwise_adagrad_rows_
+from embedtrain.train.optim import rowwise_adagrad_rows_
 
 SR, NEAREST = Rounding.STOCHASTIC, Rounding.NEAREST
 C, D, B = 37, 8, 6  # an odd class count: uneven slices

@@ -53,14 +53,12 @@ import numpy as np
 from tqdm import tqdm
 
 from embedtrain.datagen.ctr import check_fields, is_real
-from embedtrain.graph.csr import (
+from embedtrain.graph.csr import csr_from_edges, hold_out_edges, row_blocks
+from embedtrain.graph.csr_external import (
     ENTRY_BYTES,
     ScratchDir,
     csr_from_edge_chunks,
-    csr_from_edges,
-    hold_out_edges,
     memory_budget,
-    row_blocks,
 )
 from embedtrain.graph.store import FeatureDtype, FeatureRangeError, cast_features, write_graph
 from embedtrain.utils import is_int, phase_bar
@@ -386,7 +384,7 @@ def generate_graph(spec: GraphDataSpec, out_dir: str | Path, progress: bool = Tr
         progress: show a progress bar on stderr (phases done, elapsed time, the last phase).
         memory_gb: GiB the CSR build may sort in memory (default a quarter of the RAM). A graph
             needing more is drawn in chunks and built out of core
-            (:func:`~embedtrain.graph.csr.csr_from_edge_chunks`), its features written to a
+            (:func:`~embedtrain.graph.csr_external.csr_from_edge_chunks`), its features written to a
             memory map: the same files, in bounded memory.
 
     Returns:

@@ -5,7 +5,7 @@ What is written where is in :mod:`embedtrain.export.manifest`. This module knows
 family: the run's recipe (:func:`embedtrain.recipes.recipe_for` of its ``config.yaml``) says
 what is particular to one -- :meth:`~embedtrain.recipes.base.Recipe.export_refusal` (what it
 cannot export) and :meth:`~embedtrain.recipes.base.Recipe.export_parts`
-(:class:`~embedtrain.recipes.base.ExportParts`: the model's name, the rows' features, the dense
+(:class:`~embedtrain.recipes.export_parts.ExportParts`: the model's name, the rows' features, the dense
 program, a class head, a note). How:
 
 1. The recipe builds the model on the ``meta`` device (no memory): that names every table, its
@@ -49,12 +49,12 @@ and dynamic tables in two collections, but its sparse arch stacks the pooled emb
 features' order): the order the dense program's ``pooled`` input takes them in.
 
 GNN runs export their node table (if the model has one) and every node's outputs, computed by
-layer-wise full-graph inference (:mod:`embedtrain.graph.inference`: each SAGE layer over all
+layer-wise full-graph inference (:mod:`embedtrain.models.layerwise`: each SAGE layer over all
 nodes in chunks with their full neighbourhoods, no sampling) with the run's layers (loaded from
 the checkpoint) over the node table just written (read through its memory map, and its id map
 for a dynamic table), before that table is converted (parquet, quantized): ``nodes/scores.npy``
 and ``nodes/embeddings.npy`` (node classification) or ``nodes/embeddings.npy`` (link
-prediction), written chunk by chunk (:class:`~embedtrain.recipes.base.NodeOutputsExport`,
+prediction), written chunk by chunk (:class:`~embedtrain.recipes.export_parts.NodeOutputsExport`,
 ``model.json``'s ``nodes``). There is no dense program: a node's output needs its
 neighbourhood, not a row. XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``); the
 recipes say so.
@@ -68,7 +68,6 @@ Example:
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +75,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from embedtrain.config import load_run_config
 from embedtrain.export.manifest import (
@@ -114,10 +112,16 @@ from embedtrain.export.tables import (
     write_id_map,
     write_parquet,
 )
-from embedtrain.models.dynamic import MIX_VERSION, EmbeddingBags
+from embedtrain.export.programs import (
+    TableSpec,
+    aot_package,
+    export_program,
+    model_tables,
+)
+from embedtrain.models.dynamic import MIX_VERSION
 from embedtrain.recipes import recipe_for
-from embedtrain.recipes.base import (
-    DatasetInfo,
+from embedtrain.recipes.base import DatasetInfo
+from embedtrain.recipes.export_parts import (
     DenseExport,
     ExportParts,
     HeadExport,
@@ -127,7 +131,6 @@ from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
 from embedtrain.utils import progress_bar
 
 FORMATS = ("npy", "parquet")
-PROGRAM_FILE, SCRIPT_FILE, AOT_FILE = "dense.pt2", "dense.ts", "dense.aoti.pt2"
 
 
 @dataclass
@@ -190,7 +193,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
             head needs ``npy``).
         overwrite: replace an earlier export in ``out``.
         progress: show a progress bar (rows of the tables), and say when AOTInductor compiles.
-        aot: also compile the dense program with AOTInductor (:data:`AOT_FILE`; a
+        aot: also compile the dense program with AOTInductor (:data:`~embedtrain.export.programs.AOT_FILE`; a
             ``torch.export`` program only).
 
     Raises:
@@ -225,7 +228,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
                                   start, aot)
 
 
-def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec"],
+def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list[TableSpec],
                        run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
                        formats: Sequence[str], progress: bool, overwrite: bool,
                        start: float, aot: bool) -> ExportResult:
@@ -250,7 +253,7 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list["_TableSpec
         raise
 
 
-def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list["_TableSpec"],
+def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[TableSpec],
             run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
             formats: Sequence[str], progress: bool, start: float, aot: bool,
             head_dtype: str) -> ExportResult:
@@ -334,7 +337,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _table_entry(t: "_TableSpec", shards: list[Shard], out: Path, quantize: str,
+def _table_entry(t: TableSpec, shards: list[Shard], out: Path, quantize: str,
                  formats: Sequence[str]) -> Table:
     """Makes the requested files of one written float table and describes them."""
     npy = out / "tables" / f"{t.name}.npy"
@@ -360,7 +363,7 @@ def _table_entry(t: "_TableSpec", shards: list[Shard], out: Path, quantize: str,
                  shards=shards)
 
 
-def _add_id_map(entry: Table, t: "_TableSpec", ckpt: Path, out: Path) -> None:
+def _add_id_map(entry: Table, t: TableSpec, ckpt: Path, out: Path) -> None:
     """Writes a dynamic table's id -> row map and records it (with the default rows)."""
     ids, rows, segments = checkpoint_id_map(ckpt, t.remap, t.rows)
     write_id_map(out / "tables" / f"{t.name}.ids.parquet", ids, rows)
@@ -397,57 +400,6 @@ def _status(key: str) -> Optional[int]:
     return None
 
 
-# -- what the model holds (family-free; the recipe says the rest: ExportParts) -----------------
-
-
-@dataclass
-class _TableSpec:
-    name: str
-    key: str
-    features: list[str]
-    rows: int
-    dim: int
-    pooling: str
-    remap: Optional[str] = None  # dynamic tables: the checkpoint key of the remapper
-
-
-def model_tables(model: nn.Module) -> list[_TableSpec]:
-    """Every ``EmbeddingBagCollection`` table of ``model``, with its checkpoint key (and, for a
-    dynamic table, its remapper's), in the model's feature order."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.modules.mc_modules import MCHManagedCollisionModule
-
-    modules = dict(model.named_modules())
-    out = []
-    for path, module in modules.items():
-        if not isinstance(module, EmbeddingBagCollection):
-            continue
-        # a ManagedCollisionEmbeddingBagCollection's tables: <owner>._embedding_module
-        owner = path[:-len("._embedding_module")] if path.endswith("._embedding_module") \
-            else None
-        for c in module.embedding_bag_configs():
-            remap = None
-            if owner is not None:
-                mcm = f"{owner}._managed_collision_collection._managed_collision_modules." \
-                      f"{c.name}"
-                if isinstance(modules.get(mcm), MCHManagedCollisionModule):
-                    remap = f"model.{mcm}"
-            out.append(_TableSpec(c.name, f"model.{path}.embedding_bags.{c.name}.weight",
-                                  list(c.feature_names), c.num_embeddings, c.embedding_dim,
-                                  c.pooling.name.lower(), remap))
-    # EmbeddingBags holds static and dynamic tables in two collections, but pools (and the
-    # sparse arch stacks) them in its configs' order: list them in that order
-    for path, module in modules.items():
-        if isinstance(module, EmbeddingBags):
-            order = {c.name: i for i, c in enumerate(module.embedding_bag_configs())}
-            prefix = f"model.{path}."
-            places = [i for i, t in enumerate(out) if t.key.startswith(prefix)]
-            ordered = sorted((out[i] for i in places), key=lambda t: order[t.name])
-            for i, t in zip(places, ordered):
-                out[i] = t
-    return out
-
-
 def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path, aot: bool = False,
                    progress: bool = False) -> Optional[DenseProgram]:
     """Loads the dense parameters from the checkpoint and exports the program (and, with
@@ -473,7 +425,7 @@ def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path, aot: boo
 
 
 def _node_outputs(nodes: NodeOutputsExport, ckpt: Path, out: Path,
-                  table: Optional["_TableSpec"], progress: bool) -> NodeOutputs:
+                  table: Optional[TableSpec], progress: bool) -> NodeOutputs:
     """Loads the layers from the checkpoint and computes every node's outputs into
     ``out/nodes/<name>.npy`` over the node table written at ``out/tables`` (its id map, for a
     dynamic table, read from the checkpoint); copies the data set's node ids."""
@@ -504,7 +456,7 @@ def _node_outputs(nodes: NodeOutputsExport, ckpt: Path, out: Path,
     return NodeOutputs(num_nodes=arrays[0].rows, output=arrays[0].name, arrays=arrays, ids=ids)
 
 
-def _table_lookup(npy: Path, table: "_TableSpec", ckpt: Path):
+def _table_lookup(npy: Path, table: TableSpec, ckpt: Path):
     """ids -> rows of an exported float table (memory-mapped); a dynamic table's ids through
     its id map, as predict and evaluation map them."""
     from embedtrain.export.predict import IdMap
@@ -554,7 +506,7 @@ def _head_entry(h: HeadExport, shards: list[Shard], root: Path, out: Path,
                 vocab=_copy_vocab(root, h.vocab, out) if h.vocab else None, dtype=dtype)
 
 
-def _features(parts: ExportParts, tables: list[_TableSpec], root: Path, out: Path) -> Features:
+def _features(parts: ExportParts, tables: list[TableSpec], root: Path, out: Path) -> Features:
     """The rows' columns and what ingestion did to them; vocabularies copied from ``root``."""
     spec, extra = parts.features, parts.ingest
     table_of: dict[str, str] = {}  # a feature's table: its embedding's (not its first-order)
@@ -611,55 +563,3 @@ def _copy_vocab(root: Path, relative: str, out: Path) -> Optional[str]:
     target.parent.mkdir(exist_ok=True)
     shutil.copyfile(source, target)
     return f"vocab/{source.name}"
-
-
-def export_program(module: nn.Module, example: tuple, out: Path) -> tuple[str, str]:
-    """``module`` as a ``torch.export`` program with a dynamic batch dimension
-    (``torch.export.save``), or TorchScript (``torch.jit.trace``) where export fails; checked
-    against ``module`` on ``example``. Returns (file name, format)."""
-    with torch.no_grad():
-        expected = module(*example)
-        batch = torch.export.Dim("batch")
-        try:
-            program = torch.export.export(module, example,
-                                          dynamic_shapes=tuple({0: batch} for _ in example))
-            torch.export.save(program, out / PROGRAM_FILE)
-            file, kind, loaded = PROGRAM_FILE, "torch.export", program.module()
-        except Exception:  # noqa: BLE001 - an op torch.export cannot trace: TorchScript
-            traced = torch.jit.trace(module, example)
-            torch.jit.save(traced, str(out / SCRIPT_FILE))
-            file, kind, loaded = SCRIPT_FILE, "torchscript", traced
-        got = loaded(*example)
-    if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
-        raise ExportError(f"{out / file}: the exported program does not reproduce the model "
-                          f"(max difference {(got - expected).abs().max():.3g})")
-    return file, kind
-
-
-def aot_package(module: nn.Module, example: tuple, out: Path, progress: bool = False) -> str:
-    """Compiles the ``torch.export`` program written in ``out`` (:data:`PROGRAM_FILE`, its batch
-    dimension dynamic) with AOTInductor into :data:`AOT_FILE`, loads it back and checks it
-    against ``module`` on ``example`` and on its first row alone. Returns the file name."""
-    from torch._inductor import aoti_compile_and_package, aoti_load_package
-
-    path = out / AOT_FILE
-    if progress:
-        print("compiling the dense program with AOTInductor (up to a minute)...",
-              file=sys.stderr, flush=True)
-    try:
-        aoti_compile_and_package(torch.export.load(out / PROGRAM_FILE), package_path=str(path))
-        package = aoti_load_package(str(path))
-    except Exception as e:  # noqa: BLE001 - no C++ compiler, an op without a kernel: one line
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ExportError(f"{path}: AOTInductor could not compile the dense program: "
-                          f"{why[:300]}") from None
-    with torch.no_grad():
-        for inputs in (example, tuple(x[:1] for x in example)):
-            expected, got = module(*inputs), package(*(x.contiguous() for x in inputs))
-            same = got.shape == expected.shape
-            if not (same and torch.allclose(got, expected, rtol=1e-5, atol=1e-6)):
-                diff = (got - expected).abs().max().item() if same else float("inf")
-                raise ExportError(f"{path}: the AOTInductor package does not reproduce the "
-                                  f"model on {len(inputs[0])} row(s) (max difference "
-                                  f"{diff:.3g})")
-    return AOT_FILE

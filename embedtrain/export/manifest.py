@@ -238,7 +238,7 @@ class NodeArray:
 @dataclass
 class NodeOutputs:
     """A GNN export's per-node outputs, computed at export for every node by layer-wise
-    full-graph inference (:mod:`embedtrain.graph.inference`: each layer over all nodes with
+    full-graph inference (:mod:`embedtrain.models.layerwise`: each layer over all nodes with
     their full neighbourhoods, no sampling).
 
     ``output`` names the array that is the model's output, which ``embedtrain predict`` writes

@@ -1,7 +1,7 @@
 """A GNN export's per-node outputs: reading them, and ``embedtrain predict`` by node id.
 
 An export of a GNN run (:mod:`embedtrain.export.export`) holds every node's outputs, computed at
-export by layer-wise full-graph inference (:mod:`embedtrain.graph.inference`; ``model.json``'s
+export by layer-wise full-graph inference (:mod:`embedtrain.models.layerwise`; ``model.json``'s
 ``nodes``, :class:`~embedtrain.export.manifest.NodeOutputs`): ``nodes/scores.npy`` (class
 logits) and ``nodes/embeddings.npy`` (node classification), ``nodes/embeddings.npy`` (link
 prediction), float32, row = dense node id; and ``nodes/ids.parquet``, the data set's original
@@ -42,8 +42,7 @@ from torch import nn
 
 from embedtrain.data.reader import DataError
 from embedtrain.export.manifest import MANIFEST_FILE, ExportError, load_manifest
-from embedtrain.export.predict import PredictResult
-from embedtrain.export.rows import input_files
+from embedtrain.export.rows import PredictResult, input_files
 from embedtrain.export.tables import read_table
 from embedtrain.utils import check_output_file, progress_bar
 
@@ -296,7 +295,7 @@ def load_graph_model(run_dir: str | os.PathLike, checkpoint: Optional[str] = Non
     Returns:
         ``(model, graph)``: a :class:`~embedtrain.models.gnn.GraphSAGE` in eval mode and its
         :class:`~embedtrain.graph.store.GraphData`, ready for
-        :func:`~embedtrain.graph.inference.layerwise_inference`.
+        :func:`~embedtrain.models.layerwise.layerwise_inference`.
 
     Raises:
         ExportError: not a run directory, or not a GNN run.
@@ -309,7 +308,7 @@ def load_graph_model(run_dir: str | os.PathLike, checkpoint: Optional[str] = Non
     import torch
 
     from embedtrain.config import load_run_config
-    from embedtrain.export.export import model_tables
+    from embedtrain.export.programs import model_tables
     from embedtrain.export.tables import NpyWriter, load_tensors, stream_tensor
     from embedtrain.recipes import recipe_for
     from embedtrain.train.checkpoint import CheckpointManager

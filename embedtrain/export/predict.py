@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -69,6 +68,7 @@ from embedtrain.config_io import ConfigError
 from embedtrain.export.manifest import ExportError, load_manifest
 from embedtrain.export.rows import (
     ParquetRows,
+    PredictResult,
     RawRows,
     check_rows,
     describe_invalid,
@@ -311,20 +311,6 @@ def _load_program(path: Path, kind: str):
         # its kernels assume the strides it was compiled with: contiguous inputs
         return lambda *inputs: package(*(x.contiguous() for x in inputs))
     return torch.export.load(path).module()
-
-
-@dataclass
-class PredictResult:
-    """What :func:`predict` wrote: rows, time, metrics where the input has labels, and (raw
-    inputs) the rows not scored."""
-
-    out: Path
-    rows: int
-    files: int
-    seconds: float
-    metrics: dict[str, float] = field(default_factory=dict)
-    invalid: dict[str, int] = field(default_factory=dict)  # raw rows not scored, by reason
-    invalid_file: Optional[Path] = None  # where they are listed
 
 
 def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.PathLike,

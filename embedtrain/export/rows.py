@@ -6,6 +6,7 @@
   data set's own ingestion (:func:`pipelines.raw_rows`, from the export's copies of its
   ``metadata.json`` and vocabularies): rows it would drop are not scored, but counted by reason
   and listed (:func:`write_invalid`);
+- :class:`PredictResult`: what :func:`~embedtrain.export.predict.predict` wrote;
 - :func:`check_rows`: types, nulls and id ranges of a batch (the file, column and row of a bad
   value named); :func:`model_batch`: a batch as the training reader makes it.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Container, Optional, Sequence
 
@@ -35,6 +37,20 @@ from embedtrain.models.dynamic import EMPTY_ID
 from embedtrain.utils import natural_key
 
 RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)
+
+
+@dataclass
+class PredictResult:
+    """What :func:`~embedtrain.export.predict.predict` wrote: rows, time, metrics where the input has labels, and (raw
+    inputs) the rows not scored."""
+
+    out: Path
+    rows: int
+    files: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    invalid: dict[str, int] = field(default_factory=dict)  # raw rows not scored, by reason
+    invalid_file: Optional[Path] = None  # where they are listed
 
 
 def input_files(inputs: Sequence[str], suffixes: tuple[str, ...] = (".parquet",)

@@ -6,8 +6,9 @@ The data flow, in PyG's split: :mod:`~embedtrain.graph.csr` builds a CSR from ed
 splits the seeds of each rank into batches and calls a collate (:mod:`~embedtrain.graph.batch`)
 that runs the samplers (:mod:`~embedtrain.graph.link` for link pairs,
 :mod:`~embedtrain.graph.sampler` for the neighbourhood) and then attaches the features and
-targets (:class:`GraphBatch`). :mod:`~embedtrain.graph.inference` runs a trained GraphSAGE layer
-by layer over whole neighbourhoods (every node's output, no sampling).
+targets (:class:`GraphBatch`). :mod:`~embedtrain.graph.csr_external` builds a CSR larger than
+memory. (Layer-wise full-graph inference, which runs a trained GraphSAGE over these arrays, is a
+model's: :mod:`embedtrain.models.layerwise`.)
 
 The names below load on first use, so that ``embedtrain.graph.types`` (imported by the config
 schema) imports no torch.
@@ -17,15 +18,16 @@ from embedtrain.utils import lazy_exports
 
 _EXPORTS = {
     **{name: "embedtrain.graph.csr" for name in (
-        "Duplicates", "EdgeCounts", "SelfLoops", "csr_from_edge_chunks", "csr_from_edges",
-        "edge_pairs", "hold_out_edges", "row_blocks")},
+        "Duplicates", "EdgeCounts", "SelfLoops", "csr_from_edges", "edge_pairs",
+        "hold_out_edges", "row_blocks")},
+    **{name: "embedtrain.graph.csr_external" for name in (
+        "ScratchDir", "csr_from_edge_chunks", "memory_budget")},
     **{name: "embedtrain.graph.store" for name in ("GraphData", "load_graph", "write_graph")},
     **{name: "embedtrain.graph.sampler" for name in ("NeighborSampler", "SampledBlocks")},
     **{name: "embedtrain.graph.link" for name in ("LinkBatch", "LinkSampler")},
     **{name: "embedtrain.graph.batch" for name in (
         "GraphBatch", "gather_rows", "link_batch", "node_batch", "node_features")},
     **{name: "embedtrain.graph.loader" for name in ("SeedBatches", "link_loader", "node_loader")},
-    "layerwise_inference": "embedtrain.graph.inference",
     "NegativeSampling": "embedtrain.graph.types",
 }
 __all__ = sorted(_EXPORTS)

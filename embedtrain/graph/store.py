@@ -266,7 +266,7 @@ def _check_shapes(n: int, indptr: np.ndarray, indices: np.ndarray, weights: Any,
 
 def _move_npy(array: Any, dtype: type, dest: Path) -> bool:
     """Moves a memory-mapped ``.npy`` file of ``dtype`` (a whole file, e.g. from
-    :func:`~embedtrain.graph.csr.csr_from_edge_chunks`) to ``dest`` instead of copying it: a
+    :func:`~embedtrain.graph.csr_external.csr_from_edge_chunks`) to ``dest`` instead of copying it: a
     CSR of 10^9 entries is not written twice. False where it cannot (another dtype, a map of
     part of a file, another file system)."""
     if not isinstance(array, np.memmap) or array.dtype != dtype or not array.filename:

@@ -11,7 +11,7 @@ node ids as a ``KeyedJaggedTensor`` of key :data:`NODE_FEATURE` (one id per node
 possibly padded with empty bags), and the nodes' features.
 
 Every node's output without sampling -- each layer over all nodes in chunks, with full
-neighbourhoods -- is :func:`embedtrain.graph.inference.layerwise_inference`; it runs the same
+neighbourhoods -- is :func:`embedtrain.models.layerwise.layerwise_inference`; it runs the same
 :meth:`GraphSAGE.layer` as :meth:`GraphSAGE.forward`.
 
 Example:
@@ -172,7 +172,7 @@ class GraphSAGE(nn.Module):
               edge_index: Optional[Tensor] = None) -> Tensor:
         """Layer ``i`` (``SAGEConv``, or the MLP kind's ``Linear`` on the targets alone), then,
         but after the last layer, ReLU and dropout (in training mode): what :meth:`forward`
-        runs per hop, and layer-wise inference (:mod:`embedtrain.graph.inference`) per chunk.
+        runs per hop, and layer-wise inference (:mod:`embedtrain.models.layerwise`) per chunk.
 
         Args:
             i: the layer, ``0 .. len(convs) - 1``.

@@ -14,7 +14,8 @@ from torch import nn
 
 from embedtrain.config import Interaction
 from embedtrain.models.dlrm import ctr_model, embedding_penalty
-from embedtrain.recipes.base import DenseExport, ExportParts, Oracle, oracle_of
+from embedtrain.recipes.base import Oracle, oracle_of
+from embedtrain.recipes.export_parts import DenseExport, ExportParts
 from embedtrain.recipes.tabular import TabularRecipe
 from embedtrain.train.ctr import CTRTask
 from embedtrain.train.optim import fuse_sparse_optimizer

@@ -7,7 +7,7 @@ graph loader (:mod:`embedtrain.graph.loader`), each batch's neighbourhood sample
 threads, seeded by ``(seed, epoch, rank, batch)`` so a resumed run sees the same subgraphs.
 
 An export holds the node table (if any) and every node's outputs, computed once at export by
-layer-wise full-graph inference (:mod:`embedtrain.graph.inference`: each SAGE layer over all
+layer-wise full-graph inference (:mod:`embedtrain.models.layerwise`: each SAGE layer over all
 nodes in chunks, with full neighbourhoods, no sampling): ``nodes/scores.npy`` (class logits) and
 ``nodes/embeddings.npy`` (the last layer's output) for node classification,
 ``nodes/embeddings.npy`` (the embeddings a link is scored by) for link prediction. There is no
@@ -25,11 +25,12 @@ from torch import nn
 
 from embedtrain.config import GNNModel, dynamic_tables
 from embedtrain.features import FeatureSpec, SparseFeature
-from embedtrain.graph.inference import layerwise_inference
+from embedtrain.models.layerwise import layerwise_inference
 from embedtrain.graph.loader import SeedBatches, link_loader, node_loader
 from embedtrain.graph.store import GraphData, load_graph
 from embedtrain.models.gnn import NODE_FEATURE, NODE_TABLE, GraphSAGE
-from embedtrain.recipes.base import DatasetInfo, ExportParts, NodeOutputsExport, Recipe
+from embedtrain.recipes.base import DatasetInfo, Recipe
+from embedtrain.recipes.export_parts import ExportParts, NodeOutputsExport
 from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.gnn import LinkPredictionTask, NodeClassificationTask
 

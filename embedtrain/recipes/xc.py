@@ -35,14 +35,8 @@ from embedtrain.config import (
 )
 from embedtrain.data.stats import class_counts
 from embedtrain.models.xc import HEAD_TABLE, SHARDED_HEADS, XCModel, build_head
-from embedtrain.recipes.base import (
-    DenseExport,
-    ExportParts,
-    HeadExport,
-    ModelParts,
-    Oracle,
-    oracle_of,
-)
+from embedtrain.recipes.base import ModelParts, Oracle, oracle_of
+from embedtrain.recipes.export_parts import DenseExport, ExportParts, HeadExport
 from embedtrain.recipes.tabular import TabularRecipe
 from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.optim import head_optimizer_class, sharded_head_optimizer

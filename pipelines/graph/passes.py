@@ -24,7 +24,7 @@ build, held-out edges and splits are one step where the job runs, on the merged 
    need more than ``graph.memory_gb`` (default a quarter of the RAM; 24 bytes an entry, 48 with
    weights) are built out of core instead, into the same files: each shard's remapped edges are
    streamed to a parquet file beside the output (Polars' streaming engine, never collected) and
-   read back a batch at a time into :func:`embedtrain.graph.csr.csr_from_edge_chunks`, whose
+   read back a batch at a time into :func:`embedtrain.graph.csr_external.csr_from_edge_chunks`, whose
    memory-mapped arrays are moved into the data set (``csr_build`` in the report says which
    build ran; ``peak_rss_gb`` is the job's peak resident memory). Holding out edges by
    timestamp needs the in-memory build (refused in one line otherwise);
@@ -65,15 +65,12 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from embedtrain.config_io import to_dict
-from embedtrain.graph.csr import (
+from embedtrain.graph.csr import Duplicates, csr_from_edges, edge_pairs, hold_out_edges
+from embedtrain.graph.csr_external import (
     ENTRY_BYTES,
     WEIGHTED_ENTRY_BYTES,
-    Duplicates,
     ScratchDir,
     csr_from_edge_chunks,
-    csr_from_edges,
-    edge_pairs,
-    hold_out_edges,
     memory_budget,
 )
 from embedtrain.graph.store import FeatureRangeError, cast_features, write_graph

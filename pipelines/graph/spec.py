@@ -66,7 +66,7 @@ class GraphShapeSpec:
     self_loops: SelfLoops = SelfLoops.DROP
     duplicates: Duplicates = Duplicates.DROP
     # GiB the CSR build may sort in memory; an edge list needing more is sorted out of core
-    # (embedtrain.graph.csr.csr_from_edge_chunks: the same CSR). None: a quarter of the RAM.
+    # (embedtrain.graph.csr_external.csr_from_edge_chunks: the same CSR). None: a quarter of the RAM.
     memory_gb: Optional[float] = None
 
 

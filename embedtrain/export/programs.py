@@ -1,0 +1,123 @@
+"""What a model holds, read without its family: its embedding tables (:func:`model_tables`)
+and its dense program (:func:`export_program`, :func:`aot_package`).
+
+:mod:`embedtrain.export.export` writes a run's export from these; :mod:`embedtrain.export.nodes`
+and the serving benchmark list tables with :func:`model_tables`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from embedtrain.export.manifest import ExportError
+from embedtrain.models.dynamic import EmbeddingBags
+
+PROGRAM_FILE, SCRIPT_FILE, AOT_FILE = "dense.pt2", "dense.ts", "dense.aoti.pt2"
+
+
+@dataclass
+class TableSpec:
+    """One embedding table of the model: its name, checkpoint key, features, shape, pooling."""
+
+    name: str
+    key: str
+    features: list[str]
+    rows: int
+    dim: int
+    pooling: str
+    remap: Optional[str] = None  # dynamic tables: the checkpoint key of the remapper
+
+
+def model_tables(model: nn.Module) -> list[TableSpec]:
+    """Every ``EmbeddingBagCollection`` table of ``model``, with its checkpoint key (and, for a
+    dynamic table, its remapper's), in the model's feature order."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.mc_modules import MCHManagedCollisionModule
+
+    modules = dict(model.named_modules())
+    out = []
+    for path, module in modules.items():
+        if not isinstance(module, EmbeddingBagCollection):
+            continue
+        # a ManagedCollisionEmbeddingBagCollection's tables: <owner>._embedding_module
+        owner = path[:-len("._embedding_module")] if path.endswith("._embedding_module") \
+            else None
+        for c in module.embedding_bag_configs():
+            remap = None
+            if owner is not None:
+                mcm = f"{owner}._managed_collision_collection._managed_collision_modules." \
+                      f"{c.name}"
+                if isinstance(modules.get(mcm), MCHManagedCollisionModule):
+                    remap = f"model.{mcm}"
+            out.append(TableSpec(c.name, f"model.{path}.embedding_bags.{c.name}.weight",
+                                  list(c.feature_names), c.num_embeddings, c.embedding_dim,
+                                  c.pooling.name.lower(), remap))
+    # EmbeddingBags holds static and dynamic tables in two collections, but pools (and the
+    # sparse arch stacks) them in its configs' order: list them in that order
+    for path, module in modules.items():
+        if isinstance(module, EmbeddingBags):
+            order = {c.name: i for i, c in enumerate(module.embedding_bag_configs())}
+            prefix = f"model.{path}."
+            places = [i for i, t in enumerate(out) if t.key.startswith(prefix)]
+            ordered = sorted((out[i] for i in places), key=lambda t: order[t.name])
+            for i, t in zip(places, ordered):
+                out[i] = t
+    return out
+
+
+def export_program(module: nn.Module, example: tuple, out: Path) -> tuple[str, str]:
+    """``module`` as a ``torch.export`` program with a dynamic batch dimension
+    (``torch.export.save``), or TorchScript (``torch.jit.trace``) where export fails; checked
+    against ``module`` on ``example``. Returns (file name, format)."""
+    with torch.no_grad():
+        expected = module(*example)
+        batch = torch.export.Dim("batch")
+        try:
+            program = torch.export.export(module, example,
+                                          dynamic_shapes=tuple({0: batch} for _ in example))
+            torch.export.save(program, out / PROGRAM_FILE)
+            file, kind, loaded = PROGRAM_FILE, "torch.export", program.module()
+        except Exception:  # noqa: BLE001 - an op torch.export cannot trace: TorchScript
+            traced = torch.jit.trace(module, example)
+            torch.jit.save(traced, str(out / SCRIPT_FILE))
+            file, kind, loaded = SCRIPT_FILE, "torchscript", traced
+        got = loaded(*example)
+    if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        raise ExportError(f"{out / file}: the exported program does not reproduce the model "
+                          f"(max difference {(got - expected).abs().max():.3g})")
+    return file, kind
+
+
+def aot_package(module: nn.Module, example: tuple, out: Path, progress: bool = False) -> str:
+    """Compiles the ``torch.export`` program written in ``out`` (:data:`PROGRAM_FILE`, its batch
+    dimension dynamic) with AOTInductor into :data:`AOT_FILE`, loads it back and checks it
+    against ``module`` on ``example`` and on its first row alone. Returns the file name."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    path = out / AOT_FILE
+    if progress:
+        print("compiling the dense program with AOTInductor (up to a minute)...",
+              file=sys.stderr, flush=True)
+    try:
+        aoti_compile_and_package(torch.export.load(out / PROGRAM_FILE), package_path=str(path))
+        package = aoti_load_package(str(path))
+    except Exception as e:  # noqa: BLE001 - no C++ compiler, an op without a kernel: one line
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ExportError(f"{path}: AOTInductor could not compile the dense program: "
+                          f"{why[:300]}") from None
+    with torch.no_grad():
+        for inputs in (example, tuple(x[:1] for x in example)):
+            expected, got = module(*inputs), package(*(x.contiguous() for x in inputs))
+            same = got.shape == expected.shape
+            if not (same and torch.allclose(got, expected, rtol=1e-5, atol=1e-6)):
+                diff = (got - expected).abs().max().item() if same else float("inf")
+                raise ExportError(f"{path}: the AOTInductor package does not reproduce the "
+                                  f"model on {len(inputs[0])} row(s) (max difference "
+                                  f"{diff:.3g})")
+    return AOT_FILE
