@@ -29,6 +29,9 @@ Usage:
     python benchmarks/bench_graph_scale.py --nodes 20000000 --edges 200000000 \\
         --json benchmarks/out/graph_scale_20m.json [--work /tmp/embedtrain_graph_scale]
 
+The JSON is rewritten after every step (``"complete": false`` until the last), so a run cut short
+keeps what it measured.
+
 JSON keys: ``nodes``, ``edges``, ``ingest_s``, ``ingest_peak_rss_gb``, ``train_seeds_per_s``,
 ``train_peak_rss_gb``, ``disk_gb`` (the generated data set, the parquet edges, and the ingested
 set), and per step its command, wall time and peak RSS.
@@ -79,7 +82,15 @@ def step(name: str, cmd: list[str], log_dir: Path, record: dict) -> dict:
            "min_available_gb": memory.get("min_available_gb")}
     record["steps"][name] = out
     print(f"  {name}: {wall:.1f} s, peak RSS {out['peak_rss_gb']:.2f} GiB", flush=True)
+    save(record)
     return out
+
+
+def save(record: dict) -> None:
+    """Writes ``record`` to its JSON file (``record["json"]``) now."""
+    path = Path(record["json"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def generate(args: argparse.Namespace, graph: Path, log_dir: Path, record: dict) -> None:
@@ -139,6 +150,7 @@ def edge_files(graph: Path, out: Path, record: dict) -> None:
     done.write_text("")
     record["steps"]["edge_files"] = {"files": part, "rows": rows,
                                      "wall_s": round(time.perf_counter() - t0, 1)}
+    save(record)
     print(f"  edge files: {part} files, {rows:,} rows, {time.perf_counter() - t0:.1f} s",
           flush=True)
 
@@ -172,7 +184,8 @@ def main() -> int:
     record: dict = {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(),
                     "nodes": args.nodes, "edges": args.edges, "feature_dim": args.feature_dim,
                     "feature_dtype": "float16", "memory_gb": args.memory_gb, "steps": {},
-                    "command": " ".join([Path(sys.executable).name, *sys.argv])}
+                    "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                    "json": args.json, "complete": False}
     print(f"graph scale: {args.nodes:,} nodes, {args.edges:,} edges, {args.feature_dim} float16 "
           f"features; work folder {work}", flush=True)
 
@@ -226,8 +239,8 @@ def infer(args: argparse.Namespace, run: Path, graph: Path, logs: Path, record: 
 
 
 def finish(args: argparse.Namespace, record: dict, report: dict) -> int:
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    record["complete"] = True
+    save(record)
     rows = [("nodes", f"{args.nodes:,}"), ("edges drawn", f"{args.edges:,}"),
             ("CSR entries", f"{record['csr_entries']:,}"),
             ("ingest", f"{record['ingest_s']} s, peak RSS {record['ingest_peak_rss_gb']} GiB "
