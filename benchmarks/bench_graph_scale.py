@@ -79,7 +79,8 @@ def step(name: str, cmd: list[str], log_dir: Path, record: dict) -> dict:
         raise SystemExit(f"{name} failed (exit {status}); the end of its log:\n{tail}")
     out = {"command": " ".join(cmd), "wall_s": round(wall, 1),
            "peak_rss_gb": memory["peak_tree_rss_gb"],
-           "min_available_gb": memory.get("min_available_gb")}
+           "peak_anon_gb": memory.get("peak_tree_anon_gb"),
+           "min_available_gb": memory.get("min_mem_available_gb")}
     record["steps"][name] = out
     print(f"  {name}: {wall:.1f} s, peak RSS {out['peak_rss_gb']:.2f} GiB", flush=True)
     save(record)

@@ -1,7 +1,8 @@
 """The resident memory of a process tree, sampled while a command runs (Linux ``/proc``).
 
-:class:`RSSSampler` polls every process under a root pid (``VmRSS``), keeps each one's peak and
-the torchrun rank in its environment, the machine's lowest ``MemAvailable``, and when paths
+:class:`RSSSampler` polls every process under a root pid (``VmRSS``; and the tree's ``RssAnon``,
+its own memory without the pages of files it memory-maps, which the kernel can drop), keeps each
+one's peak and the torchrun rank in its environment, the machine's lowest ``MemAvailable``, and when paths
 matching given patterns first appear (e.g. a run's checkpoint and summary files, to time the
 phases of a run that logs no times of its own). :func:`run_sampled` runs a command under it.
 
@@ -44,6 +45,7 @@ class RSSSampler:
         self.peak_at: dict[int, float] = {}  # pid -> seconds since start of its peak
         self.timeline: dict[int, list[tuple[float, float]]] = {}  # pid -> kept (s, GiB)
         self.peak_total_gb = 0.0
+        self.peak_anon_gb = 0.0  # RssAnon: the tree's own memory, without mapped file pages
         self.min_available_gb = float("inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -75,7 +77,7 @@ class RSSSampler:
         return tree
 
     def _sample(self) -> None:
-        total = 0.0
+        total = anon = 0.0
         for pid in self._tree():
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
@@ -85,6 +87,8 @@ class RSSSampler:
             rss = next((int(line.split()[1]) for line in status.splitlines()
                         if line.startswith("VmRSS:")), 0) / 2**20
             total += rss
+            anon += next((int(line.split()[1]) for line in status.splitlines()
+                          if line.startswith("RssAnon:")), 0) / 2**20
             now = round(time.perf_counter() - self._start, 2)
             if rss > self.peak.get(pid, (0.0, ""))[0]:
                 self.peak[pid] = (rss, cmd[:160])
@@ -96,6 +100,7 @@ class RSSSampler:
                 if not line or abs(rss - line[-1][1]) >= 50 / 1024:
                     line.append((now, round(rss, 3)))
         self.peak_total_gb = max(self.peak_total_gb, total)
+        self.peak_anon_gb = max(self.peak_anon_gb, anon)
         meminfo = Path("/proc/meminfo").read_text()
         available = next(int(line.split()[1]) for line in meminfo.splitlines()
                          if line.startswith("MemAvailable:")) / 2**20
@@ -121,6 +126,7 @@ class RSSSampler:
                     r not in ranks or self.peak[pid][0] > self.peak[ranks[r]][0]):
                 ranks[r] = pid
         return {"peak_tree_rss_gb": round(self.peak_total_gb, 3),
+                "peak_tree_anon_gb": round(self.peak_anon_gb, 3),
                 "min_mem_available_gb": round(self.min_available_gb, 3),
                 "sample_every_s": self.every, "first_seen_s": self.seen,
                 "peak_rss_gb_by_rank": [round(self.peak[ranks[r]][0], 3) for r in sorted(ranks)],

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import enum
 import math
@@ -302,6 +303,8 @@ def _convert(tp: Any, value: Any, source: str, key_path: str, text: bool = False
             return "true" if value else "false"
         if text and isinstance(value, (int, float)):
             return str(value)
+        if text and isinstance(value, datetime.date):  # YAML's unquoted dates, as written
+            return value.isoformat()
         if not isinstance(value, str):
             raise _type_error(source, key_path, "a string", value)
         return value

@@ -9,7 +9,9 @@ on the engine ``--engine`` names. One folder per family, each with the same role
 - :mod:`pipelines.xc` (``kind: xc``): multi-label text/ids (the Extreme Classification
   Repository format, parquet, CSV) to the data set ``task: xc`` trains on;
 - :mod:`pipelines.graph` (``kind: graph``): edge lists and a node table to a memory-mapped CSR
-  with node arrays and splits.
+  with node arrays and splits;
+- :mod:`pipelines.sequence` (``kind: sequence``): event logs (user, item, time) to one row per
+  user with the items in time order, split leave-last-out or by time (``task: seq``).
 
 Each holds ``spec.py`` (the typed YAML spec and its checks), ``read.py`` (its input layouts:
 their checks, the Polars scans), ``passes.py`` (the job: passes over shards of the input, see
@@ -53,7 +55,8 @@ from typing import Any, Optional, Sequence
 from pipelines.core.atomic import OutputError, Staging, atomic_output, foreign_entries
 
 # kind -> the family's package; each has spec.load_spec, passes.ingest and report.summary_lines
-FAMILIES = {"tabular": "pipelines.tabular", "xc": "pipelines.xc", "graph": "pipelines.graph"}
+FAMILIES = {"tabular": "pipelines.tabular", "xc": "pipelines.xc", "graph": "pipelines.graph",
+            "sequence": "pipelines.sequence"}
 
 
 def kind_of(spec_path: str | os.PathLike) -> str:

@@ -81,6 +81,19 @@ def write_graph(d: Path) -> tuple[list[str], list[str]]:
     return [str(d / "edges*.csv")], [str(d / "nodes.csv")]
 
 
+def write_events(d: Path) -> list[str]:
+    """Three event CSV files (string ids, ties in time across files, a null item, users under
+    ``min_length``); returns the inputs."""
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        m = 400
+        items = [f"i{int(k)}" for k in rng.zipf(1.6, m) % 50]
+        items[5] = ""
+        pl.DataFrame({"user": [f"u{int(u)}" for u in rng.integers(0, 40, m)], "item": items,
+                      "timestamp": rng.integers(0, 200, m)}).write_csv(d / f"events{i}.csv")
+    return [str(d / "events*.csv")]
+
+
 def _close(a, b, path: str = "") -> None:
     """``a == b``, floats to 1e-12 relative, with the path of the first difference."""
     if isinstance(a, dict) and isinstance(b, dict):

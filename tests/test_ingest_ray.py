@@ -246,12 +246,14 @@ split: {method: column, column: part, values: {train: [a, b], valid: [c]}}
                    progress=False, engine=open_engine(engine))
 
 
-@pytest.mark.parametrize("name", ["xc_repository", "xc_parquet", "graph_edges"])
+@pytest.mark.parametrize("name", ["xc_repository", "xc_parquet", "graph_edges",
+                                  "sequence_events"])
 def test_xc_and_graph_specs_on_ray(name, tmp_path):
     """Through :func:`pipelines.run_ingest`, as the CLI runs it: a Ray task per input file."""
     sys.path.insert(0, str(ROOT / "tests"))
     from ingest_outputs import (
-        SPECS, assert_same_outputs, write_graph, write_xc_parquet, write_xc_repository)
+        SPECS, assert_same_outputs, write_events, write_graph, write_xc_parquet,
+        write_xc_repository)
 
     from pipelines import run_ingest
 
@@ -260,6 +262,8 @@ def test_xc_and_graph_specs_on_ray(name, tmp_path):
         inputs, overrides = write_xc_repository(tmp_path)
     elif name == "xc_parquet":
         inputs = write_xc_parquet(tmp_path)
+    elif name == "sequence_events":
+        inputs = write_events(tmp_path)
     else:
         inputs, nodes = write_graph(tmp_path)
     runs = {engine: run_ingest(SPECS / f"{name}.yaml", inputs, tmp_path / engine,

@@ -1,17 +1,22 @@
-"""``embedtrain datagen``: synthetic CTR (parquet or raw TSV, optionally drifting), XC and graph
-data sets with their planted models (``embedtrain.datagen``, torch-free).
+"""``embedtrain datagen``: synthetic CTR (parquet or raw TSV, optionally drifting), XC, graph and
+sequential-recommendation data sets with their planted models (``embedtrain.datagen``,
+torch-free).
 
 Every kind is written into a temporary folder beside ``--out`` that replaces ``--out`` only when
 complete (:func:`pipelines.atomic_output`, as for ``embedtrain ingest``): a failed or killed run
 leaves ``--out`` as it was, and the next one removes a killed one's leftovers (one line). An
 earlier datagen output at ``--out`` is replaced; a folder holding anything else, a file, or a
 path under a file is refused in one line (exit status 2), as is a full disk (naming ``--out``).
+``datagen seq --events DIR`` writes the raw event log the same way: into ``--out`` itself when
+``DIR`` is ``--out``, else into a folder of its own (``events/`` plus a ``datagen.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import re
 from pathlib import Path
 from typing import Iterator, Optional
@@ -21,8 +26,9 @@ from embedtrain.cli.errors import UsageError
 # what datagen writes at the top of --out: name -> whether it is a folder (of data files)
 DATAGEN_ENTRIES = {"metadata.json": False, "metadata.json.tmp": False, "datagen.json": False,
                    "train": True, "valid": True, "test": True, "graph": True, "nodes": True,
-                   "splits": True}
+                   "splits": True, "events": True}
 TSV_PARTS = r"part-\d{5}\.tsv"
+CSV_EVENTS = re.compile(r"part-\d{5}\.csv(\.tmp)?")  # datagen seq --events-format csv
 
 
 def datagen_refusal(out: Path) -> Optional[str]:
@@ -31,6 +37,10 @@ def datagen_refusal(out: Path) -> Optional[str]:
     from pipelines import foreign_entries
 
     foreign = foreign_entries(out, DATAGEN_ENTRIES, files=[TSV_PARTS])
+    events = out / "events"
+    if "events/" in foreign and not events.is_symlink() and all(
+            f.is_file() and CSV_EVENTS.fullmatch(f.name) for f in events.iterdir()):
+        foreign.remove("events/")  # an event log written as CSV
     if foreign:
         return (f"not empty and not an earlier datagen output ({', '.join(foreign[:5])}); "
                 "choose another --out")
@@ -104,6 +114,24 @@ def register(sub) -> None:
                         "the bytes; the collate casts the sampled rows to float32)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
+    g = gen.add_parser("seq", help="sequential recommendation: users' item sequences from a "
+                                   "planted model (interest clusters, item successors), "
+                                   "leave-last-out splits, and the Bayes-optimal HR@10 / NDCG@10")
+    g.add_argument("--users", type=int, default=100_000, help="number of users (default 100,000)")
+    g.add_argument("--items", type=int, default=50_000,
+                   help="number of items N: ids 1..N, 0 is padding (default 50,000)")
+    g.add_argument("--clusters", type=int, default=50, help="interest clusters K (default 50)")
+    g.add_argument("--max-length", type=int, default=50,
+                   help="history length L kept in a row (train rows: L + 1 items; default 50)")
+    g.add_argument("--min-length", type=int, default=5, help="events per user, at least (>= 3)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--events", metavar="DIR",
+                   help="also write the raw event log (user, item, timestamp; all users in time "
+                        "order) as DIR/events/part-00000.<format>; DIR may be --out")
+    # Not argparse's choices: a bad value is then one line naming the option.
+    g.add_argument("--events-format", default="parquet", metavar="{parquet,csv}",
+                   help="the event log's format (default parquet)")
     p.set_defaults(func=_datagen)
 
 
@@ -125,6 +153,8 @@ def _generate(args: argparse.Namespace) -> int:
         return _datagen_xc(args)
     if args.kind == "graph":
         return _datagen_graph(args)
+    if args.kind == "seq":
+        return _datagen_seq(args)
     if args.drift:
         if args.structure != "criteo":
             raise UsageError("--structure: not with --drift (the drifting data set has its own "
@@ -234,4 +264,47 @@ def _datagen_graph(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} CSR entries"
           f"{stored}, homophily {g['homophily']:.3f}, feature-only Bayes accuracy {bayes:.3f} "
           f"(one-hop Bayes {g['one_hop_bayes_accuracy']['test']:.3f})")
+    return 0
+
+
+def _datagen_seq(args: argparse.Namespace) -> int:
+    from embedtrain.datagen import SeqDataSpec, generate_seq
+    from embedtrain.datagen.seq import EVENTS_FORMATS
+
+    if args.events_format not in EVENTS_FORMATS:
+        raise UsageError(f"--events-format: expected one of {', '.join(EVENTS_FORMATS)}, got "
+                         f"{args.events_format!r}")
+    spec = SeqDataSpec(users=args.users, items=args.items, clusters=args.clusters,
+                       max_length=args.max_length, min_length=args.min_length, seed=args.seed)
+    where = None
+    if args.events is not None:
+        out, events = (Path(os.path.realpath(p)) for p in (args.out, args.events))
+        if out != events and (out in events.parents or events in out.parents):
+            raise UsageError(f"--events: must be --out itself or a folder outside it, got "
+                             f"{args.events}")
+        where = "out" if out == events else "own"
+    try:
+        with contextlib.ExitStack() as stack:
+            out_dir = stack.enter_context(writing(args.out))
+            events_dir = None
+            if where == "out":
+                events_dir = out_dir
+            elif where == "own":
+                events_dir = stack.enter_context(writing(args.events, complete="datagen.json"))
+            meta = generate_seq(spec, out_dir, events_dir=events_dir,
+                                events_format=args.events_format)
+            if where == "own":  # what marks DIR as a complete datagen output
+                info = {"format": f"seq_events_{args.events_format}", "rows": meta["events"],
+                        "files": [f"events/part-00000.{args.events_format}"],
+                        "columns": ["user", "item", "timestamp"], "users": meta["num_users"],
+                        "num_items": meta["num_items"], "generator": meta["generator"]}
+                Path(events_dir, "datagen.json").write_text(json.dumps(info, indent=2) + "\n")
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    log = (f"; event log: {Path(args.events, 'events', f'part-00000.{args.events_format}')}"
+           if where else "")
+    print(f"wrote {args.out}: {spec.users:,} users, {spec.items:,} items, {meta['events']:,} "
+          f"events, rows: {rows}, oracle HR@10 on test {meta['oracle_hr@10']['test']:.4f}, "
+          f"NDCG@10 {meta['oracle_ndcg@10']['test']:.4f}{log}")
     return 0

@@ -16,9 +16,11 @@ import argparse
 def register(sub) -> None:
     """Adds the ``ingest`` command to the subparsers ``sub``."""
     p = sub.add_parser("ingest", help="raw logs (Criteo TSV, CSV, parquet), graph edge lists "
-                       "(kind: graph) or multi-label XC data (kind: xc) to a training data set")
-    p.add_argument("spec", help="ingestion spec, YAML (see configs/ingest/); kind: graph and "
-                   "kind: xc select the graph and extreme-classification jobs")
+                       "(kind: graph), multi-label XC data (kind: xc) or event logs (kind: "
+                       "sequence) to a training data set")
+    p.add_argument("spec", help="ingestion spec, YAML (see configs/ingest/); kind: graph, "
+                   "kind: xc and kind: sequence select the graph, extreme-classification and "
+                   "event-log jobs")
     p.add_argument("--input", dest="inputs", action="append", required=True, metavar="PATH_OR_GLOB",
                    help="input file, directory or quoted glob (repeatable)")
     p.add_argument("--out", required=True,

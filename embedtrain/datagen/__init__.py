@@ -10,7 +10,10 @@
 - :mod:`embedtrain.datagen.xc`: extreme classification with the Bayes-optimal P@k
   (:func:`generate_xc`);
 - :mod:`embedtrain.datagen.graph`: a degree-corrected block model graph with the Bayes
-  accuracies (:func:`generate_graph`).
+  accuracies (:func:`generate_graph`);
+- :mod:`embedtrain.datagen.seq`: sequential recommendation (users' item sequences, leave-last-out
+  splits, optionally the raw event log) with the Bayes-optimal HR@10 / NDCG@10
+  (:func:`generate_seq`).
 
 The functions write into the folder they are given. ``embedtrain datagen`` gives them a
 temporary folder beside ``--out`` that replaces ``--out`` only once complete
@@ -28,8 +31,10 @@ Example:
 from embedtrain.datagen.ctr import CTRDataSpec, generate_ctr
 from embedtrain.datagen.drift import DriftDataSpec, generate_ctr_drift
 from embedtrain.datagen.graph import GraphDataSpec, generate_graph
+from embedtrain.datagen.seq import SeqDataSpec, generate_seq
 from embedtrain.datagen.tsv import generate_ctr_tsv
 from embedtrain.datagen.xc import XCDataSpec, generate_xc
 
-__all__ = ["CTRDataSpec", "DriftDataSpec", "GraphDataSpec", "XCDataSpec", "generate_ctr",
-           "generate_ctr_drift", "generate_ctr_tsv", "generate_graph", "generate_xc"]
+__all__ = ["CTRDataSpec", "DriftDataSpec", "GraphDataSpec", "SeqDataSpec", "XCDataSpec",
+           "generate_ctr", "generate_ctr_drift", "generate_ctr_tsv", "generate_graph",
+           "generate_seq", "generate_xc"]

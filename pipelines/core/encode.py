@@ -20,9 +20,10 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import polars as pl
+import pyarrow as pa
 
 from pipelines.core.fields import DenseSpec, EmptyList, Encoding, SparseSpec, ValueType
 from pipelines.core.hashing import string_hash
@@ -137,3 +138,16 @@ def raw_hash_ids(h: pl.Expr) -> pl.Expr:
     masked = h & pl.lit(RAW_ID_LIMIT, pl.UInt64)
     return pl.when(masked == RAW_ID_LIMIT).then(pl.lit(RAW_ID_LIMIT - 1, pl.UInt64)).otherwise(
         masked).cast(pl.Int64)
+
+
+def time_seconds(name: str, text: bool, arrow_type: Any) -> pl.Expr:
+    """Column ``name`` as float seconds: numbers as they are (e.g. Unix s), dates and datetimes
+    (Arrow temporal types, or text that parses as one) as seconds since the epoch (UTC for naive
+    values); null where a text value is neither (the caller counts or refuses those)."""
+    col = pl.col(name)
+    if not text:
+        if pa.types.is_temporal(arrow_type):
+            return col.dt.epoch("ms").cast(pl.Float64) / 1000.0
+        return col.cast(pl.Float64)
+    as_date = col.str.to_datetime(strict=False).dt.epoch("ms").cast(pl.Float64) / 1000.0
+    return pl.coalesce(col.cast(pl.Float64, strict=False), as_date)

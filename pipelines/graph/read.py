@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from embedtrain.utils import first_line, natural_key
 from pipelines.core.errors import IngestError
 from pipelines.core.fields import InputFormat, ValueType
+from pipelines.core.encode import time_seconds
 from pipelines.core.inputs import csv_header, utf8_failure
 from pipelines.graph.spec import (
     EXTENSIONS, EdgeTableSpec, GraphIngestSpec, NodeTableSpec, SplitMethod)
@@ -178,7 +179,7 @@ def edge_frame(spec: GraphIngestSpec, files: Sequence[Path], offset: Optional[in
             checks.append((e.weight, pl.col(e.weight).is_not_null() & w.is_null(),
                            "cannot parse as a number"))
     if e.timestamp:
-        t = _time_expr(e.timestamp, text, schema[e.timestamp])
+        t = time_seconds(e.timestamp, text, schema[e.timestamp])
         exprs.append(t.alias("time"))
         checks.append((e.timestamp, pl.col(e.timestamp).is_not_null() & t.is_null(),
                        "cannot parse as a number or a date"))
@@ -199,16 +200,6 @@ def edge_frame(spec: GraphIngestSpec, files: Sequence[Path], offset: Optional[in
             pl.lit(TYPE_NOT_SELECTED))
         reasons.append(TYPE_NOT_SELECTED)
     return Edges(parsed.with_columns(reason.otherwise(pl.lit(None)).alias("reason")), reasons)
-
-
-def _time_expr(name: str, text: bool, arrow_type: Any) -> pl.Expr:
-    col = pl.col(name)
-    if not text:
-        if pa.types.is_temporal(arrow_type):
-            return col.dt.epoch("ms").cast(pl.Float64) / 1000.0
-        return col.cast(pl.Float64)
-    as_date = col.str.to_datetime(strict=False).dt.epoch("ms").cast(pl.Float64) / 1000.0
-    return pl.coalesce(col.cast(pl.Float64, strict=False), as_date)
 
 
 def read_node_table(spec: GraphIngestSpec, files: list[Path]) -> NodeTable:

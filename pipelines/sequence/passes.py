@@ -1,0 +1,265 @@
+"""The sequence ingestion job: an event log to one row per user (and target) with the items in
+time order.
+
+1. *Read* (a pass over the engine's shards, :func:`pipelines.sequence.read.events`): each file's
+   user, item and time parsed (a value that does not parse stops the job, naming the file, line
+   and column); rows with a null user, item or time are marked with their reason.
+2. *Group*: the kept events sorted by user, then time, then input position (file, row): ties in
+   time keep the input's order. Users with fewer than ``min_length`` events are dropped (their
+   events counted as ``short_history``).
+3. *Vocabulary*: item ids ``1..V`` by descending event count, ties by value (0 is padding and
+   unknown), over every kept event: the corpus a model ranks is every item of the log, as the
+   standard protocol does. Saved as ``vocab/item.parquet`` (``value, id, count``).
+4. *Rows* (numpy over the sorted events, vectorised). A user with events ``x_0..x_{n-1}`` and
+   ``L = max_length``:
+
+   - ``leave_last_out``: ``train`` = ``x[max(0, n-2-(L+1)) : n-2]`` (the newest ``L + 1`` items
+     before the valid item: a model reads ``items[:-1]`` and predicts ``items[1:]``; written
+     when it holds at least 2 items), ``valid`` = history ``x[max(0, n-2-L) : n-2]``, target
+     ``x[n-2]``; ``test`` = history ``x[max(0, n-1-L) : n-1]``, target ``x[n-1]``.
+   - ``time``: events before ``split.valid_time`` are the train period; ``train`` = the newest
+     ``L + 1`` of them (at least 2); every later event with an earlier event of its user is a
+     target, ``valid`` before ``split.test_time``, else ``test``, its history the newest ``L``
+     events before it (train-period and earlier valid events alike).
+
+   Rows are in ascending user order (``time``: then target time). Columns ``user`` (the id as
+   given), ``items`` (list<int64>) and, for valid and test, ``target`` (int64).
+
+Every event read is used (in some row) or dropped by reason: ``null_user``, ``null_item``,
+``null_time``, ``short_history`` (a user under ``min_length``) and ``truncated`` (older than
+every row's history window). Memory: the kept events in memory (about 40 bytes an event).
+
+Example:
+    >>> report = ingest(load_spec("configs/ingest/sequence_events.yaml"), ["events.csv"],
+    ...                 "/tmp/seq", progress=False)  # doctest: +SKIP
+    >>> report["rows_read"] == report["events_used"] + sum(report["events_dropped"].values())
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.core.encode import Vocabulary
+from pipelines.core.errors import IngestError
+from pipelines.core.inputs import ROW, resolve_inputs
+from pipelines.core.output import (
+    METADATA_FILE,
+    REPORT_FILE,
+    SPLITS,
+    VOCAB_DIR,
+    Phases,
+    clear_out_dir,
+)
+from pipelines.engines.base import Engine, Pass, Shard
+from pipelines.engines.local import LocalEngine
+from pipelines.sequence.read import FILE_INDEX, ROW_REASONS, check_inputs, events
+from pipelines.sequence.report import build_metadata, build_report
+from pipelines.sequence.spec import SequenceIngestSpec, SequenceSplit
+
+SHORT_HISTORY, TRUNCATED = "short_history", "truncated"
+REASONS = (*ROW_REASONS, SHORT_HISTORY, TRUNCATED)
+
+
+@dataclass(frozen=True)
+class _Job:
+    spec: SequenceIngestSpec
+    files: tuple[Path, ...]
+    schemas: tuple[dict, ...]
+
+
+@dataclass
+class Rows:
+    """One split's rows over the sorted events: the user (its index), the history window
+    ``[lo, hi)`` of the user's events and the target's event (-1: none, train)."""
+
+    user: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    target: np.ndarray
+
+
+def ingest(spec: SequenceIngestSpec, inputs: Sequence[str | os.PathLike],
+           out_dir: str | os.PathLike, progress: bool = True, engine: Optional[Engine] = None
+           ) -> dict:
+    """Runs a sequence ingestion job (see the module docstring).
+
+    Args:
+        spec: the validated spec (:func:`pipelines.sequence.spec.load_spec`).
+        inputs: event files, directories or globs (``--input``).
+        out_dir: output folder; an earlier ingest's output there is replaced, any other
+            non-empty folder is refused.
+        progress: a progress line per phase on stderr.
+        engine: where the read pass runs (default: the local engine); the output is the same on
+            every engine.
+
+    Returns:
+        The report written to ``ingest_report.json``.
+
+    Raises:
+        IngestError: bad input, one line naming the file (and its line and column).
+    """
+    engine = engine or LocalEngine()
+    started = time.perf_counter()
+    files = resolve_inputs([str(i) for i in inputs], spec)
+    schemas = tuple(check_inputs([f], spec) for f in files)
+    out = Path(out_dir)
+    clear_out_dir(out)
+    log = Phases(progress)
+    job = _Job(spec, tuple(files), schemas)
+
+    with log.phase("read") as rec:
+        frame = engine.run(Pass("read", _read, _concat), engine.shards(files), job)
+        rec["rows"] = frame.height
+    per_file = frame.group_by(FILE_INDEX).len()
+    file_rows = dict(zip(per_file[FILE_INDEX].to_list(), per_file["len"].to_list()))
+    dropped = {r: 0 for r in REASONS}
+    for reason, n in frame.group_by("reason").len().iter_rows():
+        if reason is not None:
+            dropped[reason] = n
+    kept = frame.filter(pl.col("reason").is_null()).drop("reason")
+
+    with log.phase("group", rows=kept.height):
+        lengths = kept.group_by("user").len()
+        short = lengths.filter(pl.col("len") < spec.min_length)
+        dropped[SHORT_HISTORY] = int(short["len"].sum()) if short.height else 0
+        kept = kept.join(short.select("user"), on="user", how="anti")
+        kept = kept.sort(["user", "time", FILE_INDEX, ROW])
+    if kept.height == 0:
+        raise IngestError(f"{files[0]}: no user has at least min_length ({spec.min_length}) "
+                          f"events with a user, item and time ({frame.height:,} rows read)")
+
+    with log.phase("vocabulary"):
+        table = kept.group_by("item").len(name="count").sort(
+            ["count", "item"], descending=[True, False])
+        table = table.select(pl.col("item").alias("value"),
+                             pl.int_range(1, table.height + 1, dtype=pl.Int64).alias("id"),
+                             "count")
+        items = kept.select(Vocabulary(table["value"]).encode(pl.col("item"))).to_series()
+        items = items.to_numpy().astype(np.int64)
+        users = kept.group_by("user", maintain_order=True).len()
+        counts = users["len"].to_numpy().astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        times = kept["time"].to_numpy()
+
+    with log.phase("rows") as rec:
+        splits = (leave_last_out_rows(counts, spec.max_length)
+                  if spec.split.method is SequenceSplit.LEAVE_LAST_OUT
+                  else time_rows(counts, starts, times, spec.max_length, *spec.split_times()))
+        earliest = counts.copy()
+        for rows in splits.values():
+            np.minimum.at(earliest, rows.user, rows.lo)
+        dropped[TRUNCATED] = int(earliest.sum())
+        used = int((counts - earliest).sum())
+        (out / VOCAB_DIR).mkdir(parents=True, exist_ok=True)
+        table.write_parquet(out / VOCAB_DIR / "item.parquet")
+        written = {s: write_split(out, s, splits[s], users["user"], starts, items, spec)
+                   for s in SPLITS}
+        rec["rows"] = sum(len(r.user) for r in splits.values())
+
+    read = frame.height
+    if read != used + sum(dropped.values()):  # the accounting rule, checked on every job
+        raise AssertionError(f"events: {read} read != {used} used + {dropped} dropped")
+    inputs_report = [{"file": str(f), "rows": int(file_rows.get(i, 0))}
+                     for i, f in enumerate(files)]
+    report = build_report(spec, engine.describe(), inputs_report, read, used, dropped,
+                          users=int(lengths.height), kept_users=int(users.height),
+                          num_items=table.height, splits=splits, written=written,
+                          phases=log.phases, seconds=time.perf_counter() - started)
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    meta = build_metadata(spec, report, files)
+    tmp = out / f"{METADATA_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, out / METADATA_FILE)
+    return report
+
+
+def _read(shard: Shard, job: _Job) -> pl.DataFrame:
+    parts = []
+    for path in shard.files:
+        index = job.files.index(path)
+        parts.append(events(path, index, job.spec, job.schemas[index]))
+    return _concat(parts)
+
+
+def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    if len(parts) == 1:
+        return parts[0]
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+def leave_last_out_rows(counts: np.ndarray, max_length: int) -> dict[str, Rows]:
+    """The rows of the leave-last-out protocol for users of ``counts`` events (each >= 3)."""
+    n, big = counts, max_length
+    user = np.arange(len(n), dtype=np.int64)
+    has_train = n - 2 >= 2
+    train = Rows(user[has_train], np.maximum(0, n - 2 - (big + 1))[has_train],
+                 (n - 2)[has_train], np.full(int(has_train.sum()), -1, np.int64))
+    valid = Rows(user, np.maximum(0, n - 2 - big), n - 2, n - 2)
+    test = Rows(user, np.maximum(0, n - 1 - big), n - 1, n - 1)
+    return {"train": train, "valid": valid, "test": test}
+
+
+def time_rows(counts: np.ndarray, starts: np.ndarray, times: np.ndarray, max_length: int,
+              valid_time: float, test_time: float) -> dict[str, Rows]:
+    """The rows of a split by time for users of ``counts`` events starting at ``starts`` of the
+    sorted events (``times`` ascending within a user)."""
+    user_of = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    position = np.arange(len(times), dtype=np.int64) - np.repeat(starts, counts)
+    period = np.where(times < valid_time, 0, np.where(times < test_time, 1, 2))
+    in_train = np.bincount(user_of, weights=(period == 0), minlength=len(counts)).astype(np.int64)
+    has_train = in_train >= 2
+    users = np.arange(len(counts), dtype=np.int64)
+    out = {"train": Rows(users[has_train], np.maximum(0, in_train - (max_length + 1))[has_train],
+                         in_train[has_train], np.full(int(has_train.sum()), -1, np.int64))}
+    for split, p in (("valid", 1), ("test", 2)):
+        target = (period == p) & (position >= 1)
+        pos = position[target]
+        out[split] = Rows(user_of[target], np.maximum(0, pos - max_length), pos, pos)
+    return out
+
+
+def write_split(out: Path, split: str, rows: Rows, users: pl.Series, starts: np.ndarray,
+                items: np.ndarray, spec: SequenceIngestSpec) -> list[tuple[str, int]]:
+    """``<split>/part-NNNNN.parquet`` files of at most ``output.rows_per_file`` rows; returns
+    (file relative to ``out``, rows). A split without rows writes no file."""
+    (out / split).mkdir(parents=True, exist_ok=True)
+    written = []
+    per_file = spec.output.rows_per_file
+    user_values = users.to_arrow()
+    for part, a in enumerate(range(0, len(rows.user), per_file)):
+        b = min(a + per_file, len(rows.user))
+        u, lo, hi = rows.user[a:b], rows.lo[a:b], rows.hi[a:b]
+        lengths = hi - lo
+        offsets = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        take = np.repeat(starts[u] + lo - offsets[:-1], lengths) + np.arange(offsets[-1])
+        columns: dict[str, Any] = {
+            "user": user_values.take(pa.array(u)),
+            "items": _list_array(offsets, items[take]),
+        }
+        if split != "train":
+            columns["target"] = pa.array(items[starts[u] + rows.target[a:b]])
+        rel = f"{split}/part-{part:05d}.parquet"
+        pq.write_table(pa.table(columns), out / rel,
+                       row_group_size=spec.output.rows_per_row_group,
+                       compression=spec.output.compression)
+        written.append((rel, b - a))
+    return written
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    """list<int64> (int32 offsets; large_list past 2^31 values in one file)."""
+    if offsets[-1] < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))

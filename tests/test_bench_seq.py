@@ -1,0 +1,50 @@
+"""The baselines of ``benchmarks/bench_seq.py`` (popularity, item-to-item co-occurrence) against
+a brute-force ranking of every item."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_seq import figures, ranks_by_cooccurrence, ranks_by_popularity  # noqa: E402
+
+
+def _rank(scores: np.ndarray, target: int) -> int:
+    """1-based rank of ``target`` among items 1..V: higher score first, then lower id."""
+    order = sorted(range(1, len(scores)), key=lambda j: (-scores[j], j))
+    return order.index(target) + 1
+
+
+def test_baseline_ranks_equal_brute_force():
+    rng = np.random.default_rng(0)
+    v = 40
+    lengths = rng.integers(1, 12, 300)
+    t_items = np.minimum(rng.zipf(1.4, lengths.sum()), v).astype(np.int64)
+    t_off = np.concatenate([[0], np.cumsum(lengths)])
+    pop = np.bincount(t_items, minlength=v + 1).astype(np.int64)
+    pop[0] = 0
+    e_len = rng.integers(1, 6, 200)
+    e_items = np.minimum(rng.zipf(1.4, e_len.sum()), v).astype(np.int64)
+    e_off = np.concatenate([[0], np.cumsum(e_len)])
+    targets = rng.integers(1, v + 1, 200)
+    pairs = np.zeros((v + 1, v + 1), np.int64)
+    for r in range(len(lengths)):
+        seq = t_items[t_off[r]:t_off[r + 1]]
+        for a, b in zip(seq[:-1], seq[1:]):
+            pairs[a, b] += 1
+    got_pop = ranks_by_popularity(pop, targets)
+    got_co = ranks_by_cooccurrence((t_off, t_items, None), pop, e_off, e_items, targets)
+    pop_rank = np.array([0] + [_rank(pop.astype(float), j) for j in range(1, v + 1)])
+    for r, t in enumerate(targets):
+        assert got_pop[r] == _rank(pop.astype(float), t)
+        last = e_items[e_off[r + 1] - 1]
+        # co-occurrence count first, then popularity (rank), then id
+        score = pairs[last] * 1e6 - pop_rank
+        score[0] = -np.inf
+        assert got_co[r] == _rank(score, t), r
+    f = figures(np.array([1, 3, 11]), k=10)
+    assert f["hr@10"] == 2 / 3 and np.isclose(f["mrr"], (1 + 1 / 3 + 1 / 11) / 3)
+    assert np.isclose(f["ndcg@10"], (1 + 1 / np.log2(4)) / 3)
