@@ -5,10 +5,11 @@ evaluated split (``target`` after ``items``):
 
 - ``oracle``: the planted model's Bayes ranking, from ``metadata.json`` (``embedtrain datagen
   seq`` data sets only);
-- ``popularity``: items by their count in the train split (ties: lower id first);
+- ``popularity``: items by their count in the train split (each row's history and target; ties:
+  lower id first);
 - ``cooccurrence``: items by how often they followed the row's last item in the train split
-  (consecutive pairs of each train row), ties and unseen items by popularity: the item-to-item
-  baseline a sequence model has to beat.
+  (consecutive pairs of each train row's history then target), ties and unseen items by
+  popularity: the item-to-item baseline a sequence model has to beat.
 
 A model's figures join these once the ``seq`` task trains one (issue 33); until then
 ``model`` is null. HR@k = the target is in the top k; NDCG@k = ``1 / log2(rank + 1)`` when it
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 
 
 def read_split(root: Path, meta: dict, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(offsets, items, targets)`` of a split's rows (targets empty for train)."""
+    """``(offsets, items, targets)`` of a split's rows."""
     offsets, values, targets, base = [np.zeros(1, np.int64)], [], [], 0
     for rel in meta["splits"][split]["files"]:
         table = pq.read_table(root / rel)
@@ -41,10 +42,23 @@ def read_split(root: Path, meta: dict, split: str) -> tuple[np.ndarray, np.ndarr
         offsets.append(off[1:] - off[0] + base)
         values.append(flat)
         base += len(flat)
-        if meta["target_column"] in table.column_names:
-            targets.append(table.column(meta["target_column"]).to_numpy().astype(np.int64))
+        targets.append(table.column(meta["target_column"]).to_numpy().astype(np.int64))
     cat = (lambda parts, dtype: np.concatenate(parts) if parts else np.zeros(0, dtype))
     return np.concatenate(offsets), cat(values, np.int64), cat(targets, np.int64)
+
+
+def with_targets(offsets: np.ndarray, items: np.ndarray, targets: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's history followed by its target, as ``(offsets, items)``."""
+    lengths = np.diff(offsets) + 1
+    new = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=new[1:])
+    out = np.empty(new[-1], np.int64)
+    out[new[1:] - 1] = targets
+    keep = np.ones(new[-1], bool)
+    keep[new[1:] - 1] = False
+    out[keep] = items
+    return new, out
 
 
 def ranks_by_popularity(pop: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -104,7 +118,7 @@ def main() -> int:
     if meta.get("task") != "seq":
         raise SystemExit(f"{root}/metadata.json: task {meta.get('task')!r}, not a seq data set")
     start = time.perf_counter()
-    train = read_split(root, meta, "train")
+    train = (*with_targets(*read_split(root, meta, "train")), None)
     offsets, items, targets = read_split(root, meta, args.split)
     pop = np.bincount(train[1], minlength=meta["num_items"]).astype(np.int64)
     pop[0] = 0

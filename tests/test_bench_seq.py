@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_seq import figures, ranks_by_cooccurrence, ranks_by_popularity  # noqa: E402
+from bench_seq import (  # noqa: E402
+    figures, ranks_by_cooccurrence, ranks_by_popularity, with_targets)
 
 
 def _rank(scores: np.ndarray, target: int) -> int:
@@ -48,3 +49,9 @@ def test_baseline_ranks_equal_brute_force():
     f = figures(np.array([1, 3, 11]), k=10)
     assert f["hr@10"] == 2 / 3 and np.isclose(f["mrr"], (1 + 1 / 3 + 1 / 11) / 3)
     assert np.isclose(f["ndcg@10"], (1 + 1 / np.log2(4)) / 3)
+
+
+def test_with_targets_appends_each_rows_target():
+    offsets, items = with_targets(np.array([0, 2, 2, 5]), np.array([1, 2, 3, 4, 5]),
+                                  np.array([7, 8, 9]))
+    assert offsets.tolist() == [0, 3, 4, 8] and items.tolist() == [1, 2, 7, 8, 3, 4, 5, 9]

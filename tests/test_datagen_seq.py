@@ -76,28 +76,25 @@ def test_leave_last_out_layout(dataset):
     L = SPEC.max_length
     tables = {s: _read(out, meta, s) for s in SPLITS}
     for s, t in tables.items():
-        want = ["user", "items"] + ([] if s == "train" else ["target"])
+        want = ["user", "items", "target"]
         assert t.column_names == want and t.schema.field("items").type == pa.list_(pa.int64())
         assert all(t.schema.field(c).type == pa.int64() for c in want if c != "items")
         users = t["user"].to_numpy()
         assert (np.diff(users) > 0).all()                        # ascending user ids
         flat = t["items"].combine_chunks().flatten().to_numpy()
         assert flat.min() >= 1 and flat.max() <= SPEC.items     # never the padding id 0
-    for s, end in (("valid", 2), ("test", 1)):
+    for s, end in (("train", 3), ("valid", 2), ("test", 1)):
         t = tables[s]
         for u, items, target in zip(t["user"].to_pylist(), _lists(t["items"]),
                                     t["target"].to_pylist()):
             x = seqs[u]
             assert items == x[max(0, len(x) - end - L): len(x) - end] and target == x[-end]
     train = tables["train"]
-    assert train["user"].to_pylist() == [u for u, x in seqs.items() if len(x) - 2 >= 2]
+    assert train["user"].to_pylist() == [u for u, x in seqs.items() if len(x) - 3 >= 1]
     assert len(train) < SPEC.users                               # users with n = 3: no row
-    for u, items in zip(train["user"].to_pylist(), _lists(train["items"])):
-        x = seqs[u]
-        assert items == x[max(0, len(x) - 2 - (L + 1)): len(x) - 2]
     lengths = {s: np.array([len(i) for i in _lists(tables[s]["items"])]) for s in SPLITS}
-    assert lengths["train"].max() == L + 1 and lengths["valid"].max() == L   # truncated
-    assert lengths["train"].min() == 2 and lengths["valid"].min() == 1
+    assert lengths["train"].max() == L and lengths["valid"].max() == L   # truncated
+    assert lengths["train"].min() == 1 and lengths["valid"].min() == 1
     n = np.array([len(x) for x in seqs.values()])
     assert n.min() == SPEC.min_length and n.max() <= SPEC.max_events
     assert abs(n.mean() - SPEC.min_length - SPEC.mean_extra_events) < 0.6

@@ -61,23 +61,22 @@ def _reference(rows: list[tuple], max_length: int, min_length: int, method: str 
         times = [t for t, _, _ in kept[u]]
         n, covered = len(x), set()
 
-        def add(split, lo, hi, target):
-            out[split].append((u, x[lo:hi], target))
-            covered.update(range(lo, hi if target is None else hi + 1))
+        def add(split, lo, hi):
+            out[split].append((u, x[lo:hi], x[hi]))
+            covered.update(range(lo, hi + 1))
 
         if method == "lloo":
-            if n - 2 >= 2:
-                add("train", max(0, n - 3 - max_length), n - 2, None)
-            add("valid", max(0, n - 2 - max_length), n - 2, x[n - 2])
-            add("test", max(0, n - 1 - max_length), n - 1, x[n - 1])
+            if n >= 4:
+                add("train", max(0, n - 3 - max_length), n - 3)
+            add("valid", max(0, n - 2 - max_length), n - 2)
+            add("test", max(0, n - 1 - max_length), n - 1)
         else:
             m = sum(t < valid_time for t in times)
             if m >= 2:
-                add("train", max(0, m - 1 - max_length), m, None)
+                add("train", max(0, m - 1 - max_length), m - 1)
             for k in range(1, n):
                 if times[k] >= valid_time:
-                    add("valid" if times[k] < test_time else "test", max(0, k - max_length), k,
-                        x[k])
+                    add("valid" if times[k] < test_time else "test", max(0, k - max_length), k)
         dropped["truncated"] += n - len(covered)
     return out, dropped, vocab
 
@@ -90,7 +89,7 @@ def _read(out: Path, split: str) -> list[tuple]:
     rows = []
     for frame in frames:
         for r in frame.iter_rows(named=True):
-            rows.append((r["user"], list(r["items"]), r.get("target")))
+            rows.append((r["user"], list(r["items"]), r["target"]))
     return rows
 
 
@@ -157,7 +156,7 @@ def test_dates_as_times_and_a_time_cut_off_as_a_date(tmp_path):
                            "test_time: 2024-02-15}\n")
     run_ingest(spec, [str(tmp_path / "e.csv")], tmp_path / "out", progress=False)
     # y is the most frequent item (id 1); x, z by value (2, 3)
-    assert _read(tmp_path / "out", "train") == [("a", [2, 1], None)]
+    assert _read(tmp_path / "out", "train") == [("a", [2], 1)]
     assert _read(tmp_path / "out", "valid") == [("a", [2, 1], 3)]
     assert _read(tmp_path / "out", "test") == [("a", [2, 1, 3], 1)]
 
@@ -221,6 +220,6 @@ def test_ingesting_datagens_event_log_gives_datagens_data_set(tmp_path):
     table = pl.read_parquet(tmp_path / "ing" / "vocab" / "item.parquet")
     raw = dict(zip(table["id"].to_list(), table["value"].to_list()))
     for split in SPLITS:
-        got = [(u, [raw[i] for i in h], None if t is None else raw[t])
+        got = [(u, [raw[i] for i in h], raw[t])
                for u, h, t in _read(tmp_path / "ing", split)]
         assert got == _read(tmp_path / "gen", split), split

@@ -5,9 +5,9 @@ protocol (the layout ``embedtrain ingest`` also writes from a raw event log). It
 ``1..N`` (0 is the padding id, in no sequence). For a user with events ``x_0..x_{n-1}`` (``n >=
 min_length >= 3``) and ``L = max_length``:
 
-- ``train``: ``user`` (int64), ``items`` (list<int64>) ``= x[max(0, n-2-(L+1)) : n-2]``, the
-  newest ``L + 1`` items before the valid target (a model reads ``items[:-1]`` and predicts
-  ``items[1:]``); only users with ``n - 2 >= 2``;
+- ``train``: ``user`` (int64), ``items`` (list<int64>) ``= x[max(0, n-3-L) : n-3]``, ``target``
+  (int64) ``= x[n-3]``: the newest ``L + 1`` items before the valid target (a model predicts
+  each next item: ``items[1:]`` and then ``target``); only users with ``n - 3 >= 1``;
 - ``valid``: ``user``, ``items = x[max(0, n-2-L) : n-2]`` (the history), ``target = x[n-2]``;
 - ``test``: ``user``, ``items = x[max(0, n-1-L) : n-1]``, ``target = x[n-1]``.
 
@@ -83,11 +83,8 @@ _EVENT_T0 = 1_600_000_000          # 2020-09-13: the first users' first events
 _EVENT_SPAN_S = 180 * 86_400       # users start uniformly over 180 days
 _EVENT_GAP_S = 6 * 3_600           # mean seconds between a user's events (1 + exponential)
 _EVENTS_RE = re.compile(r"part-\d{5}\.(parquet|csv)(\.tmp)?")
-_SCHEMAS = {
-    "train": pa.schema([pa.field("user", pa.int64()), pa.field("items", pa.list_(pa.int64()))]),
-    **{s: pa.schema([pa.field("user", pa.int64()), pa.field("items", pa.list_(pa.int64())),
-                     pa.field("target", pa.int64())]) for s in ("valid", "test")},
-}
+_SCHEMA = pa.schema([pa.field("user", pa.int64()), pa.field("items", pa.list_(pa.int64())),
+                     pa.field("target", pa.int64())])
 
 
 def iter_chunks(spec: SeqDataSpec, model: SeqPlantedModel) -> Iterator[SeqChunk]:
@@ -111,15 +108,14 @@ def split_tables(ch: SeqChunk, max_length: int) -> dict[str, pa.Table]:
     L, first = max_length, ch.offsets[:-1]
     n = np.diff(ch.offsets)
     users = np.arange(ch.first_user, ch.first_user + len(n), dtype=np.int64)
-    keep = n - 2 >= 2
-    m, f = n[keep], first[keep]
-    out = {"train": pa.Table.from_arrays(
-        [pa.array(users[keep]), _slices(ch.items, f + np.maximum(0, m - 2 - (L + 1)), f + m - 2)],
-        schema=_SCHEMAS["train"])}
-    for split, end in (("valid", n - 2), ("test", n - 1)):
-        items = _slices(ch.items, first + np.maximum(0, end - L), first + end)
-        out[split] = pa.Table.from_arrays([pa.array(users), items, pa.array(ch.items[first + end])],
-                                          schema=_SCHEMAS[split])
+    keep = n - 3 >= 1
+    out = {}
+    for split, rows, end in (("train", keep, n - 3), ("valid", slice(None), n - 2),
+                             ("test", slice(None), n - 1)):
+        f, e = first[rows], end[rows]
+        items = _slices(ch.items, f + np.maximum(0, e - L), f + e)
+        out[split] = pa.Table.from_arrays([pa.array(users[rows]), items,
+                                           pa.array(ch.items[f + e])], schema=_SCHEMA)
     return out
 
 
@@ -222,7 +218,7 @@ def generate_seq(spec: SeqDataSpec, out_dir: str | os.PathLike, progress: bool =
     out = prepare_out_dir(out_dir)
     folder = _events_folder(events_dir) if events_dir is not None else None
     model = SeqPlantedModel(spec)
-    writers = {s: SplitWriter(out, s, spec, _SCHEMAS[s]) for s in SPLITS}
+    writers = {s: SplitWriter(out, s, spec, _SCHEMA) for s in SPLITS}
     sums = {s: np.zeros(3) for s in ("valid", "test")}
     parts: list[pa.Table] = []
     events = 0

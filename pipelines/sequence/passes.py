@@ -13,17 +13,18 @@ time order.
 4. *Rows* (numpy over the sorted events, vectorised). A user with events ``x_0..x_{n-1}`` and
    ``L = max_length``:
 
-   - ``leave_last_out``: ``train`` = ``x[max(0, n-2-(L+1)) : n-2]`` (the newest ``L + 1`` items
-     before the valid item: a model reads ``items[:-1]`` and predicts ``items[1:]``; written
-     when it holds at least 2 items), ``valid`` = history ``x[max(0, n-2-L) : n-2]``, target
-     ``x[n-2]``; ``test`` = history ``x[max(0, n-1-L) : n-1]``, target ``x[n-1]``.
-   - ``time``: events before ``split.valid_time`` are the train period; ``train`` = the newest
-     ``L + 1`` of them (at least 2); every later event with an earlier event of its user is a
-     target, ``valid`` before ``split.test_time``, else ``test``, its history the newest ``L``
-     events before it (train-period and earlier valid events alike).
+   - ``leave_last_out``: ``train`` = history ``x[max(0, n-3-L) : n-3]``, target ``x[n-3]`` (the
+     newest ``L + 1`` items before the valid item: a model predicts each next one, ``items[1:]``
+     and then ``target``; users with ``n >= 4``), ``valid`` = history ``x[max(0, n-2-L) : n-2]``,
+     target ``x[n-2]``; ``test`` = history ``x[max(0, n-1-L) : n-1]``, target ``x[n-1]``.
+   - ``time``: events before ``split.valid_time`` are the train period; ``train`` = its last
+     event as the target of the newest ``L`` before it (at least one); every later event with an
+     earlier event of its user is a target, ``valid`` before ``split.test_time``, else ``test``,
+     its history the newest ``L`` events before it (train-period and earlier valid events alike).
 
    Rows are in ascending user order (``time``: then target time). Columns ``user`` (the id as
-   given), ``items`` (list<int64>) and, for valid and test, ``target`` (int64).
+   given), ``items`` (list<int64>, the history, oldest first) and ``target`` (int64): every split
+   alike.
 
 Every event read is used (in some row) or dropped by reason: ``null_user``, ``null_item``,
 ``null_time``, ``short_history`` (a user under ``min_length``) and ``truncated`` (older than
@@ -81,7 +82,7 @@ class _Job:
 @dataclass
 class Rows:
     """One split's rows over the sorted events: the user (its index), the history window
-    ``[lo, hi)`` of the user's events and the target's event (-1: none, train)."""
+    ``[lo, hi)`` of the user's events and the target's event (``hi``: the next one)."""
 
     user: np.ndarray
     lo: np.ndarray
@@ -202,12 +203,11 @@ def leave_last_out_rows(counts: np.ndarray, max_length: int) -> dict[str, Rows]:
     """The rows of the leave-last-out protocol for users of ``counts`` events (each >= 3)."""
     n, big = counts, max_length
     user = np.arange(len(n), dtype=np.int64)
-    has_train = n - 2 >= 2
-    train = Rows(user[has_train], np.maximum(0, n - 2 - (big + 1))[has_train],
-                 (n - 2)[has_train], np.full(int(has_train.sum()), -1, np.int64))
-    valid = Rows(user, np.maximum(0, n - 2 - big), n - 2, n - 2)
-    test = Rows(user, np.maximum(0, n - 1 - big), n - 1, n - 1)
-    return {"train": train, "valid": valid, "test": test}
+    out = {}
+    for split, end in (("train", n - 3), ("valid", n - 2), ("test", n - 1)):
+        rows = end >= 1  # a history of at least one item (train: users of 4 events or more)
+        out[split] = Rows(user[rows], np.maximum(0, end - big)[rows], end[rows], end[rows])
+    return out
 
 
 def time_rows(counts: np.ndarray, starts: np.ndarray, times: np.ndarray, max_length: int,
@@ -220,8 +220,8 @@ def time_rows(counts: np.ndarray, starts: np.ndarray, times: np.ndarray, max_len
     in_train = np.bincount(user_of, weights=(period == 0), minlength=len(counts)).astype(np.int64)
     has_train = in_train >= 2
     users = np.arange(len(counts), dtype=np.int64)
-    out = {"train": Rows(users[has_train], np.maximum(0, in_train - (max_length + 1))[has_train],
-                         in_train[has_train], np.full(int(has_train.sum()), -1, np.int64))}
+    last = in_train[has_train] - 1  # the train period's last event: the train row's target
+    out = {"train": Rows(users[has_train], np.maximum(0, last - max_length), last, last)}
     for split, p in (("valid", 1), ("test", 2)):
         target = (period == p) & (position >= 1)
         pos = position[target]
@@ -247,9 +247,8 @@ def write_split(out: Path, split: str, rows: Rows, users: pl.Series, starts: np.
         columns: dict[str, Any] = {
             "user": user_values.take(pa.array(u)),
             "items": _list_array(offsets, items[take]),
+            "target": pa.array(items[starts[u] + rows.target[a:b]]),
         }
-        if split != "train":
-            columns["target"] = pa.array(items[starts[u] + rows.target[a:b]])
         rel = f"{split}/part-{part:05d}.parquet"
         pq.write_table(pa.table(columns), out / rel,
                        row_group_size=spec.output.rows_per_row_group,
