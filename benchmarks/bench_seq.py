@@ -11,12 +11,14 @@ evaluated split (``target`` after ``items``):
   (consecutive pairs of each train row's history then target), ties and unseen items by
   popularity: the item-to-item baseline a sequence model has to beat.
 
-A model's figures join these once the ``seq`` task trains one (issue 33); until then
-``model`` is null. HR@k = the target is in the top k; NDCG@k = ``1 / log2(rank + 1)`` when it
+- ``model``: a ``task: seq`` run on the same data set (``--run``: its ``summary.json``, the
+  test split's HR@10 and NDCG@10 over every item; its ``train_examples_per_s``); null without
+  one. The model's MRR is not measured (its top-k only goes to ``xc.top_k``). HR@k = the target is in the top k; NDCG@k = ``1 / log2(rank + 1)`` when it
 is; MRR = the mean of ``1 / rank`` over the full ranking.
 
 Usage:
-    python benchmarks/bench_seq.py --data data/seq --json benchmarks/out/seq.json [--split test]
+    embedtrain train configs/seq_synthetic.yaml --set data.path=data/seq --out runs/seq
+    python benchmarks/bench_seq.py --data data/seq --run runs/seq --json benchmarks/out/seq.json
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="a task: seq data set (datagen seq or ingest)")
     p.add_argument("--split", default="test", choices=["valid", "test"])
+    p.add_argument("--run", help="a task: seq run on --data (its summary.json's test metrics)")
     p.add_argument("--json", required=True)
     args = p.parse_args()
     root = Path(args.data)
@@ -130,14 +133,22 @@ def main() -> int:
               "num_items": meta["num_items"], "command": " ".join([Path(sys.executable).name,
                                                                   *sys.argv]),
               "seconds": round(time.perf_counter() - start, 2)}
+    model = {}
+    if args.run:
+        summary = json.loads((Path(args.run) / "summary.json").read_text())
+        if args.split != "test":
+            raise SystemExit("--run: the run's summary holds the test split's metrics")
+        model = {m: summary.get(m) for m in ("hr@10", "ndcg@10")}
+        record["examples_per_s"] = summary.get("train_examples_per_s")
+        record["run"] = args.run
     for metric in ("hr@10", "ndcg@10", "mrr"):
-        record[metric] = {"model": None, "oracle": oracle.get(metric),
+        record[metric] = {"model": model.get(metric), "oracle": oracle.get(metric),
                           **{name: round(r[metric], 4) for name, r in results.items()}}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     print(f"{'':>14}  {'hr@10':>7}  {'ndcg@10':>7}  {'mrr':>7}   ({len(targets):,} {args.split} "
           f"rows, {meta['num_items'] - 1:,} items)")
-    for name in ("oracle", "popularity", "cooccurrence"):
+    for name in ("model", "oracle", "popularity", "cooccurrence"):
         row = [record[m][name] for m in ("hr@10", "ndcg@10", "mrr")]
         print(f"{name:>14}  " + "  ".join("      -" if v is None else f"{v:7.4f}" for v in row))
     print(f"wrote {args.json}")

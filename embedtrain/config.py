@@ -48,6 +48,7 @@ from embedtrain.models.options import (
     NegativeIndex,
     Pooling,
     Rounding,
+    SeqModel,
     TableKind,
 )
 from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKind: cluster files)
@@ -75,7 +76,7 @@ __all__ = [
     "GNNConfig", "GNNModel",
     "HeadConfig", "HeadDtype", "HeadKind", "HeadLoss", "HeadOptimizer", "Interaction", "LRDecay", "Margin",
     "ModelConfig", "NegativeIndex", "NegativeSampling", "OptimConfig", "PipelineKind", "Pooling",
-    "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Rounding", "Selection",
+    "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Rounding", "Selection", "SeqConfig", "SeqModel",
     "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TableKind",
     "TableSpec", "TaskKind",
     "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
@@ -88,6 +89,7 @@ class TaskKind(enum.Enum):
     XC = "xc"  # extreme classification: encoder + class head (section ``xc``)
     GNN_NODE = "gnn_node"  # node classification with GraphSAGE on sampled neighbourhoods (``gnn``)
     GNN_LINK = "gnn_link"  # link prediction with GraphSAGE on sampled neighbourhoods (``gnn``)
+    SEQ = "seq"  # next item from a user's history: sequence encoder (``seq``) + ``xc.head``
 
 
 @dataclass
@@ -179,6 +181,18 @@ class XCConfig:
     # PSP@k's propensity model (Jain et al. 2016): A and B (the XC repository's defaults)
     propensity_a: float = config_field(0.55, check=POSITIVE)
     propensity_b: float = config_field(1.5, check=NON_NEGATIVE)
+
+
+@dataclass
+class SeqConfig:
+    """Sequential recommendation: item table -> causal encoder over the history -> the ``xc``
+    section's class head over every item (``xc.head``, ``xc.top_k``: HR@k, NDCG@k)."""
+
+    model: SeqModel = SeqModel.SASREC
+    dim: int = config_field(64, check=POSITIVE)       # item table and encoder width
+    layers: int = config_field(2, check=POSITIVE)     # self-attention blocks
+    heads: int = config_field(2, check=POSITIVE)      # attention heads (dim divisible by them)
+    dropout: float = config_field(0.2, check=PROBABILITY)
 
 
 @dataclass
@@ -304,6 +318,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     xc: XCConfig = field(default_factory=XCConfig)
     gnn: GNNConfig = field(default_factory=GNNConfig)
+    seq: SeqConfig = field(default_factory=SeqConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)

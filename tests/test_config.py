@@ -101,13 +101,15 @@ def test_yaml_cannot_execute_code(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     """A tiny data set of each task family, for the shipped configs that train on local data."""
-    from embedtrain.testing import tiny_ctr_dataset, tiny_graph_dataset, tiny_xc_dataset
+    from embedtrain.testing import (
+        tiny_ctr_dataset, tiny_graph_dataset, tiny_seq_dataset, tiny_xc_dataset)
 
     root = tmp_path_factory.mktemp("shipped")
     graph = tiny_graph_dataset(root / "graph")
     return {TaskKind.CTR: tiny_ctr_dataset(root / "ctr", rows=3000),
             TaskKind.XC: tiny_xc_dataset(root / "xc"),
-            TaskKind.GNN_NODE: graph, TaskKind.GNN_LINK: graph}
+            TaskKind.GNN_NODE: graph, TaskKind.GNN_LINK: graph,
+            TaskKind.SEQ: tiny_seq_dataset(root / "seq")}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

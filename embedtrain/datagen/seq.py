@@ -249,6 +249,10 @@ def generate_seq(spec: SeqDataSpec, out_dir: str | os.PathLike, progress: bool =
         "user_column": "user",
         "items_column": "items",
         "target_column": "target",
+        # the rows as the training readers see them: a multi-hot id feature and a class label
+        "label": "target", "dense": [], "num_classes": spec.items + 1,
+        "sparse": [{"name": "items", "num_embeddings": spec.items + 1, "multi_hot": True,
+                    "max_length": spec.max_length}],
         "events": events,
         "splits": {s: {"files": writers[s].files, "rows": writers[s].rows} for s in SPLITS},
         **{f"oracle_{name}": {s: float(oracle[s][j]) for s in oracle}

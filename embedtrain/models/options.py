@@ -75,6 +75,12 @@ class GNNModel(enum.Enum):
     MLP = "mlp"  # the same layers on the node alone: a no-graph baseline
 
 
+class SeqModel(enum.Enum):
+    """The sequence encoder of ``task: seq`` (see ``embedtrain.models.seq``)."""
+
+    SASREC = "sasrec"  # causal self-attention over the item history (Kang & McAuley 2018)
+
+
 class Aggregation(enum.Enum):
     """How a SAGEConv layer pools its neighbours' messages."""
 

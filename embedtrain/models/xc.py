@@ -103,13 +103,8 @@ class XCModel(nn.Module):
                  head_dtype: HeadDtype = HeadDtype.FP32) -> None:
         super().__init__()
         self.encoder = XCEncoder(spec, embedding_dim, pooling, mlp, device, dropout, dynamic)
-        if head is None:  # planning: the head as a row-wise table the planner can size
-            head = EmbeddingCollection(tables=[EmbeddingConfig(
-                name=HEAD_TABLE, embedding_dim=self.encoder.dim, num_embeddings=spec.num_classes,
-                feature_names=["__classes"],
-                data_type=DataType.FP32 if head_dtype is HeadDtype.FP32 else DataType.BF16)],
-                device=device)
-        self.head = head
+        self.head = head if head is not None else planning_head(
+            spec.num_classes, self.encoder.dim, head_dtype, device)
 
     def forward(self, dense: Tensor, sparse: KeyedJaggedTensor, targets: Tensor,
                 k: int = 0):
@@ -120,6 +115,17 @@ class XCModel(nn.Module):
             targets = targets.clamp(min=0)
         losses = self.head.eval_loss(features, targets)
         return losses, self.head.topk(features, k)[1] if k else None
+
+
+def planning_head(num_classes: int, dim: int, head_dtype: HeadDtype = HeadDtype.FP32,
+                  device: Optional[torch.device] = None) -> nn.Module:
+    """The head as the planner sees it: a table ``class_head`` of ``num_classes x dim`` (an
+    ``EmbeddingCollection``; ``bf16``: 2 bytes a weight, as the sharded heads store it)."""
+    return EmbeddingCollection(tables=[EmbeddingConfig(
+        name=HEAD_TABLE, embedding_dim=dim, num_embeddings=num_classes,
+        feature_names=["__classes"],
+        data_type=DataType.FP32 if head_dtype is HeadDtype.FP32 else DataType.BF16)],
+        device=device)
 
 
 def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float = 0.1,

@@ -25,6 +25,7 @@ from embedtrain.config import ClusterConfig, Config, ConfigError, TaskKind
 from embedtrain.recipes.base import Recipe, Run
 from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.recipes.gnn import LinkPredictionRecipe, NodeClassificationRecipe
+from embedtrain.recipes.seq import SeqRecipe
 from embedtrain.recipes.xc import XCRecipe
 from embedtrain.sharding.planner import PlanResult
 
@@ -33,6 +34,7 @@ RECIPES: dict[TaskKind, type[Recipe]] = {
     TaskKind.XC: XCRecipe,
     TaskKind.GNN_NODE: NodeClassificationRecipe,
     TaskKind.GNN_LINK: LinkPredictionRecipe,
+    TaskKind.SEQ: SeqRecipe,
 }
 
 

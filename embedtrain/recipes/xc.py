@@ -64,6 +64,11 @@ class XCRecipe(TabularRecipe):
         """Whether the head is model-parallel (each rank a slice of the classes)."""
         return self.cfg.xc.head.kind in SHARDED_HEADS
 
+    @property
+    def feature_dim(self) -> int:
+        """The encoder's feature dimension D: the head's width."""
+        return self.cfg.xc.mlp[-1]
+
     @functools.cached_property
     def class_counts(self) -> torch.Tensor:
         """The train split's label count of every class (read once: the adaptive head's class
@@ -98,7 +103,7 @@ class XCRecipe(TabularRecipe):
 
     def _head(self, **kwargs: Any) -> nn.Module:
         h = self.cfg.xc.head
-        return build_head(h.kind, self.dataset.features.num_classes, self.cfg.xc.mlp[-1],
+        return build_head(h.kind, self.dataset.features.num_classes, self.feature_dim,
                           **head_arguments(h), **kwargs)
 
     def planning_model(self) -> nn.Module:
@@ -187,7 +192,7 @@ class XCRecipe(TabularRecipe):
     def describe_plan(self, result: PlanResult) -> None:
         """Notes the class head in the report: its size, and that its compute is not estimated."""
         report = result.report
-        h, c, d = self.cfg.xc.head, self.dataset.features.num_classes, self.cfg.xc.mlp[-1]
+        h, c, d = self.cfg.xc.head, self.dataset.features.num_classes, self.feature_dim
         info = {"kind": h.kind.value, "num_classes": c, "dim": d, "optimizer": h.optimizer.value}
         if self.sharded:
             entry = report.table(HEAD_TABLE)
@@ -229,7 +234,7 @@ class XCRecipe(TabularRecipe):
                             f"features: float32 [B, {encoder.dim}] (class scores: features @ "
                             f"head.weight.T)")
         normalised = h.margin is not Margin.NONE
-        head = HeadExport(h.kind.value, "model.head.weight", spec.num_classes, x.mlp[-1],
+        head = HeadExport(h.kind.value, "model.head.weight", spec.num_classes, self.feature_dim,
                           normalised, h.scale if normalised else 1.0, list(x.top_k),
                           (meta.extra.get("vocab_files") or {}).get(spec.label))
         return ExportParts("xc", spec, meta.extra, dense, head)

@@ -36,6 +36,16 @@ def tiny_xc_dataset(out_dir: str | os.PathLike, rows: int = 4000, classes: int =
     return Path(out_dir)
 
 
+def tiny_seq_dataset(out_dir: str | os.PathLike, users: int = 2000, items: int = 300,
+                     seed: int = 0) -> Path:
+    """A small sequential-recommendation data set (``embedtrain datagen seq``)."""
+    from embedtrain.datagen import SeqDataSpec, generate_seq
+
+    generate_seq(SeqDataSpec(users=users, items=items, clusters=5, max_length=10, seed=seed),
+                 out_dir, progress=False)
+    return Path(out_dir)
+
+
 def tiny_graph_dataset(out_dir: str | os.PathLike, nodes: int = 2000, seed: int = 0,
                        link_fraction: float = 0.1) -> Path:
     """A small graph data set (``embedtrain datagen graph``) with node splits and held-out edges."""

@@ -60,7 +60,7 @@ class Task(Protocol):
 # (e.g. ``calibration``, best at 1) cannot select a checkpoint.
 LOWER_IS_BETTER = frozenset({"loss", "ne", "logloss"})
 HIGHER_IS_BETTER = frozenset({"auc", "accuracy", "macro_f1", "mrr"})
-_HIGHER_PREFIXES = ("p@", "psp@", "ndcg@", "recall@", "hits@")
+_HIGHER_PREFIXES = ("p@", "psp@", "ndcg@", "recall@", "hits@", "hr@")
 
 
 def higher_is_better(metric: str) -> bool:

@@ -72,6 +72,10 @@ def build_metadata(spec: Any, report: dict, files: Sequence[Path]) -> dict:
         "user_column": USER_COLUMN,
         "items_column": ITEMS_COLUMN,
         "target_column": TARGET_COLUMN,
+        # the rows as the training readers see them: a multi-hot id feature and a class label
+        "label": TARGET_COLUMN, "dense": [], "num_classes": report["num_items"] + 1,
+        "sparse": [{"name": ITEMS_COLUMN, "num_embeddings": report["num_items"] + 1,
+                    "multi_hot": True, "max_length": spec.max_length}],
         "events": report["events_used"],
         "splits": {s: {"files": report["files"][s], "rows": rows[s]}
                    for s in report["files"] if s == "train" or rows[s]},

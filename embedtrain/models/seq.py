@@ -1,0 +1,151 @@
+"""Sequential recommendation: a causal encoder over a user's item history and a class head over
+every item (``task: seq``).
+
+:class:`SeqEncoder` is SASRec (Kang & McAuley, ICDM 2018): the history's item embeddings, from a
+TorchRec ``EmbeddingCollection`` (one row per item, a per-position lookup of the jagged
+histories, planned and sharded like every table), scaled by ``sqrt(D)``, plus learned recency
+positions (position 0 is the newest item, as SASRec's left-padded windows number them), then
+pre-norm self-attention blocks with a causal mask: position ``i`` attends to positions ``<= i``
+only, never to a later item. The histories are padded on the right to ``max_length`` (the
+batch's rows stay in one ``[B, T, D]`` tensor of fixed shape): a padded position lies after every
+real one, so the causal mask alone keeps it out of the real positions' attention.
+
+:class:`SeqModel` puts one of :mod:`embedtrain.models.class_head`'s heads (or a replicated one)
+over the item corpus. Training predicts the next item at every position: position ``i`` of a row
+``(items, target)`` predicts ``items[i + 1]``, the last position predicts ``target``; the
+positions are the head's examples (``B x T`` of them, padded positions labelled ``-1``, which
+every head leaves out of its loss), so each rank hands the head the same number of rows.
+Evaluation scores the last position of each history against the whole corpus: the head's loss
+and top-k item ids, as an XC model's.
+
+Example:
+    >>> head = build_head(HeadKind.PARTIAL_FC, num_items, 64, sample_rate=0.1, group=group)
+    >>> model = SeqModel(num_items, 64, max_length=50, layers=2, heads=2, dropout=0.2, head=head)
+    >>> loss = model(dense, kjt, targets)                       # training: every position
+    >>> losses, top = model.eval()(dense, kjt, targets, 10)     # evaluation: the last position
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embedtrain.models.options import HeadDtype
+from embedtrain.models.xc import planning_head
+
+ITEM_TABLE = "t_items"  # the item table's name in plans and checkpoints
+
+
+def padded_positions(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """``(row, position)`` of every element of jagged rows of ``lengths``, in order."""
+    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    return rows, torch.arange(rows.numel()) - starts[rows]
+
+
+class SeqEncoder(nn.Module):
+    """Item histories (a jagged feature of a KJT) -> ``([B, T, D]`` per-position features,
+    ``[B]`` history lengths``)``; ``T = max_length``.
+
+    Args:
+        num_items: rows of the item table (ids ``0..num_items-1``; 0 is padding, never looked up
+            in a history).
+        dim: the table's and the encoder's width D.
+        max_length: the longest history T (positions ``0..T-1``).
+        layers, heads, dropout: the self-attention blocks (D divisible by ``heads``), and the
+            dropout on the inputs and inside the blocks.
+        feature: the KJT key of the histories.
+        device: the item table's device (``meta``: materialised by the sharding wrapper). The
+            attention blocks are built on CPU when it is ``meta``: the wrapper materialises a
+            meta module with its ``reset_parameters``, which ``nn.MultiheadAttention`` lacks
+            (its projections would stay uninitialised memory).
+    """
+
+    def __init__(self, num_items: int, dim: int, max_length: int, layers: int = 2,
+                 heads: int = 2, dropout: float = 0.2, feature: str = "items",
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"seq.dim: {dim} is not divisible by seq.heads ({heads})")
+        self.feature, self.dim, self.max_length = feature, dim, max_length
+        self.ec = EmbeddingCollection(tables=[EmbeddingConfig(
+            name=ITEM_TABLE, embedding_dim=dim, num_embeddings=num_items,
+            feature_names=[feature])], device=device)
+        dense = None if device is not None and torch.device(device).type == "meta" else device
+        self.positions = nn.Embedding(max_length, dim, device=dense)
+        block = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=dim, dropout=dropout,
+                                           batch_first=True, norm_first=True, device=dense)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim, device=dense)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, sparse: KeyedJaggedTensor) -> tuple[Tensor, Tensor]:
+        jt = self.ec(sparse)[self.feature]
+        lengths = jt.lengths().long()
+        if lengths.numel() and int(lengths.max()) > self.max_length:
+            raise ValueError(f"a history of {int(lengths.max())} items is longer than the "
+                             f"encoder's max_length {self.max_length}")
+        rows, pos = padded_positions(lengths)
+        values = jt.values()
+        x = values.new_zeros((lengths.numel(), self.max_length, self.dim))
+        x = x.index_put((rows, pos), values * math.sqrt(self.dim))
+        # recency: the newest item of a history is position 0, as in SASRec's padded windows
+        recency = (lengths[:, None] - 1 - torch.arange(self.max_length)).clamp(min=0)
+        x = self.dropout(x + self.positions(recency))
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(self.max_length,
+                                                                       dtype=x.dtype)
+        return self.norm(self.blocks(x, mask=causal, is_causal=True)), lengths
+
+
+class SeqModel(nn.Module):
+    """Sequence encoder + a head over the item corpus; ``forward`` as an XC model's: the loss
+    (training: every position) or ``(losses, top-k ids)`` of the last position (evaluation).
+
+    Args:
+        num_items: the item corpus (the head's classes and the table's rows).
+        dim, max_length, layers, heads, dropout: :class:`SeqEncoder`'s.
+        head: the head (:func:`embedtrain.models.xc.build_head` with ``dim``); ``None`` builds
+            the planning placeholder (a row-wise table the planner can size).
+        feature: the histories' KJT key.
+        device: the encoder's device.
+        head_dtype: the planning placeholder's storage.
+    """
+
+    def __init__(self, num_items: int, dim: int, max_length: int, layers: int, heads: int,
+                 dropout: float, head: Optional[nn.Module], feature: str = "items",
+                 device: Optional[torch.device] = None,
+                 head_dtype: HeadDtype = HeadDtype.FP32) -> None:
+        super().__init__()
+        self.encoder = SeqEncoder(num_items, dim, max_length, layers, heads, dropout, feature,
+                                  device)
+        self.head = head if head is not None else planning_head(num_items, dim, head_dtype,
+                                                                device)
+
+    def next_items(self, sparse: KeyedJaggedTensor, targets: Tensor) -> Tensor:
+        """``[B, T]``: the item each position predicts (``items[i + 1]``, then ``target`` at the
+        last position); ``-1`` past the history and in rows without a target (padding)."""
+        jt = sparse[self.encoder.feature]
+        lengths = jt.lengths().long()
+        rows, pos = padded_positions(lengths)
+        out = torch.full((lengths.numel(), self.encoder.max_length), -1, dtype=torch.long)
+        following = pos > 0  # element i of a history is the item position i - 1 predicts
+        out[rows[following], pos[following] - 1] = jt.values().long()[following]
+        has = (lengths > 0) & (targets >= 0)
+        out[has.nonzero(as_tuple=True)[0], lengths[has] - 1] = targets[has].long()
+        out[~has] = -1
+        return out
+
+    def forward(self, dense: Tensor, sparse: KeyedJaggedTensor, targets: Tensor, k: int = 0):
+        h, lengths = self.encoder(sparse)
+        if self.training:
+            nxt = self.next_items(sparse, targets)
+            return self.head(h.reshape(-1, h.shape[-1]), nxt.reshape(-1))
+        last = h[torch.arange(h.shape[0]), (lengths - 1).clamp(min=0)]
+        losses = self.head.eval_loss(last, targets.clamp(min=0))
+        return losses, self.head.topk(last, k)[1] if k else None

@@ -1,0 +1,207 @@
+"""The seq family (issue 33): the SASRec encoder never looks ahead, a row's output does not depend
+on the rest of its batch, each position predicts the next item, a run learns past the
+popularity and co-occurrence baselines' floor, and a resumed run equals an uninterrupted one."""
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embedtrain.config import load_config
+from embedtrain.datagen import SeqDataSpec, generate_seq
+from embedtrain.models.seq import SeqEncoder, SeqModel
+
+
+def _kjt(rows):
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=["items"], values=torch.tensor([i for r in rows for i in r], dtype=torch.long),
+        lengths=torch.tensor([len(r) for r in rows], dtype=torch.long))
+
+
+def _encoder(seed=0):
+    torch.manual_seed(seed)
+    enc = SeqEncoder(num_items=50, dim=16, max_length=6, layers=2, heads=2, dropout=0.0)
+    with torch.no_grad():
+        for table in enc.ec.embeddings.values():
+            table.weight.normal_(0, 0.5)
+    return enc.eval()
+
+
+def test_a_position_never_sees_a_later_item():
+    enc = _encoder()
+    with torch.no_grad():
+        h, lengths = enc(_kjt([[3, 7, 9, 11, 2]]))
+        for t in range(4):  # change every item after position t: positions <= t unchanged
+            other = [3, 7, 9, 11, 2][:t + 1] + [40, 41, 42, 43][:4 - t]
+            g, _ = enc(_kjt([other]))
+            # recency positions number from the end, so compare the first t + 1 positions of
+            # histories of the same length
+            torch.testing.assert_close(g[0, :t + 1], h[0, :t + 1], rtol=0, atol=1e-6)
+            assert not torch.allclose(g[0, t + 1:5], h[0, t + 1:5])
+    assert lengths.tolist() == [5]
+
+
+def test_a_rows_output_does_not_depend_on_its_batch():
+    enc = _encoder()
+    with torch.no_grad():
+        alone, _ = enc(_kjt([[5, 6]]))
+        together, _ = enc(_kjt([[1, 2, 3, 4, 5, 6], [5, 6], [9]]))
+    torch.testing.assert_close(together[1, :2], alone[0, :2], rtol=0, atol=1e-6)
+
+
+def test_each_position_predicts_the_next_item_and_the_last_the_target():
+    model = SeqModel(num_items=50, dim=16, max_length=4, layers=1, heads=2, dropout=0.0,
+                     head=torch.nn.Identity())
+    nxt = model.next_items(_kjt([[3, 7, 9], [5], [1, 2]]), torch.tensor([11, 12, -1]))
+    assert nxt.tolist() == [[7, 9, 11, -1], [12, -1, -1, -1], [-1, -1, -1, -1]]
+
+
+@pytest.fixture(scope="module")
+def seq_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("seq")
+    generate_seq(SeqDataSpec(users=3000, items=600, clusters=6, max_length=12, seed=2), out,
+                 progress=False)
+    return out
+
+
+def _cfg(data, *overrides):
+    return load_config("configs/seq_synthetic.yaml", overrides=[
+        f"data.path={data}", "data.batch_size=128", "data.eval_batch_size=512",
+        "data.num_workers=0", "seq.dim=32", "train.eval_every=0", "train.progress=false",
+        *overrides])
+
+
+def test_a_run_learns_what_popularity_cannot(seq_data, tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    from embedtrain.recipes import build_run
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_seq import figures, ranks_by_popularity, read_split, with_targets
+
+    meta = json.loads((seq_data / "metadata.json").read_text())
+    train = with_targets(*read_split(seq_data, meta, "train"))
+    pop = torch.bincount(torch.from_numpy(train[1]), minlength=meta["num_items"]).numpy()
+    pop[0] = 0
+    popularity = figures(ranks_by_popularity(pop, read_split(seq_data, meta, "test")[2]))
+    run = build_run(_cfg(seq_data, "train.max_steps=60", "train.checkpoint_every=0"), tmp_path)
+    summary = run.trainer.fit(test_data=run.test_data)
+    assert summary["hr@10"] > popularity["hr@10"] + 0.15, (summary, popularity)
+    assert summary["oracle_hr_at_10"] > summary["hr@10"]
+    assert 0 < summary["ndcg@10"] < summary["hr@10"]
+
+
+def _state(trainer):
+    model = trainer.model.module
+    tables = {k: v.local_shards()[0].tensor.clone() if hasattr(v, "local_shards") else v.clone()
+              for k, v in trainer.model.state_dict().items() if "embeddings" in k}
+    dense = {n: p.detach().clone() for n, p in model.encoder.named_parameters()
+             if not n.startswith("ec.")}
+    return model.head.weight.detach().clone(), tables, dense
+
+
+def test_resume_equals_uninterrupted(seq_data, tmp_path):
+    from embedtrain.recipes import build_run
+
+    common = ["train.checkpoint_every=5", "xc.head.sample_rate=0.3"]
+    whole = build_run(_cfg(seq_data, *common, "train.max_steps=10"), tmp_path / "whole").trainer
+    whole.fit()
+    build_run(_cfg(seq_data, *common, "train.max_steps=5"), tmp_path / "part").trainer.fit()
+    resumed = build_run(_cfg(seq_data, *common, "train.max_steps=10"), tmp_path / "part").trainer
+    assert resumed.resume() == tmp_path / "part" / "checkpoints" / "step_00000005"
+    resumed.fit()
+    assert resumed.state.step == 10
+    (h1, t1, d1), (h2, t2, d2) = _state(whole), _state(resumed)
+    assert t1 and d1
+    assert torch.equal(h1, h2)
+    for k in t1:
+        assert torch.equal(t1[k], t2[k]), k
+    for k in d1:  # the encoder's blocks and positions, dropout included
+        assert torch.equal(d1[k], d2[k]), k
+
+
+# ---- 2 ranks == 1 rank: a step of the sharded model (item table, DDP encoder, head slices) ----
+
+TABLE_KEY = "encoder.ec.embeddings.t_items.weight"
+
+
+def _slice(batch, lo, hi):
+    from torchrec.datasets.utils import Batch
+
+    jt = batch.sparse_features["items"]
+    offsets = jt.offsets()
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["items"], values=jt.values()[offsets[lo]:offsets[hi]], lengths=jt.lengths()[lo:hi])
+    return Batch(batch.dense_features[lo:hi], kjt, batch.labels[lo:hi])
+
+
+def _one_step(rank, world, data, out):
+    from embedtrain.data.reader import ParquetBatchReader
+    from embedtrain.features import load_dataset_meta
+    from embedtrain.recipes.base import local_cluster
+    from embedtrain.recipes.seq import SeqRecipe
+
+    cfg = _cfg(data, "xc.head.kind=partial_fc", "xc.head.sample_rate=1.0", "seq.dropout=0.0",
+               "optim.sparse=sgd", "optim.dense=sgd", "optim.momentum=0.0",
+               "xc.head.optimizer=sgd", "optim.sparse_lr=0.5", "optim.dense_lr=0.5",
+               "xc.head.lr=0.5")
+    meta = load_dataset_meta(data)
+    torch.manual_seed(0)
+    recipe = SeqRecipe(cfg)
+    dmp, optimizer, _ = recipe.sharded_model(local_cluster(world, torch.device("cpu"), 64),
+                                             torch.device("cpu"), out)
+    with torch.no_grad():  # the same start on every world size
+        for name, p in dmp.named_parameters():
+            if "encoder" in name and ".ec." not in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name)))
+                        * 0.1)
+        full = torch.randn(meta.features.num_classes, 32,
+                           generator=torch.Generator().manual_seed(1)) * 0.1
+        for shard in dmp.state_dict()[TABLE_KEY].local_shards():
+            r0, c0 = shard.metadata.shard_offsets
+            rows, cols = shard.tensor.shape
+            shard.tensor.copy_(full[r0:r0 + rows, c0:c0 + cols])
+    batch = next(iter(ParquetBatchReader(meta.files("train"), meta.features, 128,
+                                         num_workers=0)))
+    local = _slice(batch, rank * 128 // world, (rank + 1) * 128 // world)
+    loss = recipe.task().forward(dmp, local).loss
+    loss.backward()
+    optimizer.step()
+    head = dmp.module.head
+    return {"loss": float(loss), "head": (head.start, head.weight.detach().clone()),
+            "dense": {n: p.detach().clone() for n, p in dmp.named_parameters()
+                      if "encoder" in n and ".ec." not in n},
+            "table": [(s.metadata.shard_offsets, s.tensor.clone())
+                      for s in dmp.state_dict()[TABLE_KEY].local_shards()]}
+
+
+def _assemble(results, rows):
+    head = torch.cat([w for _, w in sorted((r["head"] for r in results), key=lambda x: x[0])])
+    table = torch.full((rows, 32), float("nan"))
+    for r in results:
+        for (r0, c0), t in r["table"]:
+            table[r0:r0 + t.shape[0], c0:c0 + t.shape[1]] = t
+    return head, table
+
+
+@pytest.mark.slow
+def test_two_ranks_step_like_one(seq_data, tmp_path):
+    """One SGD step on 2 ranks (the item table sharded by the planner, the encoder under DDP, the
+    head split by items, every position an example of the head) equals the step on 1 rank with
+    the global batch."""
+    from embedtrain.processes import spawn
+    from embedtrain.train.dist import init_process_group
+
+    two = spawn(_one_step, 2, str(seq_data), str(tmp_path / "two"), timeout=400)
+    init_process_group()
+    one = _one_step(0, 1, str(seq_data), str(tmp_path / "one"))
+    assert two[0]["loss"] == two[1]["loss"] == pytest.approx(one["loss"], rel=1e-6)
+    rows = one["head"][1].shape[0]
+    head2, table2 = _assemble(two, rows)
+    head1, table1 = _assemble([one], rows)
+    torch.testing.assert_close(head2, head1, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(table2, table1, atol=1e-6, rtol=1e-5)
+    for name in one["dense"]:
+        for r in two:
+            torch.testing.assert_close(r["dense"][name], one["dense"][name], atol=1e-6, rtol=1e-5)
