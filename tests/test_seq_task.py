@@ -55,6 +55,36 @@ def test_each_position_predicts_the_next_item_and_the_last_the_target():
     assert nxt.tolist() == [[7, 9, 11, -1], [12, -1, -1, -1], [-1, -1, -1, -1]]
 
 
+@pytest.mark.parametrize("margin", ["none", "cosface"])
+def test_target_rank_is_the_brute_force_rank(margin):
+    """A sharded head's rank of each target among all items (ties: smaller id first), against
+    sorting every item's score; a tied pair and evaluation blocks smaller than the head."""
+    from embedtrain.models import class_head
+    from embedtrain.models.class_head import ShardedSoftmaxHead
+    from embedtrain.models.options import Margin
+
+    head = ShardedSoftmaxHead(37, 8, margin=Margin(margin), scale=4.0)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(37, 8, generator=torch.Generator().manual_seed(0)))
+        head.weight[20] = head.weight[5]  # a tie: item 5 ranks before item 20
+    features = torch.randn(12, 8, generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, 37, (12,), generator=torch.Generator().manual_seed(2))
+    targets[:2] = torch.tensor([5, 20])
+    old, class_head._EVAL_BLOCK = class_head._EVAL_BLOCK, 10
+    try:
+        got = head.target_rank(features, targets)
+    finally:
+        class_head._EVAL_BLOCK = old
+    w = head.weight.detach()
+    if margin != "none":
+        w = torch.nn.functional.normalize(w, dim=1)
+        features = torch.nn.functional.normalize(features, dim=1) * 4.0
+    scores = features @ w.t()
+    for i, t in enumerate(targets.tolist()):
+        order = sorted(range(37), key=lambda j: (-float(scores[i, j]), j))
+        assert got[i] == order.index(t) + 1, (i, t)
+
+
 @pytest.fixture(scope="module")
 def seq_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("seq")
@@ -90,6 +120,7 @@ def test_a_run_learns_what_popularity_cannot(seq_data, tmp_path):
     assert summary["hr@10"] > popularity["hr@10"] + 0.15, (summary, popularity)
     assert summary["oracle_hr_at_10"] > summary["hr@10"]
     assert 0 < summary["ndcg@10"] < summary["hr@10"]
+    assert summary["hr@10"] / 10 <= summary["mrr"] < 1  # a top-10 hit is worth >= 1/10
 
 
 def _state(trainer):

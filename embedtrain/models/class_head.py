@@ -72,6 +72,7 @@ from embedtrain.models.options import HeadLoss, Margin, NegativeIndex, Rounding
 from embedtrain.models.topk import blocked_topk, distributed_topk
 
 _EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
+_RANK_TIE = 1e-5  # target_rank: scores this close (relative) to the target's are ties
 
 
 class ClassHead(Protocol):
@@ -292,6 +293,43 @@ class ShardedSoftmaxHead(nn.Module):
         scores, ids = distributed_topk(gathered, self.weight.detach(), k, self.start,
                                        _EVAL_BLOCK, self.group, normalize_rows=self.normalised)
         return scores[first:first + features.shape[0]], ids[first:first + features.shape[0]]
+
+    @torch.no_grad()
+    def target_rank(self, features: Tensor, targets: Tensor) -> Tensor:
+        """1-based rank of each of this rank's examples' target (one class id each, ``[B]``)
+        among all classes by score, ties to the smaller class id: what MRR reads. One pass over
+        the slice in blocks, as :meth:`eval_loss`; every rank must call (any batch sizes).
+
+        The target's own score is its row's dot product with the feature, which may differ from
+        the blocked product's value for the same row in the last bits: a class counts ahead of
+        the target when its score is greater by more than ``_RANK_TIE`` (relative), or within
+        that of it (a tie) with a smaller id (the target, its own tie, never counts).
+        """
+        gathered, first = all_gather_uneven(features, self.group)
+        targets, _ = all_gather_uneven(targets.long().reshape(-1), self.group)
+        if self.normalised:
+            gathered = F.normalize(gathered, dim=1) * self.scale
+        owned = ((targets >= self.start) & (targets < self.end)).nonzero(as_tuple=True)[0]
+        score = torch.zeros(gathered.shape[0])
+        if owned.numel():
+            row = self.weight[targets[owned] - self.start].float()
+            if self.normalised:
+                row = F.normalize(row, dim=1)
+            score[owned] = (gathered[owned] * row).sum(1)
+        if self.world_size > 1:  # each target's score from the rank holding its row
+            dist.all_reduce(score, group=self.group)
+        ahead = torch.zeros(gathered.shape[0], dtype=torch.long)
+        tolerance = _RANK_TIE * score.abs().clamp(min=1.0)
+        for start in range(0, self.weight.shape[0], _EVAL_BLOCK):
+            logits = gathered @ self._eval_rows(start, start + _EVAL_BLOCK).t()
+            ids = torch.arange(logits.shape[1]) + self.start + start
+            gap = logits - score[:, None]
+            tie = gap.abs() <= tolerance[:, None]
+            before = (gap > tolerance[:, None]) | (tie & (ids[None] < targets[:, None]))
+            ahead += before.sum(1)  # the target is its own tie, not before itself
+        if self.world_size > 1:
+            dist.all_reduce(ahead, group=self.group)
+        return (ahead + 1)[first:first + features.shape[0]]
 
     @torch.no_grad()
     def eval_loss(self, features: Tensor, targets: Tensor) -> Tensor:

@@ -15,8 +15,8 @@ over the item corpus. Training predicts the next item at every position: positio
 ``(items, target)`` predicts ``items[i + 1]``, the last position predicts ``target``; the
 positions are the head's examples (``B x T`` of them, padded positions labelled ``-1``, which
 every head leaves out of its loss), so each rank hands the head the same number of rows.
-Evaluation scores the last position of each history against the whole corpus: the head's loss
-and top-k item ids, as an XC model's.
+Evaluation scores the last position of each history against the whole corpus: the head's loss,
+top-k item ids, and (sharded heads) the target's rank among every item, for MRR.
 
 Example:
     >>> head = build_head(HeadKind.PARTIAL_FC, num_items, 64, sample_rate=0.1, group=group)
@@ -104,8 +104,9 @@ class SeqEncoder(nn.Module):
 
 
 class SeqModel(nn.Module):
-    """Sequence encoder + a head over the item corpus; ``forward`` as an XC model's: the loss
-    (training: every position) or ``(losses, top-k ids)`` of the last position (evaluation).
+    """Sequence encoder + a head over the item corpus; ``forward``: the loss (training: every
+    position) or ``(losses, top-k ids, target ranks)`` of the last position (evaluation; the
+    ranks None for a head without ``target_rank``: the replicated ones).
 
     Args:
         num_items: the item corpus (the head's classes and the table's rows).
@@ -147,5 +148,8 @@ class SeqModel(nn.Module):
             nxt = self.next_items(sparse, targets)
             return self.head(h.reshape(-1, h.shape[-1]), nxt.reshape(-1))
         last = h[torch.arange(h.shape[0]), (lengths - 1).clamp(min=0)]
-        losses = self.head.eval_loss(last, targets.clamp(min=0))
-        return losses, self.head.topk(last, k)[1] if k else None
+        targets = targets.clamp(min=0)  # padding rows: item 0's figures, dropped by the task
+        losses = self.head.eval_loss(last, targets)
+        ranks = (self.head.target_rank(last, targets) if hasattr(self.head, "target_rank")
+                 else None)
+        return losses, self.head.topk(last, k)[1] if k else None, ranks
