@@ -12,8 +12,8 @@ evaluated split (``target`` after ``items``):
   popularity: the item-to-item baseline a sequence model has to beat.
 
 - ``model``: a ``task: seq`` run on the same data set (``--run``: its ``summary.json``, the
-  test split's HR@10 and NDCG@10 over every item; its ``train_examples_per_s``); null without
-  one. The model's MRR is not measured (its top-k only goes to ``xc.top_k``). HR@k = the target is in the top k; NDCG@k = ``1 / log2(rank + 1)`` when it
+  test split's HR@10, NDCG@10 and MRR over every item; its ``train_examples_per_s``); null
+  without one. HR@k = the target is in the top k; NDCG@k = ``1 / log2(rank + 1)`` when it
 is; MRR = the mean of ``1 / rank`` over the full ranking.
 
 Usage:
@@ -138,7 +138,7 @@ def main() -> int:
         summary = json.loads((Path(args.run) / "summary.json").read_text())
         if args.split != "test":
             raise SystemExit("--run: the run's summary holds the test split's metrics")
-        model = {m: summary.get(m) for m in ("hr@10", "ndcg@10")}
+        model = {m: summary.get(m) for m in ("hr@10", "ndcg@10", "mrr")}
         record["examples_per_s"] = summary.get("train_examples_per_s")
         record["run"] = args.run
     for metric in ("hr@10", "ndcg@10", "mrr"):

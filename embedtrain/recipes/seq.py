@@ -27,6 +27,7 @@ class SeqRecipe(XCRecipe):
     """``task: seq``: the ``seq`` section's encoder, the ``xc`` section's head and ``top_k``."""
 
     oracle = Oracle("oracle_hr_at_10", "hr@10", "HR@10 of the Bayes-optimal ranking")
+    printed_metrics = ("mrr",)
 
     @property
     def feature_dim(self) -> int:
