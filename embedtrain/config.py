@@ -193,6 +193,8 @@ class SeqConfig:
     layers: int = config_field(2, check=POSITIVE)     # self-attention blocks
     heads: int = config_field(2, check=POSITIVE)      # attention heads (dim divisible by them)
     dropout: float = config_field(0.2, check=PROBABILITY)
+    # evaluation ranks only items outside each history (a target in its history is then a miss)
+    exclude_history: bool = False
 
 
 @dataclass

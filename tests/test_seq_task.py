@@ -85,6 +85,37 @@ def test_target_rank_is_the_brute_force_rank(margin):
         assert got[i] == order.index(t) + 1, (i, t)
 
 
+def test_excluded_history_leaves_the_ranking_and_the_top_k():
+    """``exclude_history``: the top-k are the best items outside each history, the rank counts
+    only those (repeats once), and a target in its own history is a miss (rank 0)."""
+    from embedtrain.models.class_head import ShardedSoftmaxHead
+
+    torch.manual_seed(0)
+    head = ShardedSoftmaxHead(30, 16)
+    model = SeqModel(num_items=30, dim=16, max_length=5, layers=1, heads=2, dropout=0.0,
+                     head=head, exclude_history=True)
+    with torch.no_grad():
+        for table in model.encoder.ec.embeddings.values():
+            table.weight.normal_(0, 0.5)
+    model.eval()
+    rows = [[3, 7, 9, 7], [5], [1, 2, 4], [8, 8]]
+    with torch.no_grad():
+        h, lengths = model.encoder(_kjt(rows))
+        scores = h[torch.arange(4), lengths - 1] @ head.weight.t()
+        # row 0: its least likely item, so every item of its history (7 twice) is ahead of it;
+        # row 2: a target in its own history
+        worst = min((j for j in range(30) if j not in rows[0]), key=lambda j: float(scores[0, j]))
+        targets = torch.tensor([worst, 12, 2, 20])
+        _, top, ranks = model(torch.zeros(4, 0), _kjt(rows), targets, 4)
+    for i, history in enumerate(rows):
+        order = [j for j in sorted(range(30), key=lambda j: (-float(scores[i, j]), j))
+                 if j not in history]
+        assert top[i].tolist() == order[:4], i
+        t = int(targets[i])
+        assert ranks[i] == (0 if t in history else order.index(t) + 1), i
+    assert ranks[2] == 0 and ranks[0] == 30 - 3  # behind every other item but the history's
+
+
 @pytest.fixture(scope="module")
 def seq_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("seq")

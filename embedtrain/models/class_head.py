@@ -295,10 +295,15 @@ class ShardedSoftmaxHead(nn.Module):
         return scores[first:first + features.shape[0]], ids[first:first + features.shape[0]]
 
     @torch.no_grad()
-    def target_rank(self, features: Tensor, targets: Tensor) -> Tensor:
+    def target_rank(self, features: Tensor, targets: Tensor,
+                    exclude: Optional[Tensor] = None) -> Tensor:
         """1-based rank of each of this rank's examples' target (one class id each, ``[B]``)
         among all classes by score, ties to the smaller class id: what MRR reads. One pass over
         the slice in blocks, as :meth:`eval_loss`; every rank must call (any batch sizes).
+
+        ``exclude`` (``[B, L]`` class ids, ``-1`` padding; repeats count once): classes taken
+        out of each example's ranking (e.g. the items of a user's history). A target among its
+        own excluded classes cannot be ranked: its rank is 0.
 
         The target's own score is its row's dot product with the feature, which may differ from
         the blocked product's value for the same row in the last bits: a class counts ahead of
@@ -327,9 +332,29 @@ class ShardedSoftmaxHead(nn.Module):
             tie = gap.abs() <= tolerance[:, None]
             before = (gap > tolerance[:, None]) | (tie & (ids[None] < targets[:, None]))
             ahead += before.sum(1)  # the target is its own tie, not before itself
+        hidden = None
+        if exclude is not None:
+            excluded, _ = all_gather_uneven(exclude.long(), self.group)
+            excluded, _ = excluded.sort(dim=1)
+            excluded[:, 1:][excluded[:, 1:] == excluded[:, :-1]] = -1  # repeats once
+            hidden = (excluded == targets[:, None]).any(1)
+            excluded[excluded == targets[:, None]] = -1
+            rows, slot = ((excluded >= self.start) & (excluded < self.end)).nonzero(as_tuple=True)
+            if rows.numel():  # the excluded classes this rank holds, and whether they were ahead
+                ids = excluded[rows, slot]
+                row = self.weight[ids - self.start].float()
+                if self.normalised:
+                    row = F.normalize(row, dim=1)
+                gap = (gathered[rows] * row).sum(1) - score[rows]
+                before = (gap > tolerance[rows]) | (
+                    (gap.abs() <= tolerance[rows]) & (ids < targets[rows]))
+                ahead -= torch.zeros_like(ahead).index_add_(0, rows, before.long())
         if self.world_size > 1:
             dist.all_reduce(ahead, group=self.group)
-        return (ahead + 1)[first:first + features.shape[0]]
+        rank = ahead + 1
+        if hidden is not None:
+            rank[hidden] = 0
+        return rank[first:first + features.shape[0]]
 
     @torch.no_grad()
     def eval_loss(self, features: Tensor, targets: Tensor) -> Tensor:

@@ -16,7 +16,11 @@ over the item corpus. Training predicts the next item at every position: positio
 positions are the head's examples (``B x T`` of them, padded positions labelled ``-1``, which
 every head leaves out of its loss), so each rank hands the head the same number of rows.
 Evaluation scores the last position of each history against the whole corpus: the head's loss,
-top-k item ids, and (sharded heads) the target's rank among every item, for MRR.
+top-k item ids, and (sharded heads) the target's rank among every item, for MRR. With
+``exclude_history`` the history's items are taken out of the ranking (the top ``k + max_length``
+items with the history's removed, and ranks among the other items); a target that is in its own
+history is then a miss (rank 0: no reciprocal rank), as a served model that never recommends a
+seen item would miss it.
 
 Example:
     >>> head = build_head(HeadKind.PARTIAL_FC, num_items, 64, sample_rate=0.1, group=group)
@@ -116,17 +120,27 @@ class SeqModel(nn.Module):
         feature: the histories' KJT key.
         device: the encoder's device.
         head_dtype: the planning placeholder's storage.
+        exclude_history: evaluation ranks only items outside the example's history.
     """
 
     def __init__(self, num_items: int, dim: int, max_length: int, layers: int, heads: int,
                  dropout: float, head: Optional[nn.Module], feature: str = "items",
                  device: Optional[torch.device] = None,
-                 head_dtype: HeadDtype = HeadDtype.FP32) -> None:
+                 head_dtype: HeadDtype = HeadDtype.FP32, exclude_history: bool = False) -> None:
         super().__init__()
+        self.exclude_history = exclude_history
         self.encoder = SeqEncoder(num_items, dim, max_length, layers, heads, dropout, feature,
                                   device)
         self.head = head if head is not None else planning_head(num_items, dim, head_dtype,
                                                                 device)
+
+    def history(self, sparse: KeyedJaggedTensor) -> Tensor:
+        """``[B, T]``: each example's history items, ``-1`` past its end."""
+        jt = sparse[self.encoder.feature]
+        rows, pos = padded_positions(jt.lengths().long())
+        out = torch.full((jt.lengths().numel(), self.encoder.max_length), -1, dtype=torch.long)
+        out[rows, pos] = jt.values().long()
+        return out
 
     def next_items(self, sparse: KeyedJaggedTensor, targets: Tensor) -> Tensor:
         """``[B, T]``: the item each position predicts (``items[i + 1]``, then ``target`` at the
@@ -150,6 +164,14 @@ class SeqModel(nn.Module):
         last = h[torch.arange(h.shape[0]), (lengths - 1).clamp(min=0)]
         targets = targets.clamp(min=0)  # padding rows: item 0's figures, dropped by the task
         losses = self.head.eval_loss(last, targets)
-        ranks = (self.head.target_rank(last, targets) if hasattr(self.head, "target_rank")
-                 else None)
-        return losses, self.head.topk(last, k)[1] if k else None, ranks
+        seen = self.history(sparse) if self.exclude_history else None
+        top = None
+        if k:
+            top = self.head.topk(last, k + (0 if seen is None else seen.shape[1]))[1]
+            if seen is not None:  # the first k that are not in the history
+                hidden = (top[:, :, None] == seen[:, None, :]).any(-1)
+                order = torch.sort(hidden.to(torch.int8), dim=1, stable=True).indices
+                top = top.gather(1, order)[:, :k]
+        ranks = (self.head.target_rank(last, targets, seen)
+                 if hasattr(self.head, "target_rank") else None)
+        return losses, top, ranks

@@ -55,7 +55,8 @@ class SeqRecipe(XCRecipe):
         s = self.cfg.seq
         model = SeqModel(self.dataset.features.num_classes, s.dim, self.max_length, s.layers,
                          s.heads, s.dropout, head, feature=self.dataset.features.sparse[0].name,
-                         device=torch.device("meta"), head_dtype=self.cfg.xc.head.dtype)
+                         device=torch.device("meta"), head_dtype=self.cfg.xc.head.dtype,
+                         exclude_history=s.exclude_history)
         self.fuse_sparse(model.encoder)
         return model
 

@@ -42,8 +42,9 @@ class SeqTaskMetrics(XCTaskMetrics):
     def update(self, output: StepOutput, batch: Batch) -> None:
         predictions = output.predictions
         if predictions.shape[1] > self.k:  # the ranks' column
-            ranks = predictions[:, self.k].double()
-            self.reciprocal += torch.stack([(1.0 / ranks).sum(),
+            ranks = predictions[:, self.k].double()  # 0: the target could not be ranked
+            reciprocal = torch.where(ranks > 0, 1.0 / ranks.clamp(min=1), torch.zeros_like(ranks))
+            self.reciprocal += torch.stack([reciprocal.sum(),
                                             torch.tensor(float(ranks.numel()), dtype=torch.float64)])
             predictions = predictions[:, :self.k]
         self.metrics.update(predictions, batch.labels[: output.num_examples])
