@@ -297,19 +297,14 @@ class ShardedSoftmaxHead(nn.Module):
     @torch.no_grad()
     def target_rank(self, features: Tensor, targets: Tensor,
                     exclude: Optional[Tensor] = None) -> Tensor:
-        """1-based rank of each of this rank's examples' target (one class id each, ``[B]``)
-        among all classes by score, ties to the smaller class id: what MRR reads. One pass over
-        the slice in blocks, as :meth:`eval_loss`; every rank must call (any batch sizes).
-
-        ``exclude`` (``[B, L]`` class ids, ``-1`` padding; repeats count once): classes taken
-        out of each example's ranking (e.g. the items of a user's history). A target among its
-        own excluded classes cannot be ranked: its rank is 0.
-
-        The target's own score is its row's dot product with the feature, which may differ from
-        the blocked product's value for the same row in the last bits: a class counts ahead of
-        the target when its score is greater by more than ``_RANK_TIE`` (relative), or within
-        that of it (a tie) with a smaller id (the target, its own tie, never counts).
-        """
+        """1-based rank of each of this rank's examples' target (``[B]`` class ids) among all
+        classes by score, ties to the smaller id: what MRR reads. One blocked pass over the
+        slice, as :meth:`eval_loss`; every rank must call (any batch sizes). ``exclude``
+        (``[B, L]``, ``-1`` padding; repeats once): classes out of each example's ranking (a
+        user's history); a target among its own is unrankable: rank 0. The target's score is
+        its row's dot product, which may differ from the blocked product in the last bits: a
+        class is ahead when greater by more than ``_RANK_TIE`` (relative), or within it (a tie)
+        with a smaller id (the target, its own tie, never counts)."""
         gathered, first = all_gather_uneven(features, self.group)
         targets, _ = all_gather_uneven(targets.long().reshape(-1), self.group)
         if self.normalised:
