@@ -23,12 +23,13 @@ from typing import Iterator, Optional
 
 from embedtrain.cli.errors import UsageError
 
-# what datagen writes at the top of --out: name -> whether it is a folder (of data files)
+# what datagen writes at the top of --out: name -> whether it is a folder (of data files), or
+# the pattern of its files
 DATAGEN_ENTRIES = {"metadata.json": False, "metadata.json.tmp": False, "datagen.json": False,
                    "train": True, "valid": True, "test": True, "graph": True, "nodes": True,
-                   "splits": True, "events": True}
+                   "splits": True,
+                   "events": r"part-\d{5}\.(parquet|csv)(\.tmp)?"}  # datagen seq --events
 TSV_PARTS = r"part-\d{5}\.tsv"
-CSV_EVENTS = re.compile(r"part-\d{5}\.csv(\.tmp)?")  # datagen seq --events-format csv
 
 
 def datagen_refusal(out: Path) -> Optional[str]:
@@ -37,10 +38,6 @@ def datagen_refusal(out: Path) -> Optional[str]:
     from pipelines import foreign_entries
 
     foreign = foreign_entries(out, DATAGEN_ENTRIES, files=[TSV_PARTS])
-    events = out / "events"
-    if "events/" in foreign and not events.is_symlink() and all(
-            f.is_file() and CSV_EVENTS.fullmatch(f.name) for f in events.iterdir()):
-        foreign.remove("events/")  # an event log written as CSV
     if foreign:
         return (f"not empty and not an earlier datagen output ({', '.join(foreign[:5])}); "
                 "choose another --out")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch
 from torch import nn
 
 from embedtrain.config import ClusterConfig
@@ -50,8 +51,6 @@ class SeqRecipe(XCRecipe):
         return meta
 
     def _model(self, head: Optional[nn.Module]) -> SeqModel:
-        import torch
-
         s = self.cfg.seq
         model = SeqModel(self.dataset.features.num_classes, s.dim, self.max_length, s.layers,
                          s.heads, s.dropout, head, feature=self.dataset.features.sparse[0].name,

@@ -60,15 +60,17 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
-def foreign_entries(out: Path, names: Mapping[str, bool], files: Sequence[str] = ()
+def foreign_entries(out: Path, names: Mapping[str, bool | str], files: Sequence[str] = ()
                     ) -> list[str]:
     """The entries of folder ``out`` that a job did not write, sorted: ``names`` maps each name a
-    job writes to whether it is a folder (whose entries must be ``.parquet``/``.npy`` files);
-    ``files``: patterns of more file names at the top."""
+    job writes to whether it is a folder (``True``: its entries must be ``.parquet``/``.npy``
+    files; a string: the pattern its entries' names must match); ``files``: patterns of more
+    file names at the top."""
     foreign = []
     for p in out.iterdir():
         if p.name in names and names[p.name] and p.is_dir() and not p.is_symlink():
-            if all(c.is_file() and _DATA_FILE.fullmatch(c.name) for c in p.iterdir()):
+            pattern = _DATA_FILE if names[p.name] is True else re.compile(names[p.name])
+            if all(c.is_file() and pattern.fullmatch(c.name) for c in p.iterdir()):
                 continue
         elif p.name in names and not names[p.name] and p.is_file():
             continue
