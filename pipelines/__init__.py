@@ -156,6 +156,10 @@ def raw_rows(meta: dict, root: str | os.PathLike, inputs: Sequence[str],
     from pipelines.core.errors import IngestError
 
     where = where or Path(root) / "metadata.json"
+    if meta.get("task") == "seq" or meta.get("kind") == "sequence":
+        raise IngestError(f"{where}: a sequence data set: raw events become histories only by "
+                          f"embedtrain ingest (per user, sorted, split); score its parquet rows "
+                          f"(items, target) without --raw")
     if "spec" not in meta:
         raise IngestError(f"{where}: the data set was not made by embedtrain ingest (no spec: "
                           "generated data has no raw layout); score its parquet rows without "

@@ -86,8 +86,9 @@ def test_target_rank_is_the_brute_force_rank(margin):
 
 
 def test_excluded_history_leaves_the_ranking_and_the_top_k():
-    """``exclude_history``: the top-k are the best items outside each history, the rank counts
-    only those (repeats once), and a target in its own history is a miss (rank 0)."""
+    """``exclude_history``: the top-k are the best items outside each history (and never the
+    padding id 0), the rank counts only those (repeats once), and a target in its own history is
+    a miss (rank 0)."""
     from embedtrain.models.class_head import ShardedSoftmaxHead
 
     torch.manual_seed(0)
@@ -104,16 +105,16 @@ def test_excluded_history_leaves_the_ranking_and_the_top_k():
         scores = h[torch.arange(4), lengths - 1] @ head.weight.t()
         # row 0: its least likely item, so every item of its history (7 twice) is ahead of it;
         # row 2: a target in its own history
-        worst = min((j for j in range(30) if j not in rows[0]), key=lambda j: float(scores[0, j]))
+        worst = min((j for j in range(1, 30) if j not in rows[0]), key=lambda j: float(scores[0, j]))
         targets = torch.tensor([worst, 12, 2, 20])
         _, top, ranks = model(torch.zeros(4, 0), _kjt(rows), targets, 4)
     for i, history in enumerate(rows):
         order = [j for j in sorted(range(30), key=lambda j: (-float(scores[i, j]), j))
-                 if j not in history]
+                 if j not in history and j != 0]  # 0: padding, never ranked
         assert top[i].tolist() == order[:4], i
         t = int(targets[i])
         assert ranks[i] == (0 if t in history else order.index(t) + 1), i
-    assert ranks[2] == 0 and ranks[0] == 30 - 3  # behind every other item but the history's
+    assert ranks[2] == 0 and ranks[0] == 30 - 3 - 1  # behind every item but its history and 0
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,10 @@ and ``nodes/embeddings.npy`` (node classification) or ``nodes/embeddings.npy`` (
 prediction), written chunk by chunk (:class:`~embedtrain.recipes.export_parts.NodeOutputsExport`,
 ``model.json``'s ``nodes``). There is no dense program: a node's output needs its
 neighbourhood, not a row. XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``); the
-recipes say so.
+recipes say so. Sequence runs (``task: seq``) export their item table (a TorchRec
+``EmbeddingCollection``'s: pooling ``none``, looked up per position at predict, so float32 only),
+the encoder's blocks as the dense program (the padded rows of a history -> its newest position's
+features) and the item head.
 
 Example:
     >>> result = export_run("runs/demo", "exports/demo", quantize="int8")
@@ -214,6 +217,11 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
         raise ExportError(refusal)
     model = recipe.planning_model()  # on meta: no table memory
     tables = model_tables(model)
+    per_position = [t.name for t in tables if t.pooling == "none"]
+    if quantize != "none" and per_position:
+        raise ExportError(f"--quantize {quantize}: {per_position[0]} is looked up per position "
+                          f"(a sequence's items), which the quantized kernels do not do; export "
+                          f"it as float32 (--quantize none)")
     parts = recipe.export_parts(model, [(t.name, t.rows, t.dim) for t in tables])
     if aot and parts.dense is None:
         raise ExportError(f"--aot: a {parts.model} export has no dense program to compile "

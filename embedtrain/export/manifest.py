@@ -278,7 +278,7 @@ class Manifest:
 
     format_version: int
     task: str
-    model: str  # dlrm | dcn | xc | graphsage
+    model: str  # dlrm | dcn | xc | graphsage | sasrec
     quantize: str
     features: Features
     tables: list[Table]

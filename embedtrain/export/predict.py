@@ -33,7 +33,8 @@ by a batch and a row group, never the input. Output columns, one row per input r
   head's ``top_k``, the run's ``xc.top_k``);
 
 plus the input's label column (``label`` or ``labels``) where the input has it; then the
-metrics of the scores against it are returned too (AUC and log loss; with a head: P@1).
+metrics of the scores against it are returned too (AUC and log loss; with a head: P@1,
+and HR@k where every row has one label).
 
 What scoring takes is in ``model.json`` (its ``head``) but for one thing, which the run's recipe
 says (the export's copy of ``config.yaml``): how the dense program takes the pooled embeddings
@@ -91,6 +92,7 @@ from embedtrain.models.dynamic import (
     mix_ids,
     unmix_ids,
 )
+from embedtrain.models.seq import first_k_outside
 from embedtrain.recipes import recipe_for
 from embedtrain.recipes.base import quiet_fx_tracing_warning
 from embedtrain.utils import check_output_file, progress_bar
@@ -178,9 +180,11 @@ class ExportedModel:
         # collection holds at most one table per feature, the n-th table of a feature in the n-th
         # (a TorchRec collection's outputs are keyed by feature)
         groups: list[list[int]] = []
+        # (and a table looked up per position, pooling none, only with others of its kind)
         for i, t in enumerate(m.tables):
             g = next((g for g in groups if not set(t.features) & {
-                f for j in g for f in m.tables[j].features}), None)
+                f for j in g for f in m.tables[j].features}
+                and (m.tables[g[0]].pooling == "none") == (t.pooling == "none")), None)
             if g is None:
                 groups.append(g := [])
             g.append(i)
@@ -255,7 +259,8 @@ class ExportedModel:
         for dynamic tables, mapped by :meth:`rows`), ``[B, dim]`` per feature, in the manifest's
         table order (the model's feature order, which the dense program takes)."""
         rows = self.rows(sparse)
-        by_key = [c(rows).to_dict() for c in self.collections]
+        by_key = [c(rows) for c in self.collections]  # an EmbeddingCollection's: a dict
+        by_key = [out if isinstance(out, dict) else out.to_dict() for out in by_key]
         return [by_key[k][name] for k, _, name in self.feature_order]
 
     @torch.no_grad()
@@ -276,8 +281,11 @@ class ExportedModel:
         h = self.manifest.head
         if h.normalised:
             x = F.normalize(x, dim=1) * h.scale
+        excluded = self.recipe.predict_excluded(sparse)
+        n = k + (0 if excluded is None else excluded.shape[1])
         # the head's rows are widened and normalised one block at a time (no copy of the head)
-        return blocked_topk(x, self.head_weight, k, _HEAD_BLOCK, normalize_rows=h.normalised)
+        top = blocked_topk(x, self.head_weight, n, _HEAD_BLOCK, normalize_rows=h.normalised)
+        return top if excluded is None else first_k_outside(*top, excluded, k)
 
 
 def _head_weight(root: Path, h, where: Path) -> Tensor:
@@ -450,20 +458,32 @@ class _ClickMetrics:
 
 
 class _TopOneMetrics:
-    """The best class (``top_ids[0]``) against the labels (a class id or a list of them): P@1."""
+    """The best classes (``top_ids``) against the labels (a class id or a list of them): P@1,
+    and with single-label rows the hit rate at ``k`` (the label among the ``k`` ids)."""
 
     def __init__(self) -> None:
-        self.hits = self.count = 0
+        self.hits = self.count = self.found = self.single = 0
+        self.k = 0
 
     def update(self, columns: dict[str, pa.Array], labels: pa.Array) -> None:
         valid = pc.is_valid(labels).to_numpy(zero_copy_only=False)
         if not valid.any():
             return
-        top1 = np.array([ids[0] if len(ids) else -1 for ids in columns["top_ids"].to_pylist()])
-        for ok, guess, label in zip(valid, top1, labels.to_pylist()):
-            if ok:
-                self.count += 1
-                self.hits += int(guess in label) if isinstance(label, list) else int(guess == label)
+        for ok, ids, label in zip(valid, columns["top_ids"].to_pylist(), labels.to_pylist()):
+            if not ok:
+                continue
+            self.count += 1
+            guess = ids[0] if ids else -1
+            if isinstance(label, list):
+                self.hits += int(guess in label)
+            else:
+                self.hits += int(guess == label)
+                self.single += 1
+                self.found += int(label in ids)
+                self.k = max(self.k, len(ids))
 
     def compute(self) -> dict[str, float]:
-        return {"p@1": self.hits / self.count} if self.count else {}
+        out = {"p@1": self.hits / self.count} if self.count else {}
+        if self.single == self.count and self.single:
+            out[f"hr@{self.k}"] = self.found / self.single
+        return out

@@ -17,6 +17,7 @@ from torch import nn
 
 from embedtrain.export.manifest import ExportError
 from embedtrain.models.dynamic import EmbeddingBags
+from embedtrain.models.xc import HEAD_TABLE
 
 PROGRAM_FILE, SCRIPT_FILE, AOT_FILE = "dense.pt2", "dense.ts", "dense.aoti.pt2"
 
@@ -36,8 +37,9 @@ class TableSpec:
 
 def model_tables(model: nn.Module) -> list[TableSpec]:
     """Every ``EmbeddingBagCollection`` table of ``model``, with its checkpoint key (and, for a
-    dynamic table, its remapper's), in the model's feature order."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    dynamic table, its remapper's), in the model's feature order; then every
+    ``EmbeddingCollection`` table (per-position lookups, pooling ``none``)."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
     from torchrec.modules.mc_modules import MCHManagedCollisionModule
 
     modules = dict(model.named_modules())
@@ -58,6 +60,15 @@ def model_tables(model: nn.Module) -> list[TableSpec]:
             out.append(TableSpec(c.name, f"model.{path}.embedding_bags.{c.name}.weight",
                                   list(c.feature_names), c.num_embeddings, c.embedding_dim,
                                   c.pooling.name.lower(), remap))
+    # per-position lookups (a sequence encoder's item table): pooling none
+    for path, module in modules.items():
+        if isinstance(module, EmbeddingCollection):
+            for c in module.embedding_configs():
+                if c.name == HEAD_TABLE:  # the class head's planning placeholder: the head
+                    continue
+                out.append(TableSpec(c.name, f"model.{path}.embeddings.{c.name}.weight",
+                                      list(c.feature_names), c.num_embeddings, c.embedding_dim,
+                                      "none"))
     # EmbeddingBags holds static and dynamic tables in two collections, but pools (and the
     # sparse arch stacks) them in its configs' order: list them in that order
     for path, module in modules.items():

@@ -49,8 +49,13 @@ from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
-from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import (
+    DataType,
+    EmbeddingBagConfig,
+    EmbeddingConfig,
+    PoolingType,
+)
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantCollection
 from torchrec.quant.embedding_modules import quantize_state_dict
 
@@ -524,7 +529,18 @@ def _configs(tables, data_type=None) -> list:
 
 
 def float_collection(tables, arrays: Sequence[np.ndarray]) -> nn.Module:
-    """TorchRec's ``EmbeddingBagCollection`` over the float tables ``arrays`` (not copied)."""
+    """TorchRec's ``EmbeddingBagCollection`` over the float tables ``arrays`` (not copied);
+    tables of pooling ``none`` (all or none of them): its ``EmbeddingCollection``, which looks
+    each id up on its own (a sequence's positions)."""
+    if all(t.pooling == "none" for t in tables):
+        ec = EmbeddingCollection(tables=[
+            EmbeddingConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                            feature_names=list(t.features)) for t in tables],
+            device=torch.device("meta"))
+        for t, array in zip(tables, arrays):
+            ec.embeddings[t.name].weight = nn.Parameter(torch.from_numpy(array),
+                                                        requires_grad=False)
+        return ec.eval()
     ebc = EmbeddingBagCollection(tables=_configs(tables), device=torch.device("meta"))
     for t, array in zip(tables, arrays):
         ebc.embedding_bags[t.name].weight = nn.Parameter(torch.from_numpy(array),

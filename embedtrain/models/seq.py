@@ -16,9 +16,10 @@ over the item corpus. Training predicts the next item at every position: positio
 positions are the head's examples (``B x T`` of them, padded positions labelled ``-1``, which
 every head leaves out of its loss), so each rank hands the head the same number of rows.
 Evaluation scores the last position of each history against the whole corpus: the head's loss,
-top-k item ids, and (sharded heads) the target's rank among every item, for MRR. With
-``exclude_history`` the history's items are taken out of the ranking (the top ``k + max_length``
-items with the history's removed, and ranks among the other items); a target that is in its own
+top-k item ids, and (sharded heads) the target's rank among every item, for MRR; the padding id
+0, which is no item, is never ranked. With ``exclude_history`` the history's items are taken out
+of the ranking too (the top ``k + 1 + max_length`` items with the excluded ones removed, and ranks
+among the other items); a target that is in its own
 history is then a miss (rank 0: no reciprocal rank), as a served model that never recommends a
 seen item would miss it.
 
@@ -95,16 +96,69 @@ class SeqEncoder(nn.Module):
         if lengths.numel() and int(lengths.max()) > self.max_length:
             raise ValueError(f"a history of {int(lengths.max())} items is longer than the "
                              f"encoder's max_length {self.max_length}")
-        rows, pos = padded_positions(lengths)
-        values = jt.values()
-        x = values.new_zeros((lengths.numel(), self.max_length, self.dim))
-        x = x.index_put((rows, pos), values * math.sqrt(self.dim))
-        # recency: the newest item of a history is position 0, as in SASRec's padded windows
-        recency = (lengths[:, None] - 1 - torch.arange(self.max_length)).clamp(min=0)
-        x = self.dropout(x + self.positions(recency))
-        causal = torch.nn.Transformer.generate_square_subsequent_mask(self.max_length,
-                                                                       dtype=x.dtype)
-        return self.norm(self.blocks(x, mask=causal, is_causal=True)), lengths
+        return encode(self, pad_history(jt.values(), lengths, self.max_length), lengths), lengths
+
+
+def history_ids(values: Tensor, lengths: Tensor, max_length: int) -> Tensor:
+    """Jagged histories' item ids -> ``[B, max_length]``, ``-1`` past each end."""
+    rows, pos = padded_positions(lengths.long())
+    out = torch.full((lengths.numel(), max_length), -1, dtype=torch.long)
+    out[rows, pos] = values.long()
+    return out
+
+
+def excluded_items(values: Tensor, lengths: Tensor, max_length: int, history: bool) -> Tensor:
+    """The items a ranking leaves out, ``[B, 1]`` or ``[B, 1 + max_length]`` (``-1``: none):
+    the padding id 0, which is no item, and with ``history`` each row's history."""
+    pad = torch.zeros((lengths.numel(), 1), dtype=torch.long)
+    if not history:
+        return pad
+    return torch.cat([pad, history_ids(values, lengths, max_length)], dim=1)
+
+
+def pad_history(values: Tensor, lengths: Tensor, max_length: int) -> Tensor:
+    """Jagged per-item rows ``[N, D]`` of histories of ``lengths`` -> ``[B, max_length, D]``,
+    zeros past each history's end."""
+    rows, pos = padded_positions(lengths)
+    x = values.new_zeros((lengths.numel(), max_length, values.shape[-1]))
+    return x.index_put((rows, pos), values)
+
+
+def encode(m: nn.Module, history: Tensor, lengths: Tensor) -> Tensor:
+    """The SASRec blocks of ``m`` (a :class:`SeqEncoder` or :class:`SeqDense`: its
+    ``positions``, ``blocks``, ``norm``, ``dropout``) over padded item embeddings
+    ``[B, T, D]`` (zeros past each of ``lengths``) -> ``[B, T, D]``."""
+    t, d = history.shape[1], history.shape[2]
+    # recency: the newest item of a history is position 0, as in SASRec's padded windows
+    recency = (lengths[:, None] - 1 - torch.arange(t)).clamp(min=0)
+    x = m.dropout(history * math.sqrt(d) + m.positions(recency))
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(t, dtype=x.dtype)
+    return m.norm(m.blocks(x, mask=causal, is_causal=True))
+
+
+class SeqDense(nn.Module):
+    """The encoder without its item table, as ``embedtrain export`` writes it:
+    ``(dense [B, 0], history [B, T, D], lengths [B]) -> [B, D]``, the last position's features
+    (what evaluation scores), from the padded item embeddings of the histories (the exported
+    table's rows, zeros past each end). Shares ``encoder``'s parameters (same names)."""
+
+    def __init__(self, encoder: SeqEncoder) -> None:
+        super().__init__()
+        self.positions, self.blocks = encoder.positions, encoder.blocks
+        self.norm, self.dropout = encoder.norm, encoder.dropout
+
+    def forward(self, dense: Tensor, history: Tensor, lengths: Tensor) -> Tensor:
+        del dense  # the rows' dense columns: a sequence data set has none
+        h = encode(self, history, lengths)
+        return h[torch.arange(h.shape[0]), (lengths - 1).clamp(min=0)]
+
+
+def first_k_outside(scores: Tensor, ids: Tensor, seen: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The first ``k`` of ranked ``(scores, ids)`` ``[B, n]`` whose id is not in the row's
+    ``seen`` ``[B, T]`` (``-1``: none), in their order (``n >= k + T``: enough remain)."""
+    hidden = (ids[:, :, None] == seen[:, None, :]).any(-1)
+    order = torch.sort(hidden.to(torch.int8), dim=1, stable=True).indices[:, :k]
+    return scores.gather(1, order), ids.gather(1, order)
 
 
 class SeqModel(nn.Module):
@@ -134,14 +188,6 @@ class SeqModel(nn.Module):
         self.head = head if head is not None else planning_head(num_items, dim, head_dtype,
                                                                 device)
 
-    def history(self, sparse: KeyedJaggedTensor) -> Tensor:
-        """``[B, T]``: each example's history items, ``-1`` past its end."""
-        jt = sparse[self.encoder.feature]
-        rows, pos = padded_positions(jt.lengths().long())
-        out = torch.full((jt.lengths().numel(), self.encoder.max_length), -1, dtype=torch.long)
-        out[rows, pos] = jt.values().long()
-        return out
-
     def next_items(self, sparse: KeyedJaggedTensor, targets: Tensor) -> Tensor:
         """``[B, T]``: the item each position predicts (``items[i + 1]``, then ``target`` at the
         last position); ``-1`` past the history and in rows without a target (padding)."""
@@ -164,14 +210,12 @@ class SeqModel(nn.Module):
         last = h[torch.arange(h.shape[0]), (lengths - 1).clamp(min=0)]
         targets = targets.clamp(min=0)  # padding rows: item 0's figures, dropped by the task
         losses = self.head.eval_loss(last, targets)
-        seen = self.history(sparse) if self.exclude_history else None
+        jt = sparse[self.encoder.feature]
+        seen = excluded_items(jt.values(), jt.lengths(), self.encoder.max_length,
+                              self.exclude_history)
         top = None
-        if k:
-            top = self.head.topk(last, k + (0 if seen is None else seen.shape[1]))[1]
-            if seen is not None:  # the first k that are not in the history
-                hidden = (top[:, :, None] == seen[:, None, :]).any(-1)
-                order = torch.sort(hidden.to(torch.int8), dim=1, stable=True).indices
-                top = top.gather(1, order)[:, :k]
+        if k:  # the first k that are not excluded
+            top = first_k_outside(*self.head.topk(last, k + seen.shape[1]), seen, k)[1]
         ranks = (self.head.target_rank(last, targets, seen)
                  if hasattr(self.head, "target_rank") else None)
         return losses, top, ranks

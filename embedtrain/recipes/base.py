@@ -233,6 +233,11 @@ class Recipe:
         each, in the tables' order), for ``embedtrain predict``."""
         raise NotImplementedError
 
+    def predict_excluded(self, sparse: Any) -> Optional[torch.Tensor]:
+        """Class ids ``[B, n]`` (``-1``: none) each row's top-k leaves out at ``predict``, as
+        its evaluation does (``seq.exclude_history``); None: none."""
+        return None
+
     # -- shared ------------------------------------------------------------------------------
 
     @property

@@ -84,7 +84,8 @@ class ExportParts:
     reads from the model itself).
 
     Attributes:
-        model: the model's name in ``model.json`` (``dlrm``, ``dcn``, ``xc``, ``graphsage``).
+        model: the model's name in ``model.json`` (``dlrm``, ``dcn``, ``xc``, ``graphsage``,
+            ``sasrec``).
         features: the columns a row carries; each sparse feature is looked up in the table of
             the same feature.
         ingest: how ``embedtrain ingest`` made the columns (``metadata.json``'s extra fields:

@@ -11,15 +11,17 @@ multi-hot id feature of at most ``max_length`` ids) and ``target`` (the next ite
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
 
 from embedtrain.config import ClusterConfig
 from embedtrain.features import DatasetMeta
-from embedtrain.models.seq import SeqModel
+from embedtrain.models.seq import ITEM_TABLE, SeqDense, SeqModel, excluded_items, pad_history
 from embedtrain.recipes.base import Oracle, oracle_of
+from embedtrain.recipes.export_parts import DenseExport, ExportParts
 from embedtrain.recipes.xc import XCRecipe
 from embedtrain.train.seq import SeqTask
 
@@ -75,6 +77,43 @@ class SeqRecipe(XCRecipe):
         return {key: value * self.max_length
                 for key, value in super().extra_reservations(cluster).items()}
 
-    def export_refusal(self) -> Optional[str]:
-        return ("task seq: export (item embeddings, the encoder, top-k next items per user) is "
-                "not built yet; evaluate with embedtrain eval")
+    def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
+                     ) -> ExportParts:
+        """The item table (written with the tables, looked up per position), the encoder's
+        blocks (:class:`SeqDense`: padded history embeddings -> the last position's features)
+        and the class head over the items."""
+        spec, t, d = self.dataset.features, self.max_length, self.cfg.seq.dim
+        example = (torch.zeros(4, 0), torch.randn(4, t, d), torch.tensor([1, t, 2, t // 2 + 1]))
+        inputs = ["dense: float32 [B, 0] (no dense features)",
+                  f"history: float32 [B, {t}, {d}] (the rows of {spec.sparse[0].name} in "
+                  f"{ITEM_TABLE}, oldest first, zeros past the history's end)",
+                  "lengths: int64 [B] (each history's length, 1 to max_length)"]
+        dense = DenseExport(SeqDense(model.encoder), "model.encoder.", example, inputs,
+                            f"features: float32 [B, {d}] (the newest position's; class scores: "
+                            f"features @ head.weight.T)")
+        note = "the top-k leave out item 0 (padding)" + (
+            " and the row's history (seq.exclude_history)" if self.cfg.seq.exclude_history
+            else "")
+        # the history's ids and the head's classes are both the item vocabulary's (ingested)
+        ingest = dict(self.dataset.extra)
+        files = dict(ingest.get("vocab_files") or {})
+        item = files.get("item")
+        if item:
+            files[spec.sparse[0].name] = files[spec.label] = item
+        ingest["vocab_files"] = files
+        head = dataclasses.replace(self.head_export(), vocab=item)
+        return ExportParts("sasrec", spec, ingest, dense, head, note)
+
+    def predict_pooled(self, pooled: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The histories' per-position rows (a ``JaggedTensor``), padded: ``(history [B, T, D],
+        lengths [B])``."""
+        (jt,) = pooled
+        lengths = jt.lengths().long()
+        return pad_history(jt.values(), lengths, self.max_length), lengths
+
+    def predict_excluded(self, sparse: Any) -> Optional[torch.Tensor]:
+        """What evaluation leaves out of the ranking: the padding id 0 and, with
+        ``seq.exclude_history``, each row's history items."""
+        jt = sparse[self.dataset.features.sparse[0].name]
+        return excluded_items(jt.values(), jt.lengths(), self.max_length,
+                              self.cfg.seq.exclude_history)

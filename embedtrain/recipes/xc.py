@@ -221,8 +221,8 @@ class XCRecipe(TabularRecipe):
     def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
                      ) -> ExportParts:
         """The data set's features, the encoder's MLP (:class:`XCDense`) and the class head."""
-        meta, x = self.dataset, self.cfg.xc
-        spec, h = meta.features, x.head
+        meta = self.dataset
+        spec = meta.features
         encoder = model.encoder
         width = sum(dim for _, _, dim in tables)
         example = (torch.randn(4, len(spec.dense)), torch.randn(4, width))
@@ -233,11 +233,15 @@ class XCRecipe(TabularRecipe):
                             "model.encoder.", example, inputs,
                             f"features: float32 [B, {encoder.dim}] (class scores: features @ "
                             f"head.weight.T)")
+        return ExportParts("xc", spec, meta.extra, dense, self.head_export())
+
+    def head_export(self) -> HeadExport:
+        """The sharded class head as ``embedtrain export`` writes it."""
+        spec, h = self.dataset.features, self.cfg.xc.head
         normalised = h.margin is not Margin.NONE
-        head = HeadExport(h.kind.value, "model.head.weight", spec.num_classes, self.feature_dim,
-                          normalised, h.scale if normalised else 1.0, list(x.top_k),
-                          (meta.extra.get("vocab_files") or {}).get(spec.label))
-        return ExportParts("xc", spec, meta.extra, dense, head)
+        return HeadExport(h.kind.value, "model.head.weight", spec.num_classes, self.feature_dim,
+                          normalised, h.scale if normalised else 1.0, list(self.cfg.xc.top_k),
+                          (self.dataset.extra.get("vocab_files") or {}).get(spec.label))
 
     def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor:
         """Concatenated: ``[B, sum of dims]``."""
