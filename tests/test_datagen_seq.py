@@ -239,7 +239,8 @@ def test_oracle_beats_popularity(dataset):
     ("min_length", 201, "SeqDataSpec.min_length must be"),
     ("max_length", 0, "SeqDataSpec.max_length must be an integer >= 1"),
     ("successor_prob", 0.0, "SeqDataSpec.successor_prob must be in (0, 1)"),
-    ("global_prob", 0.2, "successor_prob + interest_prob + global_prob must be 1, got 1.05"),
+    ("global_prob", 0.2, "successor_prob + SeqDataSpec.interest_prob + SeqDataSpec.global_prob "
+                    "must sum to 1, got 1.05"),
     ("item_zipf_a", 0.0, "SeqDataSpec.item_zipf_a must be positive"),
     ("seed", -1, "SeqDataSpec.seed must be a non-negative integer"),
     ("users", 10.5, "SeqDataSpec.users must be an integer"),
@@ -274,10 +275,18 @@ def test_cli(tmp_path, capsys):
     for bad, says in [(["--items", "40"], "--items must be an integer >= 10 * clusters"),
                       (["--min-length", "2"], "--min-length must be"),
                       (["--events-format", "json"], "--events-format: expected one of"),
-                      (["--events", str(out / "raw")], "--events: must be --out itself or")]:
+                      (["--events", str(out / "raw")], "--events: must be --out itself or"),
+                      (["--successor-prob", "0.3"], "--successor-prob + --interest-prob + "
+                                                    "--global-prob must sum to 1")]:
         assert main(argv + bad) == 2, bad
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0] and "Spec." not in err[0], err
+    mixture = ["--successor-prob", "0.3", "--interest-prob", "0.6", "--global-prob", "0.1",
+               "--successor-locality", "0.2"]
+    assert main(argv + mixture) == 0
+    generator = json.loads((out / "metadata.json").read_text())["generator"]
+    assert [generator[k] for k in ("successor_prob", "interest_prob", "global_prob",
+                                   "successor_locality")] == [0.3, 0.6, 0.1, 0.2]
     assert main(["datagen", "seq", "--users", "5", "--out", str(tmp_path / "no")]) == 2
     assert not (tmp_path / "no").exists()
 

@@ -30,6 +30,7 @@ DATAGEN_ENTRIES = {"metadata.json": False, "metadata.json.tmp": False, "datagen.
                    "splits": True,
                    "events": r"part-\d{5}\.(parquet|csv)(\.tmp)?"}  # datagen seq --events
 TSV_PARTS = r"part-\d{5}\.tsv"
+SEQ_MIXTURE = ("successor_prob", "interest_prob", "global_prob", "successor_locality")
 
 
 def datagen_refusal(out: Path) -> Optional[str]:
@@ -121,6 +122,14 @@ def register(sub) -> None:
     g.add_argument("--max-length", type=int, default=50,
                    help="history length L kept in a row (train rows: L + 1 items; default 50)")
     g.add_argument("--min-length", type=int, default=5, help="events per user, at least (>= 3)")
+    for name, what in (("successor-prob", "the next item follows the last one's successors"),
+                       ("interest-prob", "the next item is drawn from the user's interest "
+                                         "cluster"),
+                       ("global-prob", "the next item is drawn by global popularity"),
+                       ("successor-locality", "a successor lies in its item's own cluster")):
+        g.add_argument(f"--{name}", type=float,
+                       help=f"probability that {what} (default: SeqDataSpec's, which "
+                            f"metadata.json's generator records; the three *-prob sum to 1)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--events", metavar="DIR",
@@ -272,7 +281,8 @@ def _datagen_seq(args: argparse.Namespace) -> int:
         raise UsageError(f"--events-format: expected one of {', '.join(EVENTS_FORMATS)}, got "
                          f"{args.events_format!r}")
     spec = SeqDataSpec(users=args.users, items=args.items, clusters=args.clusters,
-                       max_length=args.max_length, min_length=args.min_length, seed=args.seed)
+                       max_length=args.max_length, min_length=args.min_length, seed=args.seed,
+                       **{k: v for k in SEQ_MIXTURE if (v := getattr(args, k)) is not None})
     where = None
     if args.events is not None:
         out, events = (Path(os.path.realpath(p)) for p in (args.out, args.events))

@@ -83,7 +83,8 @@ class SeqDataSpec:
         check_fields(self, checks)
         total = self.successor_prob + self.interest_prob + self.global_prob
         if abs(total - 1) > 1e-9:
-            raise ValueError("SeqDataSpec.successor_prob + interest_prob + global_prob must be 1, "
+            raise ValueError("SeqDataSpec.successor_prob + SeqDataSpec.interest_prob + "
+                             "SeqDataSpec.global_prob must sum to 1, "
                              f"got {total!r}")
 
 
