@@ -110,23 +110,42 @@ class _Batches:
         return 4, 0
 
 
-def test_early_stopping_stops_after_patience_evaluations_without_a_better_one(tmp_path):
+def _scripted_trainer(tmp_path, values, epochs, patience):
     model = nn.Linear(3, 1)
     optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()),
                                       lambda p: torch.optim.SGD(p, lr=0.01))
+    task = _ScriptedTask(values)
+    options = TrainerOptions(epochs=epochs, eval_every=2, checkpoint_every=0, progress=False,
+                             select=Selection.BEST, early_stopping_patience=patience)
+    return task, Trainer(task, model, optimizer, _Batches(), _Batches(), RunDir(tmp_path),
+                         options)
+
+
+def test_early_stopping_stops_after_patience_evaluations_without_a_better_one(tmp_path, capsys):
     # evaluations at steps 2, 4, 6, 8: best at step 4, two worse after it; then the final
     # (full) evaluation of the stopping step's weights
-    task = _ScriptedTask([0.60, 0.70, 0.65, 0.69, 0.69])
-    options = TrainerOptions(epochs=3, eval_every=2, checkpoint_every=0, progress=False,
-                             select=Selection.BEST, early_stopping_patience=2)
-    trainer = Trainer(task, model, optimizer, _Batches(), _Batches(), RunDir(tmp_path), options)
+    task, trainer = _scripted_trainer(tmp_path, [0.60, 0.70, 0.65, 0.69, 0.69], 3, 2)
     summary = trainer.fit()
     assert summary["stopped_early"] and summary["steps"] == 8  # not the 30 scheduled
+    # one line, with the step, the best step and the patience (not again at the final evaluation)
+    said = [line for line in capsys.readouterr().out.splitlines() if "stopping early" in line]
+    assert said == ["step 8: auc not better than step 4's 0.7000 for 2 evaluations: "
+                    "stopping early"]
     assert summary["selected"] == {"step": 4, "metric": "auc", "value": 0.70}
     assert not task.values  # exactly the 4 periodic evaluations and the final one ran
     info = json.loads((tmp_path / "checkpoints" / "step_00000008" / "trainer_state.json")
                       .read_text())
     assert info["finished"] and info["best_step"] == 4
+
+
+def test_patience_running_out_at_the_planned_last_step_is_not_an_early_stop(tmp_path, capsys):
+    # 10 steps: evaluations at 2, 4, 6, 8 and the final one at step 10, the 4th without a
+    # better value: the run ended as planned, nothing was stopped
+    task, trainer = _scripted_trainer(tmp_path, [0.70, 0.60, 0.65, 0.69, 0.50], 1, 4)
+    summary = trainer.fit()
+    assert summary["steps"] == 10 and not summary["stopped_early"]
+    assert not task.values and "stopping early" not in capsys.readouterr().out
+    assert summary["selected"] == {"step": 2, "metric": "auc", "value": 0.70}
 
 
 def test_select_metric_needs_a_direction(ctr_data, tmp_path):

@@ -244,7 +244,7 @@ class Trainer:
             final_valid = self._final_valid  # resumed at the final checkpoint: logged, tracked
         elif self.valid_data is not None:
             final_valid = self._evaluate_and_log(max_batches=None)
-            self._track(final_valid, save=False)
+            self._track(final_valid, save=False, final=True)
         self._final_valid = final_valid
         if self._saved_step != st.step or not self._saved_final:
             self.save(final=True)
@@ -291,11 +291,13 @@ class Trainer:
         return bool(every) and step % every == 0 and step < self.total_steps \
             and self._saved_step != step
 
-    def _track(self, result: dict[str, float], save: bool) -> bool:
+    def _track(self, result: dict[str, float], save: bool, final: bool = False) -> bool:
         """Compares an evaluation with the best so far; True when training should stop early.
 
         A better one becomes the best checkpoint (``save``: written now, at this step, and kept
-        beside the newest ``keep_checkpoints``; else by the caller's final save).
+        beside the newest ``keep_checkpoints``; else by the caller's final save). The ``final``
+        evaluation (after the last step trained, planned or early) only updates the best: there
+        is nothing left to stop.
         """
         st, opts = self.state, self.options
         if not self._tracks_best or self.select_metric not in result:
@@ -313,7 +315,7 @@ class Trainer:
             return False
         st.evals_since_best += 1
         patience = opts.early_stopping_patience
-        if patience and st.evals_since_best >= patience:
+        if patience and st.evals_since_best >= patience and not final:
             st.stopped_early = True
             if self.rank == 0:
                 tqdm.write(f"step {st.step}: {self.select_metric} not better than step "
