@@ -256,6 +256,9 @@ class TrainConfig:
     keep_checkpoints: int = config_field(2, check=POSITIVE)
     seed: int = 0
     progress: bool = True
+    # without a progress bar (progress false, or stderr not a terminal): seconds between status
+    # lines (step, examples/s, loss, time left; also one at each epoch's end); 0: none
+    status_every_s: float = config_field(30.0, check=NON_NEGATIVE)
     # micro-batches per dense optimizer step
     grad_accumulation: int = config_field(1, check=POSITIVE)
     bf16_dense: bool = False  # run the dense part under bfloat16 autocast

@@ -634,3 +634,13 @@ def test_ctr_fm_spec_thresholds_ids_and_keeps_the_datagen_splits(tmp_path):
             pairs = np.unique(np.stack([before[frequent], after[frequent]]), axis=1)
             assert len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]
             assert after.max(initial=0) < feature["num_embeddings"]
+
+
+def test_a_split_key_the_method_does_not_use_is_refused(tmp_path):
+    """Issue 34: ``seed`` with ``method: time`` meant nothing and was accepted silently."""
+    path = spec_file(tmp_path, TIME_CSV_SPEC.replace("test_fraction: 0.1}",
+                                                     "test_fraction: 0.1, seed: 7}"))
+    with pytest.raises(ConfigError, match=r"split\.seed: only for method: hash \(method: time "
+                                          r"draws no hash; remove it\)"):
+        load_spec(path)
+    assert load_spec(spec_file(tmp_path, TIME_CSV_SPEC)).split.seed is None

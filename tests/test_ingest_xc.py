@@ -480,3 +480,27 @@ def test_xc_trainer_trains_on_an_ingested_repository_data_set(ingested_repositor
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["split"] == "test" and summary["dataset"] == "xc_repository"
     assert summary["p@1"] > 0.5  # chance is 1/20: it learnt the planted prototypes
+
+
+def test_the_data_set_is_named_after_its_input_unless_name_is_set(tmp_path):
+    """Issue 34: the shipped repository spec names no data set, so a run on EURLex prints
+    "eurlex", not "xc_repository" (a file named for its split takes its folder's name)."""
+    (tmp_path / "eurlex").mkdir()
+    train = write_repository(tmp_path / "eurlex" / "train.txt", TRAIN_LINES,
+                             rows=len(TRAIN_LINES) + 3)
+    run(tmp_path, REPOSITORY_SPEC.read_text(), [train])
+    assert meta(tmp_path / "out")["name"] == "eurlex"
+    run(tmp_path, REPOSITORY_SPEC.read_text(), [train], out="named", overrides=["name=eur"])
+    assert meta(tmp_path / "named")["name"] == "eur"
+
+
+def test_split_keys_that_do_nothing_are_refused(tmp_path):
+    """``seed`` (and ``column``) of the hash where no row is hashed: one line, not ignored."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(REPOSITORY_SPEC.read_text())
+    both = ["split.files.test=t.txt", "split.files.valid=v.txt"]
+    assert load_xc_spec(path, both).split.seed is None
+    with pytest.raises(ConfigError, match=r"spec\.yaml: split\.seed: no row is split by the "
+                                          r"hash .*; remove it$"):
+        load_xc_spec(path, [*both, "split.seed=3"])
+    assert load_xc_spec(path, ["split.files.test=t.txt", "split.seed=3"]).split.hash_seed == 3

@@ -12,7 +12,8 @@ def register(sub) -> None:
                        "tables, the dense model (torch.export), model.json")
     p.add_argument("run_dir", help="a run directory written by `embedtrain train`")
     p.add_argument("--checkpoint", help="step (e.g. 500) or checkpoint directory (default: the "
-                   "run's newest)")
+                   "step the run's summary.json reports, e.g. its best with train.select: best; "
+                   "an unfinished run's newest)")
     p.add_argument("--out", required=True, help="export directory")
     p.add_argument("--quantize", default="none", help="tables as none (float32), int8 or int4 "
                    "(TorchRec/FBGEMM rowwise quantization; default: none)")
@@ -63,6 +64,7 @@ def _export(args: argparse.Namespace) -> int:
     m, mib = result.manifest, 2**20
     print(f"exported step {m.source.step:,} of {args.run_dir} ({m.source.world_size} rank(s), "
           f"{m.task}) to {result.out} in {result.seconds:.1f} s")
+    print(f"  checkpoint   step {m.source.step:,}: {result.chosen}")
     rows = sum(t.rows for t in m.tables)
     sizes = f"{m.float32_bytes / mib:,.1f} MiB float32"
     if m.quantize != "none":

@@ -131,6 +131,7 @@ from embedtrain.recipes.export_parts import (
     NodeOutputsExport,
 )
 from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
+from embedtrain.train.run_dir import RunDir
 from embedtrain.utils import progress_bar
 
 FORMATS = ("npy", "parquet")
@@ -161,6 +162,7 @@ class ExportResult:
     baseline_rss: int
     peak_rss: Optional[int]
     largest_table: int
+    chosen: str = ""  # why this checkpoint (the summary's step, the newest, the one asked for)
 
     @property
     def peak_over_baseline(self) -> Optional[int]:
@@ -188,7 +190,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
         run_dir: a run directory written by ``embedtrain train``.
         out: the export directory (created; an earlier export there needs ``overwrite``).
         checkpoint: a step (``500``, ``step_00000500``) or a checkpoint directory; default:
-            the run's newest complete one.
+            the step the run's ``summary.json`` reports (``selected.step``: the best validation
+            step with ``train.select: best``), the model the run's figures describe; a run
+            without a summary (unfinished): its newest complete checkpoint.
         quantize: ``none`` (float32 tables), ``int8`` or ``int4`` (FBGEMM's rowwise fused rows,
             through TorchRec's quantizer); the class head stays as trained (float32 or
             bfloat16).
@@ -227,13 +231,22 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
         raise ExportError(f"--aot: a {parts.model} export has no dense program to compile "
                           f"({parts.note or 'none'}); export without --aot")
     manager = CheckpointManager(run_dir / "checkpoints")
+    chosen = "the checkpoint asked for (--checkpoint)"
+    if checkpoint is None:  # the model the run's summary describes
+        checkpoint, chosen = RunDir(run_dir).selected_step()
+        if checkpoint is not None and not manager.path(checkpoint).is_dir():
+            raise CheckpointError(f"{manager.path(checkpoint)}: summary.json reports step "
+                                  f"{checkpoint:,}, whose checkpoint is gone; name one with "
+                                  f"--checkpoint")
     if checkpoint is None and manager.latest() is None:
         raise CheckpointError(f"{run_dir / 'checkpoints'}: no complete checkpoint to export")
     # Pinned while it is read: a training run's pruning passes over it.
     with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt:
-        return _export_checkpoint(cfg, recipe, parts, tables, run_dir, out, ckpt,
-                                  manager.info(ckpt), quantize, formats, progress, overwrite,
-                                  start, aot)
+        result = _export_checkpoint(cfg, recipe, parts, tables, run_dir, out, ckpt,
+                                    manager.info(ckpt), quantize, formats, progress, overwrite,
+                                    start, aot)
+    result.chosen = chosen
+    return result
 
 
 def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list[TableSpec],

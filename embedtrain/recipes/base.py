@@ -424,7 +424,8 @@ class Recipe:
             progress=t.progress if progress is None else progress,
             grad_accumulation=t.grad_accumulation, bf16_dense=t.bf16_dense, select=t.select,
             select_metric=t.select_metric,
-            early_stopping_patience=t.early_stopping_patience, pipeline=t.pipeline)
+            early_stopping_patience=t.early_stopping_patience, pipeline=t.pipeline,
+            status_every_s=t.status_every_s)
 
     def check_selection(self, task: Task) -> None:
         """``train.select_metric`` is a metric of the task with a known better direction."""

@@ -190,6 +190,26 @@ class RunDir:
                 kept.append(record)
         return kept
 
+    def selected_step(self) -> tuple[Optional[int], str]:
+        """The step whose weights ``summary.json`` reports (``selected.step``: the best
+        validation step with ``train.select: best``, else the last), and why, in words; ``(None,
+        why)`` for a run without a readable summary (unfinished): its newest checkpoint is the
+        one to take."""
+        path = self.root / SUMMARY_FILE
+        try:
+            summary = json.loads(path.read_text())
+            selected = summary["selected"]
+            step = int(selected["step"])
+        except FileNotFoundError:
+            return None, "no summary.json (an unfinished run): its newest checkpoint"
+        except (OSError, ValueError, TypeError, KeyError):
+            return None, f"{path} names no selected step: the run's newest checkpoint"
+        metric, value = selected.get("metric"), selected.get("value")
+        if metric and value is not None:
+            return step, (f"the step summary.json reports (train.select: best, valid {metric} "
+                          f"{value:.4f})")
+        return step, "the step summary.json reports (the run's last)"
+
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.root / SUMMARY_FILE
         write_atomic(path, json.dumps(summary, indent=2) + "\n")

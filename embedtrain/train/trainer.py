@@ -32,6 +32,7 @@ from embedtrain.runtime import peak_rss_gb_per_rank, startup_record
 from embedtrain.train.checkpoint import (
     CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok, init_optimizer_state)
 from embedtrain.train.run_dir import RunDir
+from embedtrain.train.status import progress_display
 from embedtrain.train.options import PipelineKind, Selection
 from embedtrain.train.pipeline import BatchArgs, PipelinedSteps
 from embedtrain.train.steps import closing_iterator, train_steps
@@ -82,6 +83,7 @@ class TrainerOptions:
     select: Selection = Selection.LAST  # the checkpoint the final (test) metrics come from
     select_metric: Optional[str] = None  # validation metric of BEST (None: the task's main one)
     early_stopping_patience: int = 0  # stop after this many evaluations without a better one
+    status_every_s: float = 30.0  # without a bar: seconds between status lines (0: none)
 
 
 @dataclass
@@ -219,7 +221,8 @@ class Trainer:
         if resume:
             self.resume()
         opts, st = self.options, self.state
-        bar = self._progress_bar()
+        bar = progress_display(self.total_steps, st.step, len(self.train_data), opts.epochs,
+                               opts.progress, opts.status_every_s, self.rank)
         self.model.train()
         with contextlib.closing(self._steps()) as steps:
             for _ in steps:
@@ -265,12 +268,6 @@ class Trainer:
                                       selected)
         self._hand_on_evaluation()  # the final evaluation's, if it ran: the run is complete
         return summary
-
-    def _progress_bar(self) -> tqdm:
-        interactive = sys.stderr.isatty()  # a log file gets a line every 10 s, not every step
-        return tqdm(total=self.total_steps, initial=self.state.step, unit="step",
-                    disable=not self.options.progress or self.rank, dynamic_ncols=True,
-                    mininterval=0.1 if interactive else 10)
 
     def _steps(self) -> Generator[None, None, None]:
         """The training steps from where the run stands to the end of the schedule, one per item:

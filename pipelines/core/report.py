@@ -10,7 +10,33 @@ bucketized one) is marked in an :func:`unparsed` column and counted under ``repa
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
 from pipelines.core.output import SPLITS
+
+
+_GENERIC_STEMS = re.compile(r"(train|test|valid|validation|val|data|part-\d+)",
+                            re.IGNORECASE)
+
+
+def dataset_name(spec: Any, files: Sequence[Path], default: str) -> str:
+    """The data set's name, which a run on it prints: ``name:`` of the spec, else the first input
+    file's name without its extensions, or its folder's where the file's is a split's or a part's
+    (``eurlex/train.txt``: ``eurlex``; ``raw/events/part-00000.csv``: ``events``), else
+    ``default``."""
+    if spec.name:
+        return spec.name
+    if not files:
+        return default
+    path = Path(files[0]).absolute()
+    stem = path.name.split(".")[0]
+    if _GENERIC_STEMS.fullmatch(stem) and path.parent.name:
+        folder = path.parent.name
+        return folder if not _GENERIC_STEMS.fullmatch(folder) or not path.parent.parent.name \
+            else f"{path.parent.parent.name}_{folder}"
+    return stem or default
 
 FORMAT_VERSION = 1
 DROP = "__drop"

@@ -14,16 +14,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from embedtrain.config_io import to_dict
-from pipelines.core.report import FORMAT_VERSION
+from pipelines.core.report import FORMAT_VERSION, dataset_name
 
 USER_COLUMN, ITEMS_COLUMN, TARGET_COLUMN = "user", "items", "target"
-
-
-def dataset_name(spec: Any, files: Sequence[Path]) -> str:
-    """``name:`` of the spec, else the first input file's name without its extension."""
-    if spec.name:
-        return spec.name
-    return Path(files[0]).name.split(".")[0] if files else "sequence"
 
 
 def build_report(spec: Any, engine: dict, inputs: list[dict], read: int, used: int,
@@ -62,7 +55,7 @@ def build_metadata(spec: Any, report: dict, files: Sequence[Path]) -> dict:
     rows = report["rows_written"]
     return {
         "format_version": FORMAT_VERSION,
-        "name": dataset_name(spec, files),
+        "name": dataset_name(spec, files, "sequence"),
         "task": "seq",
         "num_items": report["num_items"] + 1,  # ids 1..V and the padding row 0
         "num_users": report["users"]["kept"],

@@ -244,7 +244,7 @@ def build_report(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
         split_info["files"] = spec.split.files
     else:
         split_info.update(valid_fraction=spec.split.valid_fraction,
-                          test_fraction=spec.split.test_fraction, seed=spec.split.seed)
+                          test_fraction=spec.split.test_fraction, seed=spec.split.hash_seed)
     written_rows = {split: sum(r for _, r in written[split]) for split in SPLITS}
     report = {
         "name": spec.name,

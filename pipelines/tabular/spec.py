@@ -84,7 +84,11 @@ class SplitSpec:
     valid_fraction: float = 0.1
     test_fraction: float = 0.1
     boundaries: Optional[list[float]] = None
-    seed: int = 0
+    seed: Optional[int] = None  # method: hash (None: 0); refused with the others
+
+    @property
+    def hash_seed(self) -> int:
+        return self.seed or 0
     values: Optional[dict[str, list[str]]] = None  # method: column
     files: Optional[dict[str, str]] = None         # method: files
 
@@ -280,6 +284,9 @@ def _validate_buckets(s: SparseSpec, key: str, fail) -> None:
 
 def _validate_split(spec: IngestSpec, fail) -> None:
     split = spec.split
+    if split.seed is not None and split.method is not SplitMethod.HASH:
+        fail("split.seed", f"only for method: hash (method: {split.method.value} draws no "
+             f"hash; remove it)")
     if split.values is not None and split.method is not SplitMethod.COLUMN:
         fail("split.values", "only for method: column")
     if split.files is not None and split.method is not SplitMethod.FILES:

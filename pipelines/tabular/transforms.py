@@ -267,9 +267,9 @@ def assign_split(frame: pl.LazyFrame, spec: IngestSpec, cutoffs: Optional[tuple[
             pl.lit("valid")).otherwise(pl.lit("test"))
     else:
         if split.column is not None:
-            h = string_hash(pl.col(split.column).cast(pl.String), split.seed)
+            h = string_hash(pl.col(split.column).cast(pl.String), split.hash_seed)
         else:
-            h = splitmix64(pl.col(ROW), split.seed)
+            h = splitmix64(pl.col(ROW), split.hash_seed)
         u = unit_interval(h)
         name = pl.when(u < split.test_fraction).then(pl.lit("test")).when(
             u < split.test_fraction + split.valid_fraction).then(pl.lit("valid")).otherwise(

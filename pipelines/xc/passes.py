@@ -294,8 +294,8 @@ def _assign_split(frame: pl.LazyFrame, spec: XCIngestSpec, files: Sequence[Path]
     """``__split``: the file's split (``method: files``), else (and within train files) the
     stable hash of the key column's text or of the row's position, as tabular hash splits."""
     s = spec.split
-    h = (string_hash(pl.col(s.column).cast(pl.String), s.seed) if s.column is not None
-         else splitmix64(pl.col(ROW), s.seed))
+    h = (string_hash(pl.col(s.column).cast(pl.String), s.hash_seed) if s.column is not None
+         else splitmix64(pl.col(ROW), s.hash_seed))
     u = unit_interval(h)
     test, valid = s.fraction("test"), s.fraction("valid")
     name = pl.when(u < test).then(pl.lit("test")).when(u < test + valid).then(

@@ -37,7 +37,7 @@ from pipelines.core.encode import Vocabulary
 from pipelines.core.fields import Encoding, SparseSpec, SplitMethod
 from pipelines.core.inputs import FILE
 from pipelines.core.output import SPLIT, SPLITS
-from pipelines.core.report import DROP, FORMAT_VERSION, written_splits
+from pipelines.core.report import DROP, FORMAT_VERSION, dataset_name, written_splits
 from pipelines.core.stats import finite, oov_rates
 from pipelines.xc.read import NO_LABEL, XCLayout
 from pipelines.xc.spec import XCIngestSpec
@@ -225,11 +225,11 @@ def build_report(c: XCOutputs, examples: dict[str, list[dict]], warnings: list[s
     s = spec.split
     split_info: dict[str, Any] = {"method": s.resolved_method.value, "column": s.column,
                                   "valid_fraction": s.fraction("valid"),
-                                  "test_fraction": s.fraction("test"), "seed": s.seed}
+                                  "test_fraction": s.fraction("test"), "seed": s.hash_seed}
     if s.resolved_method is SplitMethod.FILES:
         split_info["files"] = s.files
     report = {
-        "name": spec.name,
+        "name": dataset_name(spec, c.files, "xc"),
         "kind": "xc",
         "format": spec.input.format.value,
         "inputs": [str(f) for f in c.files],
@@ -264,7 +264,7 @@ def build_metadata(c: XCOutputs) -> dict:
     per_row = c.labels_per_row if multi else [1, 1]
     meta = {
         "format_version": FORMAT_VERSION,
-        "name": spec.name,
+        "name": dataset_name(spec, c.files, "xc"),
         "task": "xc",
         "label": c.label_name,
         "dense": [d.name for d in spec.dense],

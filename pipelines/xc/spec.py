@@ -129,8 +129,12 @@ class XCSplitSpec:
     column: Optional[str] = None          # hash key column (tables; None: the row position)
     valid_fraction: float = 0.1
     test_fraction: float = 0.1
-    seed: int = 0
+    seed: Optional[int] = None            # of the hash (None: 0)
     files: Optional[dict[str, str]] = None
+
+    @property
+    def hash_seed(self) -> int:
+        return self.seed or 0
 
     @property
     def resolved_method(self) -> SplitMethod:
@@ -156,7 +160,7 @@ class XCIngestSpec:
     """
 
     kind: str = "xc"
-    name: str = "xc"
+    name: Optional[str] = None            # default: the first input file's name
     input: XCInputSpec = field(default_factory=XCInputSpec)
     tokens: TokenSpec = field(default_factory=TokenSpec)
     labels: LabelSpec = field(default_factory=LabelSpec)
@@ -204,6 +208,13 @@ def load_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
     """
     spec = load_dataclass(path, XCIngestSpec, overrides)
     validate_xc_spec(spec, str(path))
+    s = spec.split
+    if s.fraction("valid") == 0 and s.fraction("test") == 0:  # nothing is split by the hash
+        for key in ("seed", "column"):
+            if getattr(s, key) is not None:
+                raise ConfigError(f"{path}: split.{key}: no row is split by the hash (the files "
+                                  f"name both test and valid, or both fractions are 0); remove "
+                                  f"it")
     return spec
 
 
