@@ -201,8 +201,10 @@ class SeqConfig:
 class GNNConfig:
     """GraphSAGE on sampled neighbourhoods: node-id table + features -> one SAGEConv per hop."""
 
-    # sage, or mlp: the same layers on the node alone (a no-graph baseline)
+    # sage (SAGEConv), gcn (GCNConv, mean-normalised), gat (GATConv), or mlp: the same layers on
+    # the node alone (a no-graph baseline)
     model: GNNModel = GNNModel.SAGE
+    heads: int = config_field(4, check=POSITIVE)  # gat: attention heads a layer (concatenated)
     # neighbours per hop (-1: all)
     fanouts: list[int] = config_field(factory=lambda: [15, 10], check=FANOUT)
     # empty: the training fanouts

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "configs" / "ingest"
-UNTIMED = ("phases", "wall_seconds", "engine", "files_written")  # timing, layout
+UNTIMED = ("phases", "wall_seconds", "engine", "files_written",  # timing, layout
+           "peak_rss_gb")  # and the memory the engine took
 
 
 def write_criteo(d: Path, files: int = 3, rows: int = 900) -> list[str]:

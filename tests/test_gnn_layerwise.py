@@ -43,10 +43,13 @@ def _sampled(model, graph, seeds):
         return model(blocks, ids, features).numpy()
 
 
-@pytest.mark.parametrize("aggr", list(Aggregation))
-def test_layerwise_equals_the_sampled_model_when_fanouts_cover_every_neighbour(graph, aggr):
-    """Node table and features, 2 SAGE layers, many chunks (of at most 200 entries and nodes)."""
-    model = _model(graph, aggr)
+@pytest.mark.parametrize("aggr,kind", [*((a, GNNModel.SAGE) for a in Aggregation),
+                                       (Aggregation.MEAN, GNNModel.GCN),
+                                       (Aggregation.MEAN, GNNModel.GAT)])
+def test_layerwise_equals_the_sampled_model_when_fanouts_cover_every_neighbour(graph, aggr, kind):
+    """Node table and features, 2 SAGE (GCN, GAT) layers, many chunks (of at most 200 entries
+    and nodes)."""
+    model = _model(graph, aggr, kind=kind)
     model.train()  # inference runs in eval mode (dropout 0.5 would show) and restores the mode
     seeds = np.arange(3, graph.num_nodes, 11)
     out = layerwise_inference(model, graph, chunk_entries=200)
@@ -252,3 +255,42 @@ def test_features_only_link_export_writes_layerwise_embeddings(graph, tmp_path):
     assert r.returncode == 0, r.stderr
     got = np.array(pq.read_table(tmp_path / "p.parquet").column("embedding").to_pylist())
     np.testing.assert_array_equal(got.astype(np.float32), embeddings[[2, 9]])
+
+
+def _full_graph(model, graph):
+    """The model over the whole graph at once, each layer a PyG conv on all nodes (no blocks,
+    no chunks): the reference layer-wise inference must equal."""
+    n = graph.num_nodes
+    features = torch.from_numpy(np.asarray(graph.features, np.float32))
+    x = model.node_inputs(model.embed_nodes(torch.arange(n)) if model.ebc is not None else None,
+                          features)
+    targets = np.repeat(np.arange(n), np.diff(graph.indptr))
+    edge_index = torch.from_numpy(np.stack([np.asarray(graph.indices, np.int64), targets]))
+    model.eval()
+    with torch.no_grad():
+        for i in range(len(model.convs)):
+            x = model.layer(i, x, edge_index)
+        return model.out(x).numpy(), edge_index
+
+
+@pytest.mark.parametrize("kind", [GNNModel.SAGE, GNNModel.GCN, GNNModel.GAT])
+def test_layerwise_equals_the_model_on_the_whole_graph(graph, kind):
+    model = _model(graph, kind=kind)
+    reference, _ = _full_graph(model, graph)
+    out = layerwise_inference(model, graph, chunk_entries=150)
+    np.testing.assert_allclose(out.outputs, reference, atol=1e-5, rtol=0)
+
+
+def test_gcn_layer_is_the_mean_over_the_node_and_its_neighbours(graph):
+    """``gcn``: ``D^-1 (A + I) X W + b``, against the dense matrices."""
+    model = _model(graph, kind=GNNModel.GCN, embedding_dim=0)
+    n = graph.num_nodes
+    x = torch.from_numpy(np.asarray(graph.features, np.float32))
+    _, edge_index = _full_graph(model, graph)
+    a = torch.zeros(n, n).index_put_((edge_index[1], edge_index[0]), torch.ones(1),
+                                     accumulate=True) + torch.eye(n)
+    conv = model.convs[0]
+    want = (a / a.sum(1, keepdim=True)) @ (x @ conv.lin.weight.t()) + conv.bias
+    with torch.no_grad():
+        got = model.layer(0, x, edge_index)
+    torch.testing.assert_close(got, torch.relu(want), atol=1e-5, rtol=0)

@@ -206,7 +206,7 @@ def test_rows_are_numbered_past_2_to_the_32(tmp_path):
     frame = _frame(Shard((tmp_path / "a.parquet",), offset=2**33), (s, None, None)).select(
         ROW, SPLIT).collect()
     assert frame[ROW].dtype == pl.Int64 and frame[ROW].to_list() == [2**33 + i for i in range(1000)]
-    u = pl.select(unit_interval(splitmix64(pl.Series(ROW, frame[ROW]), s.split.seed)))
+    u = pl.select(unit_interval(splitmix64(pl.Series(ROW, frame[ROW]), s.split.hash_seed)))
     want = ["test" if v < s.split.test_fraction else
             "valid" if v < s.split.test_fraction + s.split.valid_fraction else "train"
             for v in u.to_series()]

@@ -478,7 +478,8 @@ def test_xc_trainer_trains_on_an_ingested_repository_data_set(ingested_repositor
                 "--set", "train.checkpoint_every=0")
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["split"] == "test" and summary["dataset"] == "xc_repository"
+    # named after the input files' folder (train.txt, test.txt: a split's names)
+    assert summary["split"] == "test" and summary["dataset"] == ingested_repository.parent.name
     assert summary["p@1"] > 0.5  # chance is 1/20: it learnt the planted prototypes
 
 

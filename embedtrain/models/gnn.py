@@ -1,4 +1,4 @@
-"""GraphSAGE over sampled neighbourhoods, with node-id embeddings in a TorchRec table.
+"""GraphSAGE (or GCN, GAT) over sampled neighbourhoods, with node-id embeddings in a TorchRec table.
 
 Every node of a sampled subgraph (``SampledBlocks.n_id``) looks up its row of the node-id table
 ``t_node`` (an ``EmbeddingBagCollection`` with one id per bag, so TorchRec shards it like DLRM's
@@ -50,9 +50,16 @@ class GraphSAGE(nn.Module):
         aggr: SAGEConv aggregation of the neighbours' messages.
         dropout: between layers.
         device: of the table (``meta`` for planning or sharding).
-        kind: :attr:`GNNModel.SAGE`, or :attr:`GNNModel.MLP` to make the layers plain linear ones
-            on each seed node alone (an MLP on its id embedding and features): the baseline that
-            shows what the graph adds.
+        kind: :attr:`GNNModel.SAGE`; :attr:`GNNModel.GCN` (PyG ``GCNConv`` over the node and
+            its neighbours with weights ``1 / (degree + 1)``: Kipf & Welling's layer with the
+            mean normalisation ``D^-1 (A + I)``, since a sampled block knows its targets'
+            degrees, not its sources'); :attr:`GNNModel.GAT` (PyG ``GATConv``, ``heads`` heads
+            concatenated, self-loops added); or :attr:`GNNModel.MLP` to make the layers plain
+            linear ones on each seed node alone (an MLP on its id embedding and features): the
+            baseline that shows what the graph adds. GCN and GAT take a node's own row as its
+            self-loop: the targets must be the first rows of the sources (the sampler's blocks
+            are; layer-wise inference orders its chunks so).
+        heads: GAT's attention heads (each hidden size divisible by it).
         dynamic: make the node-id table dynamic (:mod:`embedtrain.models.dynamic`): its
             ``capacity`` rows for the nodes looked up most recently (or often), not one per node.
     """
@@ -60,9 +67,10 @@ class GraphSAGE(nn.Module):
     def __init__(self, num_nodes: int, num_features: int, embedding_dim: int,
                  hidden: Sequence[int], out_dim: int, aggr: Aggregation = Aggregation.MEAN,
                  dropout: float = 0.0, device: Optional[torch.device] = None,
-                 kind: GNNModel = GNNModel.SAGE, dynamic: Optional[DynamicTable] = None) -> None:
+                 kind: GNNModel = GNNModel.SAGE, dynamic: Optional[DynamicTable] = None,
+                 heads: int = 4) -> None:
         super().__init__()
-        SAGEConv = import_optional("torch_geometric.nn", "torch-geometric", "GNN models").SAGEConv
+        pyg = import_optional("torch_geometric.nn", "torch-geometric", "GNN models")
 
         if not hidden:
             raise ValueError("gnn.hidden: needs one size per sampled hop")
@@ -81,11 +89,20 @@ class GraphSAGE(nn.Module):
         width = num_features + (embedding_dim if self.ebc is not None else 0)
         self.num_features, self.input_width = num_features, width
         convs = []
-        for size in hidden:
-            convs.append(SAGEConv(width, size, aggr=aggr.value) if kind is GNNModel.SAGE
-                         else nn.Linear(width, size))
+        for i, size in enumerate(hidden):
+            if kind is GNNModel.SAGE:
+                convs.append(pyg.SAGEConv(width, size, aggr=aggr.value))
+            elif kind is GNNModel.GCN:
+                convs.append(pyg.GCNConv(width, size, add_self_loops=False, normalize=False))
+            elif kind is GNNModel.GAT:
+                if size % heads:
+                    raise ValueError(f"gnn.hidden[{i}]: {size} is not divisible by gnn.heads "
+                                     f"({heads})")
+                convs.append(pyg.GATConv(width, size // heads, heads=heads))
+            else:
+                convs.append(nn.Linear(width, size))
             width = size
-        self.kind = kind
+        self.kind, self.hidden = kind, list(hidden)
         self.convs = nn.ModuleList(convs)
         self.out = nn.Linear(width, out_dim)
         self.dropout = dropout
@@ -186,6 +203,12 @@ class GraphSAGE(nn.Module):
         """
         if self.kind is GNNModel.MLP:
             x = self.convs[i](x[1] if isinstance(x, tuple) else x)
+        elif self.kind is GNNModel.GCN:  # the mean over the target and its neighbours
+            x_src, x_dst = x if isinstance(x, tuple) else (x, x)
+            loops = torch.arange(len(x_dst)).expand(2, -1)
+            edges = torch.cat([edge_index, loops], dim=1)
+            weight = 1.0 / torch.bincount(edges[1], minlength=len(x_dst)).to(x_src.dtype)
+            x = self.convs[i](x_src, edges, weight[edges[1]])[: len(x_dst)]
         else:
             x = self.convs[i](x, edge_index)
         if i < len(self.convs) - 1:

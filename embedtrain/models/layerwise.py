@@ -143,8 +143,7 @@ def layerwise_inference(model: nn.Module, graph: GraphData, nodes: Optional[Arra
     sage = _graphsage(model)
     n = graph.num_nodes
     inputs = _InputRows(sage, graph, node_embeddings)
-    widths = [sage.input_width, *(layer.out_channels if hasattr(layer, "out_channels")
-                                  else layer.out_features for layer in sage.convs)]
+    widths = [sage.input_width, *sage.hidden]
     if chunk_entries is None:
         chunk_entries = max(1, CHUNK_BYTES // (20 * max(widths)))
     if chunk_entries < 1:
@@ -218,9 +217,15 @@ def layerwise_inference(model: nn.Module, graph: GraphData, nodes: Optional[Arra
 def _layer_chunk(model: nn.Module, layer: int, graph: GraphData, targets: np.ndarray,
                  rows: Callable[[np.ndarray], Tensor]) -> Tensor:
     """Layer ``layer``'s output at ``targets`` (ascending) from the layer's input ``rows`` of
-    the targets and of their neighbours (every CSR entry of their rows)."""
+    the targets and of their neighbours (every CSR entry of their rows). GCN and GAT take the
+    targets as the first sources (their self-loops pair source ``i`` with target ``i``, as in
+    the sampler's blocks)."""
     neighbours, degrees = _csr_rows(graph, targets)
     sources, position = np.unique(neighbours, return_inverse=True)
+    if model.kind in (GNNModel.GCN, GNNModel.GAT):
+        sources = np.concatenate([targets, sources[~np.isin(sources, targets)]])
+        order = np.argsort(sources, kind="stable")
+        position = order[np.searchsorted(sources[order], neighbours)]
     # row 0: the message's source (a neighbour, by its place among the sources); row 1: the
     # target it is aggregated into, as in the sampler's blocks
     edge_index = torch.from_numpy(np.stack([

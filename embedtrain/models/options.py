@@ -72,6 +72,8 @@ class GNNModel(enum.Enum):
     """What :class:`~embedtrain.models.gnn.GraphSAGE` computes from a seed node."""
 
     SAGE = "sage"  # one SAGEConv per hop over the sampled neighbourhood
+    GCN = "gcn"  # one GCNConv per hop: the mean over the node and its neighbours, D^-1 (A + I)
+    GAT = "gat"  # one GATConv per hop: attention over the node and its neighbours
     MLP = "mlp"  # the same layers on the node alone: a no-graph baseline
 
 

@@ -62,7 +62,7 @@ class GraphRecipe(Recipe):
         dynamic = dynamic_tables(self.cfg, tables).get(NODE_TABLE)
         model = GraphSAGE(graph.num_nodes, graph.num_features, g.embedding_dim, g.hidden, out,
                           aggr=g.aggr, dropout=g.dropout, device=torch.device("meta"),
-                          kind=g.model, dynamic=dynamic)
+                          kind=g.model, dynamic=dynamic, heads=g.heads)
         return self.fuse_sparse(model)
 
     def _has_node_table(self) -> bool:
