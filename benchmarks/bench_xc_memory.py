@@ -373,7 +373,7 @@ def record_run(args: argparse.Namespace) -> dict[str, Any]:
                           prototype_tokens=args.prototype_tokens)
     view = eval_view(data, args.eval_rows, runs / "view_record")
     optimizer_row = {"adagrad": args.dim * FLOAT_BYTES, "rowwise_adagrad": FLOAT_BYTES,
-                     "sgd": 0}.get(args.optimizer, 0)
+                     "factored_adagrad": FLOAT_BYTES, "sgd": 0}.get(args.optimizer, 0)
     weight_row = args.dim * DTYPE_BYTES[args.dtype]
     run_dir = runs / "record"
     check_disk(run_dir, args.classes * (weight_row + optimizer_row)

@@ -9,11 +9,13 @@ optimizer (``xc.head.dtype``, ``xc.head.optimizer``, ``xc.head.rounding``):
 - ``fp32_rowwise``: fp32 rows, row-wise Adagrad (one fp32 accumulator a row): the control that
   separates the optimizer's effect from the storage's;
 - ``bf16_sr_rowwise``: bf16 rows, updated rows rounded back stochastically, row-wise Adagrad;
-- ``bf16_nearest_rowwise``: the same, rounded to nearest.
+- ``bf16_nearest_rowwise``: the same, rounded to nearest;
+- ``fp32_factored``, ``bf16_sr_factored``, ``bf16_nearest_factored``: the same three with
+  ``factored_adagrad`` (row-wise Adagrad's accumulator a row times a ``[D]`` column profile).
 
 Everything else is the same in every run: the data, batch 512, one epoch (every run sees the same
 examples in the same order), ``train.seed`` (the config's), the head's learning rate (the
-config's 0.05 for both optimizers), no periodic evaluation, no progress bar.
+config's 0.05 for every optimizer, or ``--lr``), no periodic evaluation, no progress bar.
 
 Data: ``generate_xc`` (the generator behind ``embedtrain datagen xc --multi-label``, through its
 Python API for the split sizes) with ``--classes`` classes, ``--rows`` rows and ``--vocab``
@@ -34,7 +36,7 @@ Usage:
     python benchmarks/bench_xc_precision.py --json benchmarks/out/xc_precision.json \
         [--classes 200000] [--rows 390000] [--vocab 200000] [--test-rows 20000] \
         [--heads partial_fc hard_negatives] [--variants fp32_adagrad bf16_sr_rowwise] \
-        [--max-steps N]
+        [--max-steps N] [--lr LR]
 
 ``--max-steps`` (0: the whole epoch) is for sizing: a few steps of one variant tell the
 examples/s. Prints a table; JSON: ``runs`` (per head and variant: figures, ``p@1_se``,
@@ -65,6 +67,9 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
     "fp32_rowwise": ("fp32", "rowwise_adagrad", "stochastic"),
     "bf16_sr_rowwise": ("bf16", "rowwise_adagrad", "stochastic"),
     "bf16_nearest_rowwise": ("bf16", "rowwise_adagrad", "nearest"),
+    "fp32_factored": ("fp32", "factored_adagrad", "stochastic"),
+    "bf16_sr_factored": ("bf16", "factored_adagrad", "stochastic"),
+    "bf16_nearest_factored": ("bf16", "factored_adagrad", "nearest"),
 }
 HEAD_KINDS = ("partial_fc", "hard_negatives")
 SUMMARY_KEYS = ("p@1", "p@5", "ndcg@5", "recall@5", "psp@1", "psp@5", "loss",
@@ -113,6 +118,8 @@ def train_variant(head: str, variant: str, args: argparse.Namespace, data: Path,
     sets = [f"data.path={data}", "data.batch_size=512", "train.epochs=1", "train.eval_every=0",
             "train.checkpoint_every=0", "train.progress=false", f"xc.head.kind={head}",
             f"xc.head.sample_rate={rate}", *head_overrides(dtype, optimizer, rounding)]
+    if args.lr:
+        sets.append(f"xc.head.lr={args.lr}")
     if args.max_steps:
         sets.append(f"train.max_steps={args.max_steps}")
     cmd = [sys.executable, "-m", "embedtrain", "train", CONFIG, "--out", str(out), "--overwrite",
@@ -182,6 +189,8 @@ def main() -> int:
     parser.add_argument("--heads", nargs="+", choices=HEAD_KINDS, default=list(HEAD_KINDS))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--max-steps", type=int, default=0, help="0: one whole epoch")
+    parser.add_argument("--lr", type=float, default=0.0,
+                        help="xc.head.lr of every run (0: the config's)")
     parser.add_argument("--data", default="/tmp/embedtrain_xc_precision")
     parser.add_argument("--runs", default="/tmp/embedtrain_xc_precision_runs")
     args = parser.parse_args()
@@ -201,7 +210,7 @@ def main() -> int:
                  "train_rows": splits["train"]["rows"], "valid_rows": splits["valid"]["rows"],
                  "test_rows": test_rows, "oracle_rows": meta["oracle_rows"]["test"],
                  "class_frequencies": meta["class_frequencies"]},
-        "rate": args.rate, "max_steps": args.max_steps,
+        "rate": args.rate, "max_steps": args.max_steps, "head_lr": args.lr or None,
         "oracle_p_at_1": oracle, "oracle_p_at_1_se": math.sqrt(oracle * (1 - oracle) / test_rows),
         "p_at_1": {h: {v: r.get("p@1") for v, r in rs.items()} for h, rs in runs.items()},
         "runs": runs, "total_wall_s": time.perf_counter() - start,

@@ -160,7 +160,8 @@ class HeadConfig:
     optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
     lr: float = config_field(0.05, check=POSITIVE)
     # sharded heads' storage of the class rows: fp32, or bf16 (2 bytes a weight, no fp32 copy;
-    # needs optimizer rowwise_adagrad), whose updated rows are rounded back by `rounding`
+    # needs optimizer rowwise_adagrad or factored_adagrad), whose updated rows are rounded back by
+    # `rounding`
     dtype: HeadDtype = HeadDtype.FP32
     rounding: Rounding = Rounding.STOCHASTIC
 

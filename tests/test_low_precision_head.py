@@ -10,7 +10,8 @@ from embedtrain.models.low_precision import random_bits16, round_rows
 from embedtrain.models.options import HeadLoss, Margin, Rounding
 from embedtrain.models.topk import blocked_topk
 from embedtrain.processes import spawn
-from embedtrain.train.optim import rowwise_adagrad_rows_
+from embedtrain.train.optim import (HeadFactoredAdagrad, HeadRowWiseAdagrad, RowSparseAdagrad,
+                                    column_profile_, rowwise_adagrad_rows_)
 
 SR, NEAREST = Rounding.STOCHASTIC, Rounding.NEAREST
 C, D, B = 37, 8, 6  # an odd class count: uneven slices
@@ -29,7 +30,7 @@ def test_stochastic_rounding_is_unbiased_and_reproducible():
     rows = torch.arange(copies)
     out = round_rows(x, rows, torch.bfloat16, SR, seed=5, step=3)
     assert out.dtype == torch.bfloat16
-    up, down = values.to(torch.bfloat16).float(), None
+    up = values.to(torch.bfloat16).float()
     # Each result is one of the two bfloat16 neighbours of its value.
     low = torch.where(up > values, up - _ulp(values), up)
     high = low + _ulp(values)
@@ -113,6 +114,57 @@ def test_rowwise_adagrad_follows_its_formula():
     assert not torch.equal(results[SR, 100], results[NEAREST, 100])
 
 
+def test_factored_adagrad_follows_its_formula():
+    """Row-wise Adagrad's accumulator times the columns' profile (sums of squares over every
+    updated row so far, mean 1), one row at a time in float64, over three sparse steps."""
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(C, D, generator=g)
+    param = torch.nn.Parameter(weight.clone())
+    opt = HeadFactoredAdagrad([param], lr=0.1)
+    ref_w, ref_s, ref_c = weight.double(), torch.zeros(C, dtype=torch.float64), torch.zeros(D)
+    ref_c = ref_c.double()
+    for step in range(3):
+        rows = torch.randperm(C, generator=g)[:5 + step]
+        grad = torch.randn(len(rows), D, generator=g)
+        param.grad = torch.sparse_coo_tensor(rows[None], grad, (C, D))
+        opt.step()
+        ref_c += grad.double().pow(2).sum(0)
+        profile = ref_c / ref_c.mean()
+        for r, row_grad in zip(rows.tolist(), grad.double()):
+            ref_s[r] += row_grad.pow(2).mean()
+            ref_w[r] -= 0.1 * row_grad / ((ref_s[r] * profile).sqrt() + 1e-10)
+    torch.testing.assert_close(param.detach().double(), ref_w, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(opt.state[param]["sum"].double(), ref_s, rtol=1e-5, atol=0)
+    torch.testing.assert_close(opt.state[param]["columns"].double(), ref_c, rtol=1e-5, atol=0)
+    # no gradient yet: a flat profile, and nothing accumulated
+    cols = torch.zeros(D)
+    assert torch.equal(column_profile_(cols, None, None), torch.ones(D))
+
+
+def test_factored_adagrad_is_full_adagrad_on_outer_product_gradients():
+    """A class row's gradient is ``error x feature``; while every step's feature has the same
+    squared profile, the accumulated squares are exactly rank one and the factored step is full
+    Adagrad's (one accumulator a weight) to rounding, where row-wise Adagrad's is not."""
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(C, D, generator=g)
+    feature = torch.randn(D, generator=g) * torch.logspace(-2, 1, D)  # uneven coordinates
+    params = {k: torch.nn.Parameter(weight.clone()) for k in ("full", "factored", "rowwise")}
+    opts = {"full": RowSparseAdagrad([params["full"]], lr=0.1, eps=1e-10),
+            "factored": HeadFactoredAdagrad([params["factored"]], lr=0.1),
+            "rowwise": HeadRowWiseAdagrad([params["rowwise"]], lr=0.1)}
+    for _ in range(4):
+        rows = torch.randperm(C, generator=g)[:9]
+        errors = torch.randn(len(rows), 1, generator=g)
+        signs = torch.randint(0, 2, (D,), generator=g) * 2 - 1  # same squares, other signs
+        grad = errors * feature * signs
+        for k, p in params.items():
+            p.grad = torch.sparse_coo_tensor(rows[None], grad, (C, D))
+            opts[k].step()
+    torch.testing.assert_close(params["factored"].detach(), params["full"].detach(),
+                               rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(params["rowwise"].detach(), params["full"].detach(), atol=1e-3)
+
+
 def _reference(seed=0):
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(C, D, generator=g).to(torch.bfloat16)  # bf16-representable values
@@ -150,7 +202,7 @@ def test_a_bf16_step_is_the_float32_step_of_the_same_values(margin):
         assert torch.equal(a, b)
 
 
-def _rank_step(rank, world):
+def _rank_step(rank, world, kind="rowwise_adagrad"):
     """Each rank: a bf16 full head's slice, one step of 2 of the reference's examples each."""
     from embedtrain.train.optim import sharded_head_optimizer
     from embedtrain.train.options import HeadOptimizer
@@ -159,7 +211,7 @@ def _rank_step(rank, world):
     head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4, loss=HeadLoss.SOFTMAX)
     with torch.no_grad():
         head.weight.copy_(weight[head.start:head.end])
-    opt = sharded_head_optimizer(head, HeadOptimizer.ROWWISE_ADAGRAD, 0.5)
+    opt = sharded_head_optimizer(head, HeadOptimizer(kind), 0.5)
     part = slice(rank * B, (rank + 1) * B)
     head(features[part].clone().requires_grad_(True), labels[part]).backward()
     grad = head.weight.main_grad.to_dense()
@@ -168,9 +220,11 @@ def _rank_step(rank, world):
     head.eval()
     n = B if rank == 0 else B - 2  # uneven evaluation batches
     ids = head.topk(features[rank * B:rank * B + n], 5)[1]
-    sums = opt.state_dict()["state"]["weight"]["sum"]
+    state = opt.state_dict()["state"]["weight"]
+    sums = state["sum"]
     return {"start": head.start, "grad": grad, "weight": head.weight.detach().clone(),
-            "topk": ids, "sum": sums.to_local().clone(), "sum_shape": tuple(sums.shape)}
+            "topk": ids, "sum": sums.to_local().clone(), "sum_shape": tuple(sums.shape),
+            "columns": state.get("columns")}
 
 
 @pytest.mark.slow
@@ -202,3 +256,32 @@ def test_a_bf16_head_on_two_ranks_steps_as_on_one():
     ids = head.topk(features, 5)[1]
     assert torch.equal(torch.cat([ranks[0]["topk"], ranks[1]["topk"]]),
                        torch.cat([ids[:B], ids[B:2 * B - 2]]))
+
+
+@pytest.mark.slow
+def test_a_factored_head_on_two_ranks_steps_as_on_one():
+    """The column profile is summed over both slices (one all-reduce), so each rank holds the
+    1-rank head's columns and updates its rows as the 1-rank head does (to the rounding of a
+    sum taken in another order: stochastic rounding may then pick the other neighbour of a
+    value within an ulp)."""
+    from embedtrain.train.optim import sharded_head_optimizer
+    from embedtrain.train.options import HeadOptimizer
+
+    ranks = spawn(_rank_step, 2, "factored_adagrad")
+    weight, features, labels = _reference()
+    head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    opt = sharded_head_optimizer(head, HeadOptimizer.FACTORED_ADAGRAD, 0.5)
+    head(features.clone().requires_grad_(True), labels).backward()
+    head.weight.main_grad = torch.cat([r["grad"] for r in ranks]).to_sparse(1)
+    opt.step()
+    columns = opt.state[head.weight]["columns"]
+    for r in ranks:
+        torch.testing.assert_close(r["columns"], columns, rtol=1e-6, atol=0)
+    assert torch.equal(ranks[0]["columns"], ranks[1]["columns"])
+    ulp = _ulp(head.weight.detach().float())
+    got = torch.cat([r["weight"] for r in ranks]).float()
+    assert bool(((got - head.weight.detach().float()).abs() <= ulp).all())
+    changed = (got != weight.float()).any(dim=1)
+    assert int(changed.sum()) == C  # a full head's step moves every row

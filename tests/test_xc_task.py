@@ -48,9 +48,10 @@ def _state(trainer):
 
 
 BF16 = ["xc.head.dtype=bf16", "xc.head.optimizer=rowwise_adagrad"]
+FACTORED = ["xc.head.dtype=bf16", "xc.head.optimizer=factored_adagrad"]
 
 
-@pytest.mark.parametrize("precision", [[], BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("precision", [[], BF16, FACTORED], ids=["fp32", "bf16", "factored"])
 def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     from embedtrain.recipes import build_run
 
@@ -71,6 +72,9 @@ def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     assert not torch.equal(fresh[0], at_ten[0]) and torch.equal(restored[0], at_ten[0])
     for k in at_ten[2]:
         assert torch.equal(restored[2][k], at_ten[2][k]), k
+    for k, state in at_ten[1].items():  # factored: the column profile's sums, restored
+        if "columns" in state:
+            assert torch.equal(restored[1][k]["columns"], state["columns"]), k
     resumed.fit()
     assert resumed.state.step == 20
     w1, opt1, tables1 = _state(whole)
@@ -82,6 +86,9 @@ def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     assert head_sum, list(opt1)
     for k in head_sum:
         assert torch.equal(opt1[k]["sum"].to_local(), opt2[k]["sum"].to_local())
+        if precision == FACTORED:  # the column profile's sums, stepped on after the restore
+            assert torch.equal(opt1[k]["columns"], opt2[k]["columns"])
+            assert not torch.equal(opt1[k]["columns"], at_ten[1][k]["columns"])
     if precision:  # bf16 rows and one float32 accumulator a row, in the checkpoint too
         assert w1.dtype == torch.bfloat16 and opt1[head_sum[0]]["sum"].shape == (CLASSES,)
         import torch.distributed.checkpoint as dcp
@@ -122,8 +129,8 @@ def test_plan_counts_a_bf16_head_and_its_rowwise_state(xc_data, tmp_path):
 
 
 @pytest.mark.parametrize("sets, message", [
-    (["xc.head.dtype=bf16"], "xc.head.dtype: bf16 needs xc.head.optimizer: rowwise_adagrad, "
-                             "not adagrad"),
+    (["xc.head.dtype=bf16"], "xc.head.dtype: bf16 needs xc.head.optimizer: rowwise_adagrad "
+                             "or factored_adagrad, not adagrad"),
     (["xc.head.dtype=bf16", "xc.head.kind=mach"], "xc.head.dtype: bf16 needs a full, partial_fc "
                                                   "or hard_negatives head, not mach"),
 ])

@@ -54,6 +54,9 @@ def head_arguments(h: HeadConfig) -> dict[str, Any]:
                 dtype=h.dtype, rounding=h.rounding)
 
 
+# head optimizers with one float32 a row, that low-precision rows can be rounded back by
+ROW_STATE_OPTIMIZERS = (HeadOptimizer.ROWWISE_ADAGRAD, HeadOptimizer.FACTORED_ADAGRAD)
+
 class XCRecipe(TabularRecipe):
     """``task: xc``: the ``xc`` section's encoder and head, top-k metrics over all classes."""
 
@@ -86,11 +89,11 @@ class XCRecipe(TabularRecipe):
             raise ValueError(f"xc.head.kind: adaptive takes one label per example, but "
                              f"{where} allows {meta.features.max_labels}")
         h = self.cfg.xc.head
-        if h.dtype is not HeadDtype.FP32 and h.optimizer is not HeadOptimizer.ROWWISE_ADAGRAD:
+        if h.dtype is not HeadDtype.FP32 and h.optimizer not in ROW_STATE_OPTIMIZERS:
             raise ValueError(f"xc.head.dtype: {h.dtype.value} needs xc.head.optimizer: "
-                             f"rowwise_adagrad, not {h.optimizer.value} (it keeps one float32 a "
-                             f"row and rounds the updated rows back; adagrad's state would be a "
-                             f"float32 copy of the head)")
+                             f"rowwise_adagrad or factored_adagrad, not {h.optimizer.value} "
+                             f"(they keep one float32 a row and round the updated rows back; "
+                             f"adagrad's state would be a float32 copy of the head)")
         return meta
 
     def _model(self, head: Optional[nn.Module]) -> XCModel:

@@ -197,20 +197,42 @@ class RowSparseAdagrad(torch.optim.Adagrad):
 @torch.no_grad()
 def rowwise_adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, rows: torch.Tensor,
                           grad: torch.Tensor, lr: float, eps: float, rounding: Rounding,
-                          seed: int, step: int, row_offset: int) -> None:
+                          seed: int, step: int, row_offset: int,
+                          columns: Optional[torch.Tensor] = None) -> None:
     """Row-wise Adagrad on ``rows`` of ``param`` (distinct): FBGEMM's rule for tables.
 
     ``sum[r] += mean(g_r^2)``, ``param[r] -= lr * g_r / (sqrt(sum[r]) + eps)``, in float32 a
     chunk of rows at a time; a low-precision ``param`` gets the new rows rounded back by
     ``rounding`` (:func:`~embedtrain.models.low_precision.round_rows`, keyed by ``seed``,
-    ``step`` and the global row ``row_offset + r``).
+    ``step`` and the global row ``row_offset + r``). With ``columns`` (a ``[D]`` profile of
+    mean 1), the row's accumulator is spread over its coordinates as Adafactor factors a second
+    moment: ``param[r, j] -= lr * g_rj / (sqrt(sum[r] * columns[j]) + eps)``.
     """
     for start in range(0, rows.numel(), _ROW_CHUNK):
         r, g = rows[start:start + _ROW_CHUNK], grad[start:start + _ROW_CHUNK].float()
         state_sum.index_add_(0, r, g.pow(2).mean(dim=1))
-        s = state_sum.index_select(0, r).sqrt_().add_(eps)
-        new = param.index_select(0, r).float().add_(g / s[:, None], alpha=-lr)
+        s = state_sum.index_select(0, r)[:, None]
+        s = (s if columns is None else s * columns).sqrt_().add_(eps)
+        new = param.index_select(0, r).float().add_(g / s, alpha=-lr)
         param.index_copy_(0, r, round_rows(new, r + row_offset, param.dtype, rounding, seed, step))
+
+
+@torch.no_grad()
+def column_profile_(state_cols: torch.Tensor, grad: Optional[torch.Tensor],
+                    group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """Adds the step's column sums of squares (``grad``'s, summed over the head's ranks) to
+    ``state_cols [D]`` and returns them as a profile of mean 1 (all ones before any gradient).
+
+    Every rank of ``group`` calls it every step, with ``grad=None`` where it has none.
+    """
+    step = torch.zeros_like(state_cols)
+    for start in range(0, 0 if grad is None else grad.shape[0], _ROW_CHUNK):
+        step += grad[start:start + _ROW_CHUNK].float().pow(2).sum(dim=0)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:  # None: the default group
+        dist.all_reduce(step, group=group)
+    state_cols += step
+    mean = state_cols.mean()
+    return state_cols / mean if mean > 0 else torch.ones_like(state_cols)
 
 
 class HeadRowWiseAdagrad(torch.optim.Optimizer):
@@ -232,17 +254,22 @@ class HeadRowWiseAdagrad(torch.optim.Optimizer):
     """
 
     row_state_bytes = 4  # the planner's count of its state: one float32 a row
+    factored = False  # HeadFactoredAdagrad: a column profile beside the rows' accumulators
 
     def __init__(self, params, lr: float = 0.05, eps: float = 1e-10,
                  rounding: str = Rounding.STOCHASTIC.value, seed: int = 0,
-                 row_offset: int = 0) -> None:
+                 row_offset: int = 0, group: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__(params, dict(lr=lr, eps=eps, rounding=Rounding(rounding).value,
                                       seed=seed, row_offset=row_offset))
-        for group in self.param_groups:
-            for p in group["params"]:
+        self.group = group
+        for group_ in self.param_groups:
+            for p in group_["params"]:
                 self.state[p] = {"step": torch.zeros((), dtype=torch.float32),
                                  "sum": torch.zeros(p.shape[0], dtype=torch.float32,
                                                     device=p.device)}
+                if self.factored:
+                    self.state[p]["columns"] = torch.zeros(p.shape[1], dtype=torch.float32,
+                                                           device=p.device)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - see the class docstring
@@ -253,15 +280,18 @@ class HeadRowWiseAdagrad(torch.optim.Optimizer):
                 state["step"] += 1
                 grad = getattr(p, "main_grad", None)
                 grad = p.grad if grad is None else grad
-                if grad is None:
-                    continue
-                if grad.is_sparse:
+                rows = values = columns = None
+                if grad is not None and grad.is_sparse:
                     rows, values = _sparse_rows(grad)
-                else:
+                elif grad is not None:
                     rows, values = torch.arange(p.shape[0], device=p.device), grad
-                rowwise_adagrad_rows_(p, state["sum"], rows, values, group["lr"], group["eps"],
-                                      Rounding(group["rounding"]), group["seed"],
-                                      int(state["step"]), group["row_offset"])
+                if "columns" in state:
+                    columns = column_profile_(state["columns"], values, self.group)
+                if grad is not None:
+                    rowwise_adagrad_rows_(p, state["sum"], rows, values, group["lr"],
+                                          group["eps"], Rounding(group["rounding"]),
+                                          group["seed"], int(state["step"]),
+                                          group["row_offset"], columns)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -271,15 +301,31 @@ class HeadRowWiseAdagrad(torch.optim.Optimizer):
                 p.main_grad = None
 
 
+class HeadFactoredAdagrad(HeadRowWiseAdagrad):
+    """Row-wise Adagrad with a column profile: Adafactor's factoring of the second moment.
+
+    A class row's gradient is a sum of ``error x feature`` outer products, so its accumulated
+    squares are close to rank one: ``V[r, j] ~ sum[r] * columns[j]``, with ``sum`` row-wise
+    Adagrad's (one float32 a row) and ``columns`` the ``[D]`` column sums of squares over every
+    updated row of every rank (one ``D``-float all-reduce a step), as a profile of mean 1. It
+    gives each coordinate its own step size, as full Adagrad does, for ``C + D`` floats of
+    state instead of ``C x D``.
+    """
+
+    factored = True
+
+
 def head_optimizer_class(kind: HeadOptimizer) -> type[torch.optim.Optimizer]:
     """The torch optimizer of a sharded class head (all take sparse gradients)."""
     return {HeadOptimizer.ADAGRAD: RowSparseAdagrad, HeadOptimizer.SGD: torch.optim.SGD,
-            HeadOptimizer.ROWWISE_ADAGRAD: HeadRowWiseAdagrad}[kind]
+            HeadOptimizer.ROWWISE_ADAGRAD: HeadRowWiseAdagrad,
+            HeadOptimizer.FACTORED_ADAGRAD: HeadFactoredAdagrad}[kind]
 
 
-def _by_row(value, param: torch.Tensor) -> bool:
-    """Whether an optimizer state value is split by rows as ``param`` is."""
-    return isinstance(value, torch.Tensor) and (
+def _by_row(name: str, value, param: torch.Tensor) -> bool:
+    """Whether an optimizer state value is split by rows as ``param`` is (``columns``, one
+    value a coordinate and the same on every rank, is not, whatever its length)."""
+    return name != "columns" and isinstance(value, torch.Tensor) and (
         value.shape == param.shape or value.shape == param.shape[:1])
 
 
@@ -313,7 +359,7 @@ class ShardedRowsOptimizer(KeyedOptimizerWrapper):
 
         names = {p: k for k, p in self.params.items()}
         return {p: {n: rows_as_dtensor(v, self._num_rows[names[p]], self._group)
-                    if _by_row(v, p) else v for n, v in st.items()}
+                    if _by_row(n, v, p) else v for n, v in st.items()}
                 for p, st in raw.items()}
 
     @state.setter
@@ -346,8 +392,9 @@ def sharded_head_optimizer(head: nn.Module, kind: HeadOptimizer, lr: float,
     cls = head_optimizer_class(kind)
     params = {prefix + n: p for n, p in head.named_parameters()}
     kwargs: dict = {"lr": lr}
-    if cls is HeadRowWiseAdagrad:
-        kwargs.update(rounding=head.rounding.value, seed=head.seed, row_offset=head.start)
+    if issubclass(cls, HeadRowWiseAdagrad):
+        kwargs.update(rounding=head.rounding.value, seed=head.seed, row_offset=head.start,
+                      group=head.group)
     else:
         kwargs["foreach"] = False
     return ShardedRowsOptimizer(params, lambda ps: cls(ps, **kwargs),

@@ -40,6 +40,8 @@ class HeadOptimizer(enum.Enum):
     SGD = "sgd"
     # one accumulator per class row (the mean of the row's squared gradient), as FBGEMM's tables
     ROWWISE_ADAGRAD = "rowwise_adagrad"
+    # row-wise Adagrad's accumulators times a [D] column profile (Adafactor's factoring)
+    FACTORED_ADAGRAD = "factored_adagrad"
 
 
 class Selection(enum.Enum):
