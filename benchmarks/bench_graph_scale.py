@@ -27,7 +27,13 @@ memory of the whole process tree, sampled every 0.5 s):
 
 Usage:
     python benchmarks/bench_graph_scale.py --nodes 20000000 --edges 200000000 \\
-        --json benchmarks/out/graph_scale_20m.json [--work /tmp/embedtrain_graph_scale]
+        --json benchmarks/out/graph_scale_20m.json [--work /tmp/embedtrain_graph_scale] \\
+        [--memory-limit-gb 16]
+
+``--memory-limit-gb G`` runs the whole benchmark (this process and every step's) in a Linux
+memory cgroup of ``G`` GiB (:mod:`memory_cgroup`): the kernel then holds anonymous memory and
+the page cache the steps fill, memory-mapped files included, under ``G`` together, reclaiming
+clean file pages first; each step records the cgroup's peak (``cgroup.peak_gb``) and OOM kills.
 
 The JSON is rewritten after every step (``"complete": false`` until the last), so a run cut short
 keeps what it measured.
@@ -51,7 +57,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_cgroup import MemoryLimit  # noqa: E402
 from process_memory import run_sampled  # noqa: E402
+
+LIMIT: "MemoryLimit | None" = None  # --memory-limit-gb: this process's cgroup
 
 PY = sys.executable
 SPEC = """kind: graph
@@ -73,16 +82,26 @@ def du_gb(path: Path) -> float:
 
 
 def step(name: str, cmd: list[str], log_dir: Path, record: dict) -> dict:
+    if LIMIT is not None:
+        LIMIT.reset_peak()
     status, wall, memory = run_sampled(cmd, log_dir / f"{name}.log")
+    cgroup = LIMIT.usage() if LIMIT is not None else None
     if status != 0:
         tail = (log_dir / f"{name}.log").read_text()[-2000:]
-        raise SystemExit(f"{name} failed (exit {status}); the end of its log:\n{tail}")
+        record["steps"][name] = {"command": " ".join(cmd), "exit_status": status,
+                                 "cgroup": cgroup}
+        save(record)
+        raise SystemExit(f"{name} failed (exit {status}; memory cgroup: {cgroup}); the end of "
+                         f"its log:\n{tail}")
     out = {"command": " ".join(cmd), "wall_s": round(wall, 1),
            "peak_rss_gb": memory["peak_tree_rss_gb"],
            "peak_anon_gb": memory.get("peak_tree_anon_gb"),
-           "min_available_gb": memory.get("min_mem_available_gb")}
+           "min_available_gb": memory.get("min_mem_available_gb"), "cgroup": cgroup}
     record["steps"][name] = out
-    print(f"  {name}: {wall:.1f} s, peak RSS {out['peak_rss_gb']:.2f} GiB", flush=True)
+    print(f"  {name}: {wall:.1f} s, peak RSS {out['peak_rss_gb']:.2f} GiB (anonymous "
+          f"{out['peak_anon_gb']} GiB)" + (f", cgroup peak {cgroup['peak_gb']} of "
+                                           f"{cgroup['limit_gb']} GiB" if cgroup else ""),
+          flush=True)
     save(record)
     return out
 
@@ -127,6 +146,8 @@ def edge_files(graph: Path, out: Path, record: dict) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     g = load_graph(graph, check_ranges=False)
+    if LIMIT is not None:
+        LIMIT.reset_peak()
     t0, part, rows = time.perf_counter(), 0, 0
     buf_s, buf_d, held = [], [], 0
 
@@ -150,7 +171,8 @@ def edge_files(graph: Path, out: Path, record: dict) -> None:
     flush()
     done.write_text("")
     record["steps"]["edge_files"] = {"files": part, "rows": rows,
-                                     "wall_s": round(time.perf_counter() - t0, 1)}
+                                     "wall_s": round(time.perf_counter() - t0, 1),
+                                     "cgroup": LIMIT.usage() if LIMIT is not None else None}
     save(record)
     print(f"  edge files: {part} files, {rows:,} rows, {time.perf_counter() - t0:.1f} s",
           flush=True)
@@ -176,7 +198,13 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-ingested", action="store_true")
     p.add_argument("--skip-infer", action="store_true", help="leave out step 5")
+    p.add_argument("--memory-limit-gb", type=float, default=0.0,
+                   help="run every step in a memory cgroup of this many GiB (page cache "
+                        "included; 0: no limit)")
     args = p.parse_args()
+    global LIMIT
+    if args.memory_limit_gb:
+        LIMIT = MemoryLimit(args.memory_limit_gb)
 
     work = Path(args.work) / f"n{args.nodes}_e{args.edges}_f{args.feature_dim}"
     graph, edges, ingested, run = work / "graph", work / "edges", work / "ingested", work / "run"
@@ -186,7 +214,8 @@ def main() -> int:
                     "nodes": args.nodes, "edges": args.edges, "feature_dim": args.feature_dim,
                     "feature_dtype": "float16", "memory_gb": args.memory_gb, "steps": {},
                     "command": " ".join([Path(sys.executable).name, *sys.argv]),
-                    "json": args.json, "complete": False}
+                    "json": args.json, "complete": False,
+                    "memory_limit_gb": args.memory_limit_gb or None}
     print(f"graph scale: {args.nodes:,} nodes, {args.edges:,} edges, {args.feature_dim} float16 "
           f"features; work folder {work}", flush=True)
 

@@ -157,6 +157,9 @@ class HeadConfig:
     index: NegativeIndex = NegativeIndex.EXACT
     index_clusters: int = config_field(0, check=NON_NEGATIVE)  # clustered: lists (0: ~sqrt)
     index_probe: int = config_field(0, check=NON_NEGATIVE)  # clustered: lists searched (0: 1/4)
+    # partial_fc with softmax: subtract from each sampled class's logit the log of its odds of
+    # being in the step's sample (from the train split's label frequencies): the log-q correction
+    sample_correction: bool = False
     optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
     lr: float = config_field(0.05, check=POSITIVE)
     # sharded heads' storage of the class rows: fp32, or bf16 (2 bytes a weight, no fp32 copy;

@@ -155,6 +155,32 @@ def test_a_run_learns_what_popularity_cannot(seq_data, tmp_path):
     assert summary["hr@10"] / 10 <= summary["mrr"] < 1  # a top-10 hit is worth >= 1/10
 
 
+def test_sample_correction_takes_every_positions_label(seq_data, tmp_path):
+    """``xc.head.sample_correction`` on a sequence run: the items' frequencies are counted over
+    the train split's histories and targets (every position's next item is a label), not over
+    the targets alone, and reach the head."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from embedtrain.recipes import build_run
+
+    run = build_run(_cfg(seq_data, "train.max_steps=1", "train.checkpoint_every=0",
+                         "xc.head.loss=softmax", "xc.head.sample_correction=true"), tmp_path)
+    meta = run.recipe.dataset
+    ids = []
+    for path in meta.files("train"):
+        table = pq.read_table(path, columns=["items", meta.features.label])
+        ids += [np.concatenate(table.column("items").to_pylist()),
+                table.column(meta.features.label).to_numpy()]
+    expected = np.bincount(np.concatenate(ids), minlength=meta.features.num_classes)
+    assert np.array_equal(run.recipe.class_counts.numpy(), expected)
+    head = run.trainer.model.module.head
+    torch.testing.assert_close(head.frequencies, torch.from_numpy(expected).double().clamp(min=1)
+                               / expected.sum())
+    targets_only = np.bincount(ids[1], minlength=len(expected))
+    assert not np.array_equal(expected, targets_only)
+
+
 def _state(trainer):
     model = trainer.model.module
     tables = {k: v.local_shards()[0].tensor.clone() if hasattr(v, "local_shards") else v.clone()

@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,8 +63,10 @@ def measure_pooling_factors(meta: DatasetMeta, split: str = "train",
     return factors
 
 
-def class_counts(meta: DatasetMeta, split: str = "train") -> np.ndarray:
-    """How often each class id occurs in ``split``'s label column (``[num_classes]`` int64).
+def class_counts(meta: DatasetMeta, split: str = "train",
+                 columns: Optional[Sequence[str]] = None) -> np.ndarray:
+    """How often each class id occurs in ``split``'s label column (``[num_classes]`` int64), or
+    in ``columns`` together (id columns holding class ids, e.g. a sequence's history and target).
 
     For the train split of a data set whose ``metadata.json`` holds ``class_counts`` (written by
     ``embedtrain ingest`` with a ``kind: xc`` spec: the train split's count of every class, in
@@ -77,7 +81,7 @@ def class_counts(meta: DatasetMeta, split: str = "train") -> np.ndarray:
     features = meta.features
     if features.num_classes is None:
         raise ValueError(f"{meta.root}: not a classification data set (no num_classes)")
-    stored = meta.extra.get("class_counts") if split == "train" else None
+    stored = meta.extra.get("class_counts") if split == "train" and columns is None else None
     if stored is not None:
         if (not isinstance(stored, list) or len(stored) != features.num_classes
                 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
@@ -87,10 +91,11 @@ def class_counts(meta: DatasetMeta, split: str = "train") -> np.ndarray:
         return np.asarray(stored, dtype=np.int64)
     counts = np.zeros(features.num_classes, np.int64)
     for path in meta.files(split):
-        for batch in _batches(path, 262_144, [features.label]):
-            column = batch.column(0)
-            if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-                column = pc.list_flatten(column)
-            ids = column.to_numpy(zero_copy_only=False)
-            counts += np.bincount(ids[(ids >= 0) & (ids < len(counts))], minlength=len(counts))
+        for batch in _batches(path, 262_144, list(columns or [features.label])):
+            for column in batch.columns:
+                if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                    column = pc.list_flatten(column)
+                ids = column.to_numpy(zero_copy_only=False)
+                counts += np.bincount(ids[(ids >= 0) & (ids < len(counts))],
+                                      minlength=len(counts))
     return counts

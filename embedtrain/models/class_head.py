@@ -68,6 +68,7 @@ from embedtrain.models.class_head_ops import (
     sharded_softmax_cross_entropy,
 )
 from embedtrain.models.class_index import ClusteredIndex, default_clusters, recall_at_k
+from embedtrain.models.class_sample import partial_fc_sample, positives, sample_log_q
 from embedtrain.models.options import HeadLoss, Margin, NegativeIndex, Rounding
 from embedtrain.models.topk import blocked_topk, distributed_topk
 
@@ -248,7 +249,7 @@ class ShardedSoftmaxHead(nn.Module):
         else:  # a sparse gradient: only the candidate rows are touched
             weight = gather_rows(self.weight, candidates, self._workspace(candidates))
         local_targets = self._local_targets(targets, candidates)
-        logits = self._logits(gathered, weight, local_targets)
+        logits = self._correct(self._logits(gathered, weight, local_targets), targets, candidates)
         self.steps += 1
         if self.loss is HeadLoss.BCE:
             losses = sharded_binary_cross_entropy(logits - self.bce_offset, local_targets,
@@ -256,6 +257,10 @@ class ShardedSoftmaxHead(nn.Module):
         else:
             losses = sharded_softmax_cross_entropy(logits, local_targets, counts, self.group)
         return _mean_over_labelled(losses, counts > 0)
+
+    def _correct(self, logits: Tensor, targets: Tensor, candidates: Optional[Tensor]) -> Tensor:
+        """The step's logits as the loss takes them (a sampled head may correct them)."""
+        return logits
 
     def _workspace(self, rows: Tensor) -> Tensor:
         """``[len(rows), D]`` of a buffer kept across steps (grown when a step samples more)."""
@@ -423,60 +428,6 @@ def rows_as_dtensor(local: Tensor, num_rows: int, group: Optional[dist.ProcessGr
                               stride=torch.empty(shape, device="meta").stride())
 
 
-def partial_fc_sample(targets: Tensor, start: int, end: int, rate: float,
-                      generator: Optional[torch.Generator] = None) -> Tensor:
-    """Partial FC's class sample of one rank: its positive classes plus uniform negatives.
-
-    Args:
-        targets: the global batch's class ids (any shape; ``-1`` is padding).
-        start, end: this rank's classes.
-        rate: fraction of this rank's classes to use per step (positives always included).
-        generator: seeds the negatives.
-
-    Returns:
-        Sorted local row ids (``0 .. end - start``) of the sampled classes.
-    """
-    local = end - start
-    want = min(local, max(1, round(rate * local)))
-    positive = _positives(targets, start, end)
-    owned = positive.nonzero(as_tuple=True)[0]
-    need = max(0, want - owned.numel())
-    if need + owned.numel() <= local // _SPARSE_SAMPLE:
-        negatives = _few_negatives(positive, need, generator)
-    else:
-        # Negatives: the first classes of a random permutation that are not positives (a topk
-        # over random scores would cost ~20x more at 10^6 classes).
-        perm = torch.randperm(local, generator=generator)
-        head = perm[:need + owned.numel()]  # holds at least ``need`` negatives
-        negatives = head[~positive[head]][:need]
-    return torch.cat([owned, negatives]).sort().values
-
-
-_SPARSE_SAMPLE = 16  # below 1/16 of the slice, negatives are drawn, not cut from a permutation
-
-
-def _few_negatives(positive: Tensor, need: int, generator: Optional[torch.Generator]) -> Tensor:
-    """``need`` distinct classes drawn uniformly from those not ``positive``, without a
-    permutation of the whole slice (at 2.5 x 10^7 classes a rank, ``randperm`` alone is 200 MB
-    and most of a step): draws with replacement, repeats and positives dropped, until there are
-    enough distinct ones, then a uniform subset of them of the size wanted (uniform by symmetry).
-    """
-    local = positive.numel()
-    found = torch.zeros(0, dtype=torch.long)
-    while found.numel() < need:
-        draws = torch.randint(local, (need + need // 8 + 16,), generator=generator)
-        found = torch.cat([found, draws[~positive[draws]]]).unique()
-    return found[torch.randperm(found.numel(), generator=generator)[:need]]
-
-
-def _positives(targets: Tensor, start: int, end: int) -> Tensor:
-    """Mask ``[end - start]`` of this rank's classes that are positives of the batch."""
-    positive = torch.zeros(end - start, dtype=torch.bool)
-    flat = targets.reshape(-1)
-    positive[flat[(flat >= start) & (flat < end)] - start] = True
-    return positive
-
-
 class PartialFCHead(ShardedSoftmaxHead):
     """Partial FC: the softmax over the batch's positive classes and a uniform sample of the rest.
 
@@ -485,12 +436,24 @@ class PartialFCHead(ShardedSoftmaxHead):
     exact softmax. Evaluation scores all classes.
     """
 
-    def __init__(self, num_classes: int, dim: int, sample_rate: float = 0.1, **kwargs: Any) -> None:
+    def __init__(self, num_classes: int, dim: int, sample_rate: float = 0.1,
+                 class_counts: Optional[Tensor] = None, **kwargs: Any) -> None:
         super().__init__(num_classes, dim, **kwargs)
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate: must be in (0, 1], got {sample_rate}")
         self.sample_rate = sample_rate
         self.last_sample: Optional[Tensor] = None
+        # class_counts: the log-q correction (class_sample.sample_log_q) from their frequencies,
+        # a class never seen counted once (its odds are not 0: it may be a label)
+        self.frequencies = None if class_counts is None else (
+            class_counts[self.start:self.end].double().clamp(min=1)
+            / max(float(class_counts.sum()), 1.0))
+
+    def _correct(self, logits: Tensor, targets: Tensor, candidates: Optional[Tensor]) -> Tensor:
+        if self.frequencies is None or candidates is None:
+            return logits
+        return logits - sample_log_q(candidates, targets, self.start, self.end,
+                                     self.sample_rate, self.frequencies)
 
     def _generator(self) -> torch.Generator:
         # Seeded by (seed, first class, step): independent across ranks and steps, and the same
@@ -582,7 +545,7 @@ class HardNegativeHead(PartialFCHead):
     def _candidates(self, targets: Tensor, features: Tensor) -> Optional[Tensor]:
         query = F.normalize(features, dim=1) if self.normalised else features
         self._refresh(query)
-        chosen = _positives(targets, self.start, self.end)
+        chosen = positives(targets, self.start, self.end)
         k = min(self.negatives, self.end - self.start)
         if k:
             if self._clustered is not None:

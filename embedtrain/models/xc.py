@@ -136,7 +136,7 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
                index_clusters: int = 0, index_probe: int = 0,
                dtype: HeadDtype = HeadDtype.FP32, rounding: Rounding = Rounding.STOCHASTIC,
                group: Optional[dist.ProcessGroup] = None, class_counts: Optional[Tensor] = None,
-               seed: int = 0) -> nn.Module:
+               seed: int = 0, sample_correction: bool = False) -> nn.Module:
     """The class head of ``kind`` (sharded heads: this rank's slice over ``group``).
 
     Args:
@@ -159,15 +159,22 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
         dtype, rounding: how a sharded head stores its rows (``fp32`` or ``bf16``) and rounds
             updated rows back to ``bf16`` (``stochastic`` or ``nearest``).
         group: ranks sharing a sharded head.
-        class_counts: ``[C]`` training frequencies (adaptive softmax sorts classes by them).
+        class_counts: ``[C]`` training frequencies (adaptive softmax sorts classes by them;
+            partial_fc's ``sample_correction`` takes each sampled class's odds from them).
         seed: initialisation and sampling seed.
+        sample_correction: partial_fc with softmax: the log-q correction of the sampled logits
+            (:func:`~embedtrain.models.class_sample.sample_log_q`).
     """
+    if sample_correction and (kind is not HeadKind.PARTIAL_FC or loss is not HeadLoss.SOFTMAX):
+        raise ValueError(f"xc.head.sample_correction: needs kind partial_fc with loss softmax, "
+                         f"not {kind.value} with {HeadLoss(loss).value}")
     common = dict(group=group, margin=margin, margin_value=margin_value, scale=scale, seed=seed,
                   loss=loss, dtype=DTYPES[HeadDtype(dtype)], rounding=rounding)
     if kind is HeadKind.FULL:
         return ShardedSoftmaxHead(num_classes, dim, **common)
     if kind is HeadKind.PARTIAL_FC:
-        return PartialFCHead(num_classes, dim, sample_rate=sample_rate, **common)
+        return PartialFCHead(num_classes, dim, sample_rate=sample_rate,
+                             class_counts=class_counts if sample_correction else None, **common)
     if kind is HeadKind.HARD_NEGATIVES:
         return HardNegativeHead(num_classes, dim, negatives=hard_negatives,
                                 refresh_every=refresh_every, sample_rate=sample_rate, index=index,

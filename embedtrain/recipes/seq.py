@@ -12,12 +12,14 @@ multi-hot id feature of at most ``max_length`` ids) and ``target`` (the next ite
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
 
 from embedtrain.config import ClusterConfig
+from embedtrain.data.stats import class_counts
 from embedtrain.features import DatasetMeta
 from embedtrain.models.seq import ITEM_TABLE, SeqDense, SeqModel, excluded_items, pad_history
 from embedtrain.recipes.base import Oracle, oracle_of
@@ -40,6 +42,14 @@ class SeqRecipe(XCRecipe):
     def max_length(self) -> int:
         """The longest history: the items feature's ``max_length`` in the metadata."""
         return self.dataset.features.sparse[0].max_length
+
+    @functools.cached_property
+    def class_counts(self) -> torch.Tensor:
+        """Each item's count in the train split's histories and targets: the labels training
+        sees are every position's next item, not only the rows' targets."""
+        spec = self.dataset.features
+        return torch.from_numpy(class_counts(self.dataset, columns=[spec.sparse[0].name,
+                                                                    spec.label]))
 
     def load_dataset(self) -> DatasetMeta:
         """The data set's metadata, checked to be a sequence one (``task: seq``)."""

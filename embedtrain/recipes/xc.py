@@ -51,11 +51,12 @@ def head_arguments(h: HeadConfig) -> dict[str, Any]:
                 scale=h.scale, cutoffs=h.cutoffs, div_value=h.div_value,
                 mach_buckets=h.mach_buckets, mach_repetitions=h.mach_repetitions, loss=h.loss,
                 index=h.index, index_clusters=h.index_clusters, index_probe=h.index_probe,
-                dtype=h.dtype, rounding=h.rounding)
+                dtype=h.dtype, rounding=h.rounding, sample_correction=h.sample_correction)
 
 
 # head optimizers with one float32 a row, that low-precision rows can be rounded back by
 ROW_STATE_OPTIMIZERS = (HeadOptimizer.ROWWISE_ADAGRAD, HeadOptimizer.FACTORED_ADAGRAD)
+
 
 class XCRecipe(TabularRecipe):
     """``task: xc``: the ``xc`` section's encoder and head, top-k metrics over all classes."""
@@ -126,7 +127,7 @@ class XCRecipe(TabularRecipe):
         """Encoder on ``meta`` and the head: a sharded one as this rank's slice (its collectives
         on a process group of their own) with its optimizer, a replicated one on ``device``."""
         h = self.cfg.xc.head
-        counts = self.class_counts if h.kind is HeadKind.ADAPTIVE else None
+        counts = self.class_counts if h.kind is HeadKind.ADAPTIVE or h.sample_correction else None
         group = dist.new_group(list(range(dist.get_world_size()))) if self.sharded else None
         head = self._head(group=group, class_counts=counts, seed=self.cfg.train.seed)
         self._built_head = head
