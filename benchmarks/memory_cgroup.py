@@ -10,6 +10,7 @@ counts mapped file pages the kernel could drop) said without one. Where the limi
 
 Example:
     >>> limit = MemoryLimit(16.0)       # this process and its children, at most 16 GiB
+    >>> limit.evict(Path("data"))        # the next step's reads are charged to the limit
     >>> limit.reset_peak()
     >>> ...                             # run a step
     >>> limit.usage()                   # {"limit_gb": 16.0, "peak_gb": ..., "oom_kills": 0, ...}
@@ -68,6 +69,24 @@ class MemoryLimit:
 
     def _read(self, key: str) -> int:
         return int((self.path / self.files[key]).read_text().split()[0])
+
+    def evict(self, *folders: Path) -> int:
+        """Drops the files under ``folders`` from the page cache (``POSIX_FADV_DONTNEED``; clean
+        pages no process maps), so the pages the next step reads are charged to this cgroup,
+        not to whichever cgroup read them first. Returns the files evicted."""
+        done = 0
+        for folder in folders:
+            for path in [folder] if folder.is_file() else folder.rglob("*"):
+                if not path.is_file():
+                    continue
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)  # dirty pages are written first (DONTNEED skips them)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+                done += 1
+        return done
 
     def reset_peak(self) -> None:
         """Starts a new peak (v1 only: v2's ``memory.peak`` keeps the cgroup's whole life)."""
