@@ -227,23 +227,29 @@ def _rank_step(rank, world, kind="rowwise_adagrad"):
             "columns": state.get("columns")}
 
 
-@pytest.mark.slow
-def test_a_bf16_head_on_two_ranks_steps_as_on_one():
-    """The slices' float32 gradients are the 1-rank head's; given them, the update (its
-    stochastic rounding keyed by global rows) is bit for bit the 1-rank update."""
+def _one_rank_step(kind):
+    """The reference's head whole on 1 rank (bf16, ``kind``'s optimizer at 0.5), after the
+    backward of the global batch; and the reference data."""
     from embedtrain.train.optim import sharded_head_optimizer
     from embedtrain.train.options import HeadOptimizer
 
-    ranks = spawn(_rank_step, 2)
-    assert [r["start"] for r in ranks] == [0, 19]
-    assert all(r["weight"].dtype == torch.bfloat16 for r in ranks)
-    assert ranks[0]["sum_shape"] == (C,)  # the row-wise state is saved as one [C] tensor
     weight, features, labels = _reference()
     head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4)
     with torch.no_grad():
         head.weight.copy_(weight)
-    opt = sharded_head_optimizer(head, HeadOptimizer.ROWWISE_ADAGRAD, 0.5)
+    opt = sharded_head_optimizer(head, HeadOptimizer(kind), 0.5)
     head(features.clone().requires_grad_(True), labels).backward()
+    return head, opt, (weight, features, labels)
+
+@pytest.mark.slow
+def test_a_bf16_head_on_two_ranks_steps_as_on_one():
+    """The slices' float32 gradients are the 1-rank head's; given them, the update (its
+    stochastic rounding keyed by global rows) is bit for bit the 1-rank update."""
+    ranks = spawn(_rank_step, 2)
+    assert [r["start"] for r in ranks] == [0, 19]
+    assert all(r["weight"].dtype == torch.bfloat16 for r in ranks)
+    assert ranks[0]["sum_shape"] == (C,)  # the row-wise state is saved as one [C] tensor
+    head, opt, (weight, features, labels) = _one_rank_step("rowwise_adagrad")
     grads = torch.cat([r["grad"] for r in ranks])
     torch.testing.assert_close(head.weight.main_grad.to_dense(), grads)
     head.weight.main_grad = grads.to_sparse(1)  # the ranks' own gradients, to compare updates
@@ -264,16 +270,8 @@ def test_a_factored_head_on_two_ranks_steps_as_on_one():
     1-rank head's columns and updates its rows as the 1-rank head does (to the rounding of a
     sum taken in another order: stochastic rounding may then pick the other neighbour of a
     value within an ulp)."""
-    from embedtrain.train.optim import sharded_head_optimizer
-    from embedtrain.train.options import HeadOptimizer
-
     ranks = spawn(_rank_step, 2, "factored_adagrad")
-    weight, features, labels = _reference()
-    head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4)
-    with torch.no_grad():
-        head.weight.copy_(weight)
-    opt = sharded_head_optimizer(head, HeadOptimizer.FACTORED_ADAGRAD, 0.5)
-    head(features.clone().requires_grad_(True), labels).backward()
+    head, opt, (weight, features, labels) = _one_rank_step("factored_adagrad")
     head.weight.main_grad = torch.cat([r["grad"] for r in ranks]).to_sparse(1)
     opt.step()
     columns = opt.state[head.weight]["columns"]
