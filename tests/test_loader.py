@@ -317,21 +317,25 @@ def test_bad_id_inside_a_list_is_named_with_row(tmp_path):
 
 
 def test_peak_memory_follows_the_buffers_not_the_data(tmp_path):
-    def peak(rows: int) -> int:
+    def peak(rows: int) -> tuple[int, int]:
         table, spec = random_ctr_table(rows=rows, seed=rows)
         f = write_parquet(table, tmp_path / f"{rows}.parquet", row_group_size=500)
         reader = ParquetBatchReader([f], spec, 100, shuffle=True, shuffle_buffer_rows=1000,
                                     num_workers=2, prefetch_batches=2)
+        data = table.nbytes
         del table
         tracemalloc.start()
         for _ in reader:
             pass
         size = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        return size
+        return size, data
 
-    small, large = peak(20_000), peak(80_000)  # both long enough for the read-ahead to fill
-    assert large < 1.25 * small, (small, large)
+    # Both long enough for the read-ahead to fill. The peak varies by ~1.3x from run to run with
+    # the worker threads' timing; memory that followed the data would grow 4x with it.
+    (small, _), (large, data) = peak(20_000), peak(80_000)
+    assert large < 2 * small, (small, large)
+    assert large < data / 4, (large, data)
 
 
 def test_log1p_of_integer_counts_matches_numpy(tmp_path):
