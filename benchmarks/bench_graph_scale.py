@@ -203,6 +203,8 @@ def main() -> int:
     p.add_argument("--skip-infer", action="store_true", help="leave out step 5")
     p.add_argument("--skip-ingest", action="store_true",
                    help="leave out steps 2 and 3 (train on the generated set as always)")
+    p.add_argument("--skip-train", action="store_true",
+                   help="leave out steps 4 and 5 (generate and ingest only)")
     p.add_argument("--memory-limit-gb", type=float, default=0.0,
                    help="run every step in a memory cgroup of this many GiB (page cache "
                         "included; 0: no limit)")
@@ -238,6 +240,9 @@ def main() -> int:
         if not args.keep_ingested:
             shutil.rmtree(ingested)
 
+    if args.skip_train:
+        record["disk_gb"] = {**disk, "total": round(sum(disk.values()), 3)}
+        return finish(args, record, report)
     config = "configs/gnn_node_100m.yaml" if args.node_table else "configs/gnn_node.yaml"
     train = [PY, "-m", "embedtrain", "train", config, "--out", str(run),
              "--overwrite", "--no-progress", "--set", f"data.path={graph}",
@@ -290,7 +295,8 @@ def finish(args: argparse.Namespace, record: dict, report: dict) -> int:
             ("ingest", f"{record['ingest_s']} s, peak RSS {record['ingest_peak_rss_gb']} GiB "
                        f"({report['csr_build']['method']})" if report else "skipped"),
             ("train", f"{record['train_seeds_per_s']} seeds/s, peak RSS "
-                      f"{record['train_peak_rss_gb']} GiB"),
+                      f"{record['train_peak_rss_gb']} GiB" if "train_seeds_per_s" in record
+                      else "skipped"),
             ("inference", json.dumps(record.get("inference"))),
             ("disk", f"{record['disk_gb']} GiB")]
     for k, v in rows:

@@ -88,6 +88,7 @@ def test_bad_chunks_are_refused_as_in_memory(tmp_path):
 SPEC = """
 kind: graph
 name: big
+id_type: {id_type}
 edges: {{format: parquet, src: src, dst: dst{weight}{time}}}
 nodes: {{format: parquet, id: id, features: [f], label: label, missing_nodes: {missing}}}
 graph: {{directed: {directed}, self_loops: drop, duplicates: {duplicates}}}
@@ -95,14 +96,14 @@ split: {{valid_fraction: 0.2, test_fraction: 0.2, edge_valid_fraction: 0.05, edg
 """
 
 
-def _ingest_inputs(tmp_path):
+def _ingest_inputs(tmp_path, integer=False):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(5)
     n, m = 400, 5000
     src, dst, w = _edges(n, m, seed=6)
-    ids = np.array([f"n{i * 7919 % 1000}" for i in range(n)])  # string ids, not in order
+    ids = np.array([i * 7919 % 1000 if integer else f"n{i * 7919 % 1000}" for i in range(n)])
     files = []
     for part in range(3):  # three files, so rows are numbered across them
         sl = slice(part * m // 3, (part + 1) * m // 3)
@@ -111,6 +112,11 @@ def _ingest_inputs(tmp_path):
         t[::17] = np.nan
         pq.write_table(pa.table({"src": ids[src[sl]], "dst": ids[dst[sl]], "w": w[sl],
                                  "t": pa.array(t, from_pandas=True)}), files[-1])
+    if integer:  # a file with no usable row (null endpoints): an empty shard
+        files.append(tmp_path / "edges3.parquet")
+        pq.write_table(pa.table({"src": pa.array([None, 3], pa.int64()),
+                                 "dst": pa.array([5, None], pa.int64()), "w": [1.0, 1.0],
+                                 "t": [1.0, 2.0]}), files[-1])
     table = tmp_path / "nodes.parquet"  # some endpoints are missing from the node table
     keep = rng.permutation(n)[: n - 40]
     pq.write_table(pa.table({"id": ids[keep], "f": rng.normal(size=keep.shape[0]),
@@ -118,18 +124,27 @@ def _ingest_inputs(tmp_path):
     return files, table
 
 
-@pytest.mark.parametrize("directed,duplicates,missing,weighted,timed", [
-    (False, "drop", "add", True, False), (True, "sum", "drop", False, True),
-    (False, "keep", "drop", True, True)])
-def test_ingest_out_of_core_equals_in_memory(tmp_path, directed, duplicates, missing, weighted,
-                                             timed):
+@pytest.mark.parametrize("directed,duplicates,missing,weighted,timed,integer", [
+    (False, "drop", "add", True, False, False), (True, "sum", "drop", False, True, False),
+    (False, "keep", "drop", True, True, False), (False, "drop", "add", True, True, True),
+    (True, "keep", "drop", False, False, True)])
+def test_ingest_out_of_core_equals_in_memory(tmp_path, monkeypatch, directed, duplicates, missing,
+                                             weighted, timed, integer):
+    # Integer ids out of core take the sorted-array remap (pipelines/graph/remap.py), in batches
+    # of 97 rows here, so first appearances span batches; in memory, Polars' joins.
     from embedtrain.graph.store import load_graph
+    from pipelines.graph import passes, remap
     from pipelines.graph.passes import ingest
     from pipelines.graph.spec import load_spec
 
-    files, table = _ingest_inputs(tmp_path)
+    monkeypatch.setattr(remap, "BATCH_ROWS", 97)
+    if integer and directed:  # the direct table (the ids' range fits); else sorted arrays
+        monkeypatch.setattr(passes, "build_id_map", lambda kept, head, budget, progress:
+                            remap.build_id_map(kept, head, 1 << 30, progress))
+    files, table = _ingest_inputs(tmp_path, integer)
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(SPEC.format(directed=str(directed).lower(), duplicates=duplicates,
+    spec_file.write_text(SPEC.format(id_type="integer" if integer else "string",
+                                     directed=str(directed).lower(), duplicates=duplicates,
                                      missing=missing, weight=", weight: w" if weighted else "",
                                      time=", timestamp: t" if timed else ""))
     reports, graphs = [], []
@@ -153,6 +168,13 @@ def test_ingest_out_of_core_equals_in_memory(tmp_path, directed, duplicates, mis
     for split in ("valid", "test"):  # by time where timed: the newest edges held out
         np.testing.assert_array_equal(a.edge_splits[split], b.edge_splits[split])
     assert not list(tmp_path.glob(".external-scratch-*"))  # the scratch folder is gone
+    np.testing.assert_array_equal(pq_ids(tmp_path / "memory"), pq_ids(tmp_path / "external"))
+
+
+def pq_ids(out):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(out / "nodes" / "ids.parquet").column(0).to_numpy(zero_copy_only=False)
 
 
 # --- the generator's out-of-core path ----------------------------------------------------------
@@ -202,3 +224,30 @@ def test_datagen_cli_edges_and_memory_gb(tmp_path, capsys):
     assert main(["datagen", "graph", "--nodes", "20", "--edges", "0", "--out",
                  str(tmp_path / "bad")]) == 2
     assert "--edges must be a positive integer, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_integer_id_map_numbers_by_first_appearance(direct):
+    from pipelines.graph.remap import IntegerIdMap
+
+    rng = np.random.default_rng(3)
+    head = rng.choice(np.arange(-50, 1000), 40, replace=False)  # the node table's ids
+    batches = [rng.integers(-60, 1000, (2, k)) for k in (1, 30, 0, 200, 7)]
+    order = {int(x): i for i, x in enumerate(head)}  # the slow reference
+    for src, dst in batches:
+        for x in np.stack([src, dst], 1).ravel():
+            order.setdefault(int(x), len(order))
+    ids = IntegerIdMap(head, (-60, 999) if direct else None)
+    for src, dst in batches:
+        ids.add_first_seen(src, dst)
+    assert ids.size == len(order)
+    np.testing.assert_array_equal(ids.ids(), sorted(order, key=order.get))
+    absent = next(x for x in range(-60, 1000) if x not in order)
+    probe = np.array([5000, -61, *order, absent, 2**40])  # outside the range, or not an id
+    dense, found = ids.find(probe)
+    assert found.tolist() == [False, False, *[True] * len(order), False, False]
+    assert dense[found].tolist() == [order[k] for k in order]
+    ids.truncate(len(head))
+    dense, found = ids.find(probe)
+    assert dense[found].tolist() == list(range(len(head)))
+    np.testing.assert_array_equal(ids.ids(), head)

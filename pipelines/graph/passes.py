@@ -18,7 +18,10 @@ build, held-out edges and splits are one step where the job runs, on the merged 
    order), then edge endpoints not in the table in order of first appearance (``missing_nodes:
    add``; with ``drop`` their edges are dropped and counted): each shard finds its endpoints'
    first positions, merged by minimum, then each shard joins its edges with the id map, the
-   shards' edges concatenated in input order;
+   shards' edges concatenated in input order. Integer ids of a graph built out of core (step 5)
+   are remapped without hash tables (:mod:`pipelines.graph.remap`: a direct table over the ids'
+   range, or sorted arrays, streamed a batch at a time on the machine running the job; the same
+   dense ids): at 10^8 nodes Polars' hash tables were the job's largest allocation;
 5. builds the CSR (:func:`embedtrain.graph.csr.csr_from_edges`): self-loops and
    repeated edges dropped, kept or summed as configured, and counted. Edges whose sort would
    need more than ``graph.memory_gb`` (default a quarter of the RAM; 24 bytes an entry, 48 with
@@ -82,6 +85,7 @@ from pipelines.engines.base import Engine, Pass, Shard
 from pipelines.engines.local import LocalEngine
 from pipelines.graph.read import (
     NOT_IN_NODE_TABLE, ROW, edge_frame, locate_failure, read_node_table, resolve_inputs)
+from pipelines.graph.remap import build_id_map, remap_parts, sink_kept
 from pipelines.graph.splits import NodeTable, choose_node_splits, id_files
 from pipelines.graph.spec import GraphIngestSpec, MissingNodes, SplitMethod
 
@@ -169,20 +173,33 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
     table = read_node_table(spec, node_files) if spec.nodes is not None else None
     if table is not None:
         t = phase("node table", t)
-    ids = _id_map(engine.run(Pass("first appearance", _first_seen, _merge_first_seen), shards,
-                             spec), table, spec)
-    n_table = 0 if table is None else table.ids.len()
-    missing_ids = ids.height - n_table
-    add = spec.nodes is None or spec.nodes.missing_nodes is MissingNodes.ADD
-    if not add:
-        ids = ids.head(n_table)
     g = spec.graph
-    num_nodes = ids.height
-    lookup = ids.select(pl.col("id"), pl.col("dense"))
     budget = memory_budget(g.memory_gb)
     per_entry = WEIGHTED_ENTRY_BYTES if spec.edges.weight else ENTRY_BYTES
+    in_memory = rows_read * (1 if g.directed else 2) * per_entry <= budget
+    n_table = 0 if table is None else table.ids.len()
+    add = spec.nodes is None or spec.nodes.missing_nodes is MissingNodes.ADD
+    columns = ["src", "dst"] + (["weight"] if spec.edges.weight else []) + (
+        ["time"] if spec.edges.timestamp else [])
+    kept = id_map = None
+    if not in_memory and spec.id_type is ValueType.INTEGER:  # sorted arrays, not hash tables
+        kept = [sink_kept(_kept(shard, spec), columns, scratch.path() / f"kept{i}.parquet")
+                for i, shard in enumerate(shards)]
+        id_map = build_id_map(kept, None if table is None else table.ids.cast(
+            pl.Int64).to_numpy(), budget, lambda msg: bar.set_postfix_str(msg, refresh=True))
+        missing_ids = id_map.size - n_table
+        if not add:
+            id_map.truncate(n_table)
+        num_nodes, ids, lookup = id_map.size, None, None  # the id frame once the map is gone
+    else:
+        ids = _id_map(engine.run(Pass("first appearance", _first_seen, _merge_first_seen),
+                                 shards, spec), table, spec)
+        missing_ids = ids.height - n_table
+        if not add:
+            ids = ids.head(n_table)
+        num_nodes, lookup = ids.height, ids.select(pl.col("id"), pl.col("dense"))
     src = dst = times = first_times = None
-    if rows_read * (1 if g.directed else 2) * per_entry <= budget:
+    if in_memory:
         frame = engine.run(Pass("remap ids", _remap, _concat), shards, (spec, lookup))
         missing_rows = frame.filter(pl.col("s").is_null() | pl.col("d").is_null()).height
         if spec.nodes is not None:
@@ -198,10 +215,17 @@ def _ingest(spec: GraphIngestSpec, engine: Engine, edge_files: list[Path],
         del weights
         csr_build = {"method": "in memory", "memory_budget_gb": float(f"{budget / 2**30:.4g}")}
     else:
-        parts = []
-        for i, shard in enumerate(shards):  # streamed to disk, not collected
-            parts.append(scratch.path() / f"edges{i}.parquet")
-            _remapped(shard, spec, lookup).sink_parquet(parts[-1], row_group_size=1 << 20)
+        parts = [scratch.path() / f"edges{i}.parquet" for i in range(len(shards))]
+        if id_map is not None:
+            remap_parts(kept, id_map, columns, parts,
+                        lambda msg: bar.set_postfix_str(msg, refresh=True))
+            ids = pl.DataFrame({"dense": np.arange(num_nodes, dtype=np.int64),
+                                "id": id_map.ids()})
+            del id_map
+        else:
+            for shard, part in zip(shards, parts):  # streamed to disk, not collected
+                _remapped(shard, spec, lookup).sink_parquet(part, row_group_size=1 << 20)
+        del lookup
         s = spec.split
         if spec.edges.timestamp and (s.edge_valid_fraction or s.edge_test_fraction):
             first_times = _first_times(pl.scan_parquet(parts).filter(
@@ -401,7 +425,8 @@ def _external_csr(spec: GraphIngestSpec, parts: list[Path], num_nodes: int, scra
 
     def chunks():
         for path in parts:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 22, columns=cols):
+            for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(  # see remap
+                    batch_size=1 << 22, columns=cols):
                 frame = pl.from_arrow(batch)
                 ok = frame.filter(pl.col("s").is_not_null() & pl.col("d").is_not_null())
                 tally["missing"] += frame.height - ok.height
