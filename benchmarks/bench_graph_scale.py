@@ -28,7 +28,10 @@ memory of the whole process tree, sampled every 0.5 s):
 Usage:
     python benchmarks/bench_graph_scale.py --nodes 20000000 --edges 200000000 \\
         --json benchmarks/out/graph_scale_20m.json [--work /tmp/embedtrain_graph_scale] \\
-        [--memory-limit-gb 16]
+        [--memory-limit-gb 14.9] [--skip-ingest | --skip-train] [--skip-infer]
+
+``--skip-ingest`` leaves out steps 2 and 3, ``--skip-train`` steps 4 and 5, ``--skip-infer`` step 5
+(their keys are then absent from the JSON).
 
 ``--memory-limit-gb G`` runs the whole benchmark (this process and every step's) in a Linux
 memory cgroup of ``G`` GiB (:mod:`memory_cgroup`): the kernel then holds anonymous memory and
