@@ -245,8 +245,9 @@ def test_calibrate_two_ranks_measures_collectives_and_sharding_groups(tmp_path):
     assert all(_positive_finite(getattr(cal.cluster, k)) for k in NEW_FIELDS)
     g = cal.groups
     assert g is not None and list(g.measured_ms) == list(GROUP_SHARDING_TYPES)
-    # a real fixed cost (milliseconds on gloo), far above the tiny plans' estimates
-    assert all(0.2 < ms < 100 for ms in g.fixed_ms.values())
+    # a real fixed cost (milliseconds on gloo), far above the tiny plans' estimates; the upper
+    # bound is loose: on two busy cores a gloo round trip was seen at over 100 ms
+    assert all(0.2 < ms < 2000 for ms in g.fixed_ms.values())
     assert 0 < max(g.estimated_ms.values()) < 0.1 * min(g.fixed_ms.values())
     assert cal.cluster.sharding_group_ms == pytest.approx(g.sharding_group_ms, rel=5e-3)
     path = tmp_path / "cal.yaml"

@@ -64,7 +64,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from embedtrain.config_io import to_dict
@@ -85,7 +84,7 @@ from pipelines.engines.base import Engine, Pass, Shard
 from pipelines.engines.local import LocalEngine
 from pipelines.graph.read import (
     NOT_IN_NODE_TABLE, ROW, edge_frame, locate_failure, read_node_table, resolve_inputs)
-from pipelines.graph.remap import build_id_map, remap_parts, sink_kept
+from pipelines.graph.remap import build_id_map, read_batches, remap_parts, sink_kept
 from pipelines.graph.splits import NodeTable, choose_node_splits, id_files
 from pipelines.graph.spec import GraphIngestSpec, MissingNodes, SplitMethod
 
@@ -425,8 +424,7 @@ def _external_csr(spec: GraphIngestSpec, parts: list[Path], num_nodes: int, scra
 
     def chunks():
         for path in parts:
-            for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(  # see remap
-                    batch_size=1 << 22, columns=cols):
+            for batch in read_batches([path], cols, batch_size=1 << 22):
                 frame = pl.from_arrow(batch)
                 ok = frame.filter(pl.col("s").is_not_null() & pl.col("d").is_not_null())
                 tally["missing"] += frame.height - ok.height

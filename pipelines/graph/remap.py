@@ -37,13 +37,14 @@ def sink_kept(kept: pl.LazyFrame, columns: Sequence[str], path: Path) -> Path:
     return path
 
 
-def _batches(paths: Sequence[Path], columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+def read_batches(paths: Sequence[Path], columns: Sequence[str],
+                 batch_size: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The files' rows a batch at a time, in order. Arrow's ``pre_buffer`` keeps the coalesced
     reads of every row group read until the file is closed (+0.4 GiB anonymous a 100M rows of
     a 1B-row file, measured): off."""
     for path in paths:
         yield from pq.ParquetFile(path, pre_buffer=False).iter_batches(
-            batch_size=BATCH_ROWS, columns=columns)
+            batch_size=batch_size, columns=columns)
 
 
 class IntegerIdMap:
@@ -154,7 +155,7 @@ def build_id_map(kept: Sequence[Path], head: Optional[np.ndarray], budget: int,
     direct = span is not None and (span[1] - span[0] + 1) * 8 <= budget
     ids = IntegerIdMap(head, span if direct else None)
     rows = 0
-    for batch in _batches(kept, ["src", "dst"]):
+    for batch in read_batches(kept, ["src", "dst"]):
         ids.add_first_seen(batch.column(0).to_numpy(), batch.column(1).to_numpy())
         rows += batch.num_rows
         progress(f"id map: {rows / 1e6:,.0f}M rows, {ids.size:,} ids")
@@ -168,7 +169,7 @@ def remap_parts(kept: Sequence[Path], ids: IntegerIdMap, columns: Sequence[str],
     rows = 0
     for path, target in zip(kept, out):
         writer = None
-        for batch in _batches([path], list(columns)):
+        for batch in read_batches([path], list(columns)):
             arrays = {}
             for name, col in (("s", "src"), ("d", "dst")):
                 dense, found = ids.find(batch.column(columns.index(col)).to_numpy())
