@@ -361,11 +361,12 @@ def test_a_killed_search_resumes_without_rerunning_finished_trials(search):
     assert (last / "summary.json").is_file()
     assert f"trial_{TRIALS - 1:03d} started" in resumed.stderr
     # Ray saves its record of the trials every second, so it may start again a trial that ended
-    # just before the kill: such a trial is reported as it ended (how it ended and its best value
-    # as in the first run, its files and log untouched: above), never trained again.
+    # just before the kill: such a trial is reported as it ended (how and at which step it ended,
+    # its best value, as in the first run; its files and log untouched: above), never trained
+    # again.
     for name in before:
         if f"tune: {name} started" in resumed.stderr:
-            end = rf"^tune: {name} (done|stopped by ASHA|error)(?: at step \S+)?([^;]*)"
+            end = rf"^tune: {name} (done|stopped by ASHA|error)( at step \S+)?([^;]*)"
             ends = [re.findall(end, text, re.M) for text in (first, resumed.stderr)]
             assert ends[1] and ends[1] == ends[0][-1:], (name, ends)
 
@@ -495,3 +496,36 @@ def test_a_mapping_choice_sets_keys_together_and_keeps_the_rest_of_the_section(t
     cfg = load_config(base, overrides)
     assert (cfg.model.embedding_dim, cfg.model.bottom_mlp) == (32, [64, 32])
     assert cfg.model.interaction.value == "dcn" and cfg.model.dcn_num_layers == 2
+
+
+def test_a_stopped_trial_started_again_is_reported_at_the_step_it_stopped(tmp_path, monkeypatch):
+    """A trial ASHA stopped keeps the step in its end mark; Ray starting it again after a kill of
+    the search gets it reported as stopped at that step (not trained again, not finished)."""
+    from types import SimpleNamespace
+
+    from ray import tune
+
+    from embedtrain.cli.tune import trial
+
+    reports: list[dict] = []
+    context = SimpleNamespace(get_trial_name=lambda: "trial_007", get_trial_resources=lambda: (
+        SimpleNamespace(required_resources={"CPU": 1})))
+    monkeypatch.setattr(tune, "get_context", lambda: context)
+    monkeypatch.setattr(tune, "report", reports.append)
+    monkeypatch.setattr(trial.EvaluationReporter, "_best", lambda self: {})
+    trained = []
+
+    def stopped_by_the_scheduler(setup, config, run_dir, reporter, log):
+        trained.append(run_dir)
+        reporter(SimpleNamespace(select_metric="auc"), {"step": 30, "auc": 0.7})
+        raise SystemExit(0)  # what tune.report does to a trial the scheduler stops
+
+    monkeypatch.setattr(trial, "_train", stopped_by_the_scheduler)
+    setup = trial.TrialSetup(out=str(tmp_path), base_config="unused.yaml")
+    with pytest.raises(SystemExit):
+        trial.run_trial({"optim.sparse_lr": 0.1}, setup)
+    assert reports == [{"step": 30, "value": 0.7, "score": 0.7}]
+    reports.clear()
+    trial.run_trial({"optim.sparse_lr": 0.1}, setup)  # Ray starts it again
+    assert len(trained) == 1
+    assert reports == [{"finished": False, "step": 30}]

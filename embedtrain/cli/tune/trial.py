@@ -96,7 +96,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
         # every few seconds): reported as it ended, not one of its files touched (no lock taken,
         # nothing logged, not trained again)
         mark = json.loads(ended.read_text()) if ended.exists() else {}
-        reporter.report_end(finished=mark.get("status") is None, error=mark.get("error"))
+        reporter.report_end(finished=mark.get("status") is None, error=mark.get("error"),
+                            step=mark.get("step"))
         return
     with _trial_output(out / "logs" / f"{name}.log") as log, _threads(cpus):
         print(f"\n== {name} ({time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}): "
@@ -104,7 +105,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
         try:
             error = _train(setup, config, run_dir, reporter, log)
         except SystemExit:  # the scheduler stopping the trial: sys.exit(0) in its report
-            _mark_ended(ended, {"status": "stopped"})
+            _mark_ended(ended, {"status": "stopped", "step": reporter.last_step})
             raise
     if error is not None:
         _mark_ended(ended, {"status": "error", "error": error})
@@ -164,6 +165,7 @@ class EvaluationReporter:
         self.run_dir = run_dir
         self.metric: Optional[str] = None
         self.higher = True
+        self.last_step: Optional[int] = None  # of the last evaluation reported (where ASHA stops)
 
     def __call__(self, trainer: Any, record: dict[str, Any]) -> None:
         from ray import tune
@@ -177,12 +179,15 @@ class EvaluationReporter:
             known = sorted(k for k, v in record.items() if isinstance(v, float))
             raise ValueError(f"train.select_metric: {self.metric!r} is not a validation metric of "
                              f"this task ({', '.join(known)}); choose another --metric")
+        self.last_step = record["step"]
         tune.report({"step": record["step"], "value": value,
                      "score": value if self.higher else -value, **self._best()})
 
-    def report_end(self, finished: bool = False, error: Optional[str] = None) -> None:
+    def report_end(self, finished: bool = False, error: Optional[str] = None,
+                   step: Optional[int] = None) -> None:
         """The trial's last report: ``finished`` or its ``error`` (no ``score``: the scheduler
-        has seen every evaluation already)."""
+        has seen every evaluation already); ``step``: where a stopped trial stopped, reported
+        again for a trial Ray starts after it ended."""
         from ray import tune
 
         if self.metric is None:  # no evaluation in this attempt (a finished run, an error)
@@ -190,6 +195,8 @@ class EvaluationReporter:
         result: dict[str, Any] = {**self._best(), "finished": finished}
         if error is not None:
             result["error"] = error
+        if step is not None:
+            result["step"] = step
         tune.report(result)
 
     def _best(self) -> dict[str, Any]:
