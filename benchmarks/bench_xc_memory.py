@@ -280,7 +280,7 @@ def print_tables(out: dict[str, Any]) -> None:
               f"examples/s over {run['steps']} steps); run wall {run['wall_s']:.0f} s; lowest "
               f"MemAvailable {run['sampled']['min_mem_available_gb']:.1f} GiB")
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 
 
 def short_count(n: int) -> str:

@@ -70,6 +70,8 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
     "fp32_factored": ("fp32", "factored_adagrad", "stochastic"),
     "bf16_sr_factored": ("bf16", "factored_adagrad", "stochastic"),
     "bf16_nearest_factored": ("bf16", "factored_adagrad", "nearest"),
+    "fp8_sr_factored": ("fp8", "factored_adagrad", "stochastic"),
+    "fp8_nearest_factored": ("fp8", "factored_adagrad", "nearest"),
 }
 HEAD_KINDS = ("partial_fc", "hard_negatives")
 SUMMARY_KEYS = ("p@1", "p@5", "ndcg@5", "recall@5", "psp@1", "psp@5", "loss",

@@ -162,9 +162,9 @@ class HeadConfig:
     sample_correction: bool = False
     optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
     lr: float = config_field(0.05, check=POSITIVE)
-    # sharded heads' storage of the class rows: fp32, or bf16 (2 bytes a weight, no fp32 copy;
-    # needs optimizer rowwise_adagrad or factored_adagrad), whose updated rows are rounded back by
-    # `rounding`
+    # sharded heads' storage of the class rows: fp32, or bf16 (2 bytes a weight, no fp32 copy) or
+    # fp8 (float8 e4m3, 1 byte; both need optimizer rowwise_adagrad or factored_adagrad), whose
+    # updated rows are rounded back by `rounding`
     dtype: HeadDtype = HeadDtype.FP32
     rounding: Rounding = Rounding.STOCHASTIC
 

@@ -1,4 +1,5 @@
-"""A bfloat16 class head (``xc.head.dtype: bf16``) through ``embedtrain export`` and ``predict``.
+"""A bfloat16 class head (``xc.head.dtype: bf16``) through ``embedtrain export`` and ``predict``,
+and a float8 one (``fp8``: uint8 bit patterns, 1 byte a weight) the same way.
 
 The head is written as it was trained: ``head/weight.npy`` holds the bfloat16 bit patterns as
 uint16 (2 bytes a weight, ``head.dtype: bfloat16`` in ``model.json``), read from the checkpoint
@@ -32,56 +33,66 @@ def _data_bytes(npy: Path) -> int:
     return npy.stat().st_size - np.load(npy, mmap_mode="r").offset
 
 
-def test_bf16_shards_are_written_as_their_bits_and_widened_exactly_to_parquet(tmp_path):
-    w = torch.randn(300, 24, generator=torch.Generator().manual_seed(0)).bfloat16()
+# (xc.head.dtype, the exported dtype, its bytes a weight, the .npy's bit-pattern type)
+STORAGE = {"bf16": ("bfloat16", 2, np.uint16), "fp8": ("float8_e4m3fn", 1, np.uint8)}
+
+
+@pytest.mark.parametrize("setting", ["bf16", "fp8"])
+def test_bf16_shards_are_written_as_their_bits_and_widened_exactly_to_parquet(tmp_path, setting):
+    dtype, size, bits_type = STORAGE[setting]
+    w = torch.randn(300, 24, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
     ckpt = tmp_path / "ckpt"
     dcp.save({"w": w, "x": torch.zeros(3)}, checkpoint_id=ckpt, no_dist=True)
-    assert checkpoint_dtypes(ckpt) == {"w": torch.bfloat16, "x": torch.float32}
-    with NpyWriter(tmp_path / "w.npy", (300, 24), "bfloat16") as writer:
+    assert checkpoint_dtypes(ckpt) == {"w": getattr(torch, dtype), "x": torch.float32}
+    with NpyWriter(tmp_path / "w.npy", (300, 24), dtype) as writer:
         stream_tensor(ckpt, "w", (300, 24), writer.write)
-    with NpyWriter(tmp_path / "cols.npy", (300, 24), "bfloat16") as writer:  # column blocks
+    with NpyWriter(tmp_path / "cols.npy", (300, 24), dtype) as writer:  # column blocks
         writer.write((0, 0), w[:, :8])
         writer.write((0, 8), w[:, 8:])
     for name in ("w.npy", "cols.npy"):
         bits = np.load(tmp_path / name)
-        assert bits.dtype == np.uint16 and _data_bytes(tmp_path / name) == 300 * 24 * 2
-        assert torch.equal(torch.from_numpy(bits).view(torch.bfloat16), w)
+        assert bits.dtype == bits_type and _data_bytes(tmp_path / name) == 300 * 24 * size
+        assert torch.equal(torch.from_numpy(bits).view(getattr(torch, dtype)).float(), w.float())
     write_parquet(tmp_path / "w.npy", tmp_path / "w.parquet")
     vectors = pq.read_table(tmp_path / "w.parquet").column("vector").to_pylist()
     assert torch.equal(torch.tensor(vectors, dtype=torch.float32), w.float())
 
 
-@pytest.fixture(scope="module", params=["none", "cosface"])
+@pytest.fixture(scope="module", params=[("bf16", "none"), ("bf16", "cosface"), ("fp8", "none")],
+                ids=lambda p: "-".join(p))
 def bf16_run(request, tmp_path_factory):
-    """A 1-rank partial_fc run with a bfloat16 head (rowwise_adagrad; unnormalised, or cosface:
-    normalised), its data and eval's top-5 (ids, scores) and metrics on the test split."""
-    root = tmp_path_factory.mktemp(f"bf16_{request.param}")
+    """A 1-rank partial_fc run with a bfloat16 (or float8) head (rowwise_adagrad; unnormalised,
+    or cosface: normalised), its head dtype, data and eval's top-5 (ids, scores) and metrics on
+    the test split."""
+    dtype, margin = request.param
+    root = tmp_path_factory.mktemp(f"{dtype}_{margin}")
     data = tiny_xc_dataset(root / "data", rows=3000, classes=CLASSES)
     run = _train("xc_synthetic.yaml", data, root / "run", *_xc_overrides(data)[1:],
-                 "xc.head.kind=partial_fc", "xc.head.dtype=bf16",
+                 "xc.head.kind=partial_fc", f"xc.head.dtype={dtype}",
                  "xc.head.optimizer=rowwise_adagrad",
-                 f"xc.head.margin={request.param}")
+                 f"xc.head.margin={margin}")
     reference, metrics = _eval_outputs(run, k=5)
-    return data, run, reference, metrics
+    return dtype, data, run, reference, metrics
 
 
 def test_bf16_head_is_exported_as_bf16_and_predicts_as_eval(bf16_run, tmp_path):
-    data, run, (ids, scores), metrics = bf16_run
+    setting, data, run, (ids, scores), metrics = bf16_run
+    dtype, size, bits_type = STORAGE[setting]
     result = export_run(run, tmp_path / "out", formats=["npy", "parquet"], progress=False)
     m = result.manifest
-    assert m.head.dtype == "bfloat16" and m.head.bytes == CLASSES * DIM * 2
-    assert load_manifest(tmp_path / "out").head.dtype == "bfloat16"
+    assert m.head.dtype == dtype and m.head.bytes == CLASSES * DIM * size
+    assert load_manifest(tmp_path / "out").head.dtype == dtype
     npy = tmp_path / "out" / m.head.files.npy
     bits = np.load(npy)
-    assert bits.dtype == np.uint16 and _data_bytes(npy) == CLASSES * DIM * 2
+    assert bits.dtype == bits_type and _data_bytes(npy) == CLASSES * DIM * size
     trained = _checkpoint_tensor(Path(m.source.checkpoint), m.head.checkpoint_key, (CLASSES, DIM))
-    head = torch.from_numpy(bits).view(torch.bfloat16)
-    assert torch.equal(head.float(), trained)  # the trained bf16 values, widened exactly by DCP
+    head = torch.from_numpy(bits).view(getattr(torch, dtype))
+    assert torch.equal(head.float(), trained)  # the trained values, widened exactly by DCP
     vectors = pq.read_table(tmp_path / "out" / m.head.files.parquet).column("vector")
     assert torch.equal(torch.tensor(vectors.to_pylist()), trained)
     assert result.largest_table == max(m.head.bytes, *(t.bytes for t in m.tables))
 
-    assert ExportedModel(tmp_path / "out").head_weight.dtype == torch.bfloat16
+    assert ExportedModel(tmp_path / "out").head_weight.dtype == getattr(torch, dtype)
     r = predict(tmp_path / "out", [str(data / "test")], tmp_path / "p.parquet", progress=False)
     preds = pq.read_table(tmp_path / "p.parquet")
     assert torch.equal(torch.tensor(preds.column("top_ids").to_pylist()), ids.long())
@@ -90,9 +101,9 @@ def test_bf16_head_is_exported_as_bf16_and_predicts_as_eval(bf16_run, tmp_path):
     assert r.metrics["p@1"] == pytest.approx(metrics["p@1"], abs=1e-12)
 
 
-@pytest.mark.parametrize("bf16_run", ["cosface"], indirect=True)
+@pytest.mark.parametrize("bf16_run", [("bf16", "cosface")], indirect=True)
 def test_bf16_head_stays_bf16_with_int8_tables_and_needs_its_npy(bf16_run, tmp_path):
-    data, run, _, _ = bf16_run
+    _, data, run, _, _ = bf16_run
     plain = export_run(run, tmp_path / "plain", progress=False).manifest
     m = export_run(run, tmp_path / "int8", quantize="int8", progress=False).manifest
     assert [t.dtype for t in m.tables] == ["int8"] and m.head.dtype == "bfloat16"

@@ -1,4 +1,4 @@
-"""bf16 class heads: stochastic rounding is unbiased and reproducible, row-wise Adagrad follows
+"""bf16 (and fp8) class heads: stochastic rounding is unbiased and reproducible, row-wise Adagrad follows
 its formula, a bf16 step computes what a float32 head holding the same values computes, and a
 head split over 2 ranks rounds and updates every row as 1 rank does."""
 
@@ -58,6 +58,43 @@ def test_stochastic_rounding_is_unbiased_and_reproducible():
     r = round_rows(odd, torch.zeros(1, dtype=torch.long), torch.bfloat16, SR, 0, 0).float()
     assert r[0, 0] == float("inf") and r[0, 1] == -float("inf") and r[0, 2].isnan()
     assert r[0, 3] == -2.5
+
+
+def _e4m3_values() -> torch.Tensor:
+    """Every finite float8 e4m3 value, sorted (from its 256 bit patterns)."""
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    return torch.unique(every[torch.isfinite(every)])
+
+
+def test_stochastic_rounding_to_e4m3_is_unbiased_and_reproducible():
+    """fp8 rows: each rounding lands on one of the two e4m3 neighbours of its value (normal,
+    subnormal, negative), unbiased; 448 and above saturate; the same key draws the same bits."""
+    values = torch.tensor([0.3, -0.0913, 1e-3, -0.0123, 5.1, 300.0, 0.0, 2.0 ** -9 * 2.5])
+    copies = 20_000
+    x = values.repeat(copies, 1)
+    rows = torch.arange(copies)
+    out = round_rows(x, rows, torch.float8_e4m3fn, SR, seed=5, step=3)
+    assert out.dtype == torch.float8_e4m3fn
+    grid = _e4m3_values()
+    above = torch.searchsorted(grid, values, right=False)  # the first grid value >= x
+    high = grid[above]
+    low = torch.where(high == values, high, grid[(above - 1).clamp(min=0)])
+    got = out.float()
+    assert bool(((got == low) | (got == high)).all())
+    bias = (got.mean(0) - values).abs()
+    assert bool((bias <= 5 * (high - low) / 2 / copies ** 0.5).all()), bias / (high - low)
+    assert bool((bias[high == values] == 0).all())  # representable values stay put
+    nearest = round_rows(x, rows, torch.float8_e4m3fn, NEAREST, seed=5, step=3)
+    assert torch.equal(nearest.float(), values.to(torch.float8_e4m3fn).float().repeat(copies, 1))
+    assert torch.equal(out.view(torch.uint8), round_rows(
+        x, rows, torch.float8_e4m3fn, SR, seed=5, step=3).view(torch.uint8))
+    assert not torch.equal(out.view(torch.uint8), round_rows(
+        x, rows, torch.float8_e4m3fn, SR, seed=5, step=4).view(torch.uint8))
+    big = torch.tensor([[448.0, 1000.0, -1e6, float("nan")]])
+    for rounding in (SR, NEAREST):
+        r = round_rows(big, torch.zeros(1, dtype=torch.long), torch.float8_e4m3fn, rounding,
+                       0, 0).float()
+        assert r[0, :3].tolist() == [448.0, 448.0, -448.0] and r[0, 3].isnan()
 
 
 def test_small_updates_move_a_stochastically_rounded_weight_and_not_a_nearest_one():
@@ -202,13 +239,14 @@ def test_a_bf16_step_is_the_float32_step_of_the_same_values(margin):
         assert torch.equal(a, b)
 
 
-def _rank_step(rank, world, kind="rowwise_adagrad"):
-    """Each rank: a bf16 full head's slice, one step of 2 of the reference's examples each."""
+def _rank_step(rank, world, kind="rowwise_adagrad", dtype=torch.bfloat16):
+    """Each rank: a bf16 (``dtype``) full head's slice, one step of 2 of the reference's
+    examples each."""
     from embedtrain.train.optim import sharded_head_optimizer
     from embedtrain.train.options import HeadOptimizer
 
     weight, features, labels = _reference()
-    head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4, loss=HeadLoss.SOFTMAX)
+    head = ShardedSoftmaxHead(C, D, dtype=dtype, seed=4, loss=HeadLoss.SOFTMAX)
     with torch.no_grad():
         head.weight.copy_(weight[head.start:head.end])
     opt = sharded_head_optimizer(head, HeadOptimizer(kind), 0.5)
@@ -227,14 +265,14 @@ def _rank_step(rank, world, kind="rowwise_adagrad"):
             "columns": state.get("columns")}
 
 
-def _one_rank_step(kind):
-    """The reference's head whole on 1 rank (bf16, ``kind``'s optimizer at 0.5), after the
-    backward of the global batch; and the reference data."""
+def _one_rank_step(kind, dtype=torch.bfloat16):
+    """The reference's head whole on 1 rank (bf16 or ``dtype``, ``kind``'s optimizer at 0.5),
+    after the backward of the global batch; and the reference data."""
     from embedtrain.train.optim import sharded_head_optimizer
     from embedtrain.train.options import HeadOptimizer
 
     weight, features, labels = _reference()
-    head = ShardedSoftmaxHead(C, D, dtype=torch.bfloat16, seed=4)
+    head = ShardedSoftmaxHead(C, D, dtype=dtype, seed=4)
     with torch.no_grad():
         head.weight.copy_(weight)
     opt = sharded_head_optimizer(head, HeadOptimizer(kind), 0.5)
@@ -242,14 +280,15 @@ def _one_rank_step(kind):
     return head, opt, (weight, features, labels)
 
 @pytest.mark.slow
-def test_a_bf16_head_on_two_ranks_steps_as_on_one():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_a_bf16_head_on_two_ranks_steps_as_on_one(dtype):
     """The slices' float32 gradients are the 1-rank head's; given them, the update (its
     stochastic rounding keyed by global rows) is bit for bit the 1-rank update."""
-    ranks = spawn(_rank_step, 2)
+    ranks = spawn(_rank_step, 2, "rowwise_adagrad", dtype)
     assert [r["start"] for r in ranks] == [0, 19]
-    assert all(r["weight"].dtype == torch.bfloat16 for r in ranks)
+    assert all(r["weight"].dtype == dtype for r in ranks)
     assert ranks[0]["sum_shape"] == (C,)  # the row-wise state is saved as one [C] tensor
-    head, opt, (weight, features, labels) = _one_rank_step("rowwise_adagrad")
+    head, opt, (weight, features, labels) = _one_rank_step("rowwise_adagrad", dtype)
     grads = torch.cat([r["grad"] for r in ranks])
     torch.testing.assert_close(head.weight.main_grad.to_dense(), grads)
     head.weight.main_grad = grads.to_sparse(1)  # the ranks' own gradients, to compare updates

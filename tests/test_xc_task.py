@@ -49,9 +49,12 @@ def _state(trainer):
 
 BF16 = ["xc.head.dtype=bf16", "xc.head.optimizer=rowwise_adagrad"]
 FACTORED = ["xc.head.dtype=bf16", "xc.head.optimizer=factored_adagrad"]
+FP8 = ["xc.head.dtype=fp8", "xc.head.optimizer=factored_adagrad"]
+STORED = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 
-@pytest.mark.parametrize("precision", [[], BF16, FACTORED], ids=["fp32", "bf16", "factored"])
+@pytest.mark.parametrize("precision", [[], BF16, FACTORED, FP8],
+                         ids=["fp32", "bf16", "factored", "fp8"])
 def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     from embedtrain.recipes import build_run
 
@@ -86,30 +89,35 @@ def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     assert head_sum, list(opt1)
     for k in head_sum:
         assert torch.equal(opt1[k]["sum"].to_local(), opt2[k]["sum"].to_local())
-        if precision == FACTORED:  # the column profile's sums, stepped on after the restore
+        if "xc.head.optimizer=factored_adagrad" in precision:  # the column profile's sums,
+            # stepped on after the restore
             assert torch.equal(opt1[k]["columns"], opt2[k]["columns"])
             assert not torch.equal(opt1[k]["columns"], at_ten[1][k]["columns"])
-    if precision:  # bf16 rows and one float32 accumulator a row, in the checkpoint too
-        assert w1.dtype == torch.bfloat16 and opt1[head_sum[0]]["sum"].shape == (CLASSES,)
+    if precision:  # bf16/fp8 rows and one float32 accumulator a row, in the checkpoint too
+        stored = STORED[precision[0].rsplit("=", 1)[1]]
+        assert w1.dtype == stored and opt1[head_sum[0]]["sum"].shape == (CLASSES,)
         import torch.distributed.checkpoint as dcp
 
         meta = dcp.FileSystemReader(str(tmp_path / "part" / "checkpoints" / "step_00000020")
                                     ).read_metadata()
-        assert meta.state_dict_metadata["model.head.weight"].properties.dtype == torch.bfloat16
+        assert meta.state_dict_metadata["model.head.weight"].properties.dtype == stored
 
 
-def test_plan_counts_a_bf16_head_and_its_rowwise_state(xc_data, tmp_path):
-    """The planner's bytes of a bf16 head with row-wise Adagrad are what each rank holds: 2 bytes
-    a weight and one float32 a row, per rank as the slices split them; measured in a run."""
+@pytest.mark.parametrize("dtype, size", [("bf16", 2), ("fp8", 1)])
+def test_plan_counts_a_low_precision_head_and_its_rowwise_state(xc_data, tmp_path, dtype, size):
+    """The planner's bytes of a bf16 (fp8) head with row-wise Adagrad are what each rank holds: 2
+    (1) bytes a weight and one float32 a row, per rank as the slices split them; measured in a
+    run."""
     import json
 
     from embedtrain.recipes import build_run, plan_model
 
-    cfg = _cfg(xc_data, "xc.head.kind=partial_fc", *BF16)
+    precision = [f"xc.head.dtype={dtype}", "xc.head.optimizer=rowwise_adagrad"]
+    cfg = _cfg(xc_data, "xc.head.kind=partial_fc", *precision)
     report = plan_model(cfg, load_cluster("configs/clusters/cpu-1x2.yaml")).report.to_dict()
     (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
     dim = cfg.xc.mlp[-1]
-    assert head["weight_bytes"] == CLASSES * dim * 2 and head["optimizer_bytes"] == CLASSES * 4
+    assert head["weight_bytes"] == CLASSES * dim * size and head["optimizer_bytes"] == CLASSES * 4
     # ... and so do the shards the plan packs: an fp32 head with full Adagrad against one with
     # row-wise Adagrad differ by the state's bytes alone (TorchRec's estimator would charge the
     # row-wise optimizer it does not know one slot a weight: a 50M-class bf16 head, 12 GiB of
@@ -119,13 +127,13 @@ def test_plan_counts_a_bf16_head_and_its_rowwise_state(xc_data, tmp_path):
         load_cluster("configs/clusters/cpu-1x2.yaml")).report.to_dict()["tables"]
         if t["name"] == "class_head" for s in t["shards"]) for opt in ("adagrad", "rowwise_adagrad")]
     assert packed[0] - packed[1] == CLASSES * dim * 4 - CLASSES * 4
-    build_run(_cfg(xc_data, "xc.head.kind=partial_fc", *BF16, "train.max_steps=2",
+    build_run(_cfg(xc_data, "xc.head.kind=partial_fc", *precision, "train.max_steps=2",
                    "train.checkpoint_every=0"), tmp_path)
     (rank,) = json.loads((tmp_path / "plan_vs_measured.json").read_text())["ranks"]
     assert rank["measured_weights"] == rank["estimated_weights"]
     assert rank["measured_optimizer"] == rank["estimated_optimizer"]
     tokens = cfg.xc.embedding_dim * 4 * 3_000  # the token table, float32
-    assert rank["measured_weights"] - tokens == CLASSES * dim * 2
+    assert rank["measured_weights"] - tokens == CLASSES * dim * size
 
 
 @pytest.mark.parametrize("sets, message", [

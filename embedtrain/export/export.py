@@ -495,17 +495,19 @@ def _table_lookup(npy: Path, table: TableSpec, ckpt: Path):
 
 
 def _head_dtype(ckpt: Path, h: HeadExport, formats: Sequence[str]) -> str:
-    """The dtype the class head was saved in (``float32`` or ``bfloat16``), from the
-    checkpoint's metadata; a bfloat16 head needs its ``.npy`` (parquet holds float32)."""
+    """The dtype the class head was saved in (``float32``, ``bfloat16`` or ``float8_e4m3fn``),
+    from the checkpoint's metadata; a low-precision head needs its ``.npy`` (parquet holds
+    float32)."""
     saved = checkpoint_dtypes(ckpt)[h.checkpoint_key]
     dtype = next((name for name, d in TORCH_DTYPES.items() if d == saved), None)
     if dtype is None:
-        raise CheckpointError(f"{ckpt}: {h.checkpoint_key} is {saved}; export writes float32 "
-                              f"or bfloat16 class heads")
-    if dtype == "bfloat16" and "npy" not in formats:
-        raise ExportError("--format parquet: the class head is bfloat16 (xc.head.dtype: bf16), "
-                          "kept as such in its .npy (parquet holds float32 lists); use --format "
-                          "npy,parquet")
+        raise CheckpointError(f"{ckpt}: {h.checkpoint_key} is {saved}; export writes float32, "
+                              f"bfloat16 or float8_e4m3fn class heads")
+    if dtype != "float32" and "npy" not in formats:
+        setting = {"bfloat16": "bf16", "float8_e4m3fn": "fp8"}[dtype]
+        raise ExportError(f"--format parquet: the class head is {dtype} (xc.head.dtype: "
+                          f"{setting}), kept as such in its .npy (parquet holds float32 lists); "
+                          f"use --format npy,parquet")
     return dtype
 
 

@@ -16,9 +16,10 @@ An export (``embedtrain export RUN_DIR --out DIR``) is a directory::
     DIR/head/weight.npy           XC: the class head, [classes, D] (row = class id): float32,
                                   or for a bfloat16 head (head.dtype: bfloat16) uint16 holding
                                   the bfloat16 bit patterns (NumPy has no bfloat16; in torch:
-                                  torch.from_numpy(a).view(torch.bfloat16))
+                                  torch.from_numpy(a).view(torch.bfloat16)), for a float8 one
+                                  (head.dtype: float8_e4m3fn) uint8 bit patterns
     DIR/head/weight.parquet       with --format npy,parquet: id, vector (list<float32>; a
-                                  bfloat16 head's values widened exactly)
+                                  bfloat16 or float8 head's values widened exactly)
     DIR/nodes/scores.npy          GNN node classification: float32 [N, classes], every node's
                                   class logits (row = dense node id), by layer-wise full-graph
                                   inference (no sampling)
@@ -206,7 +207,8 @@ class Head:
     (both L2-normalised and the features scaled by ``scale`` when ``normalised``).
 
     ``dtype`` is what training held and the ``npy`` file stores: ``float32``, or ``bfloat16``
-    (``uint16`` bit patterns; manifests written before it existed read as ``float32``);
+    (``uint16`` bit patterns) or ``float8_e4m3fn`` (``uint8``; manifests written before either
+    existed read as ``float32``);
     ``bytes`` is the size of that file's data.
     """
 
@@ -221,7 +223,7 @@ class Head:
     top_k: list[int] = field(default_factory=lambda: [1, 5])
     shards: list[Shard] = field(default_factory=list)
     vocab: Optional[str] = None  # ingested labels: class id -> label value
-    dtype: str = "float32"  # float32 | bfloat16
+    dtype: str = "float32"  # float32 | bfloat16 | float8_e4m3fn
 
 
 @dataclass

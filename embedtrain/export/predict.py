@@ -78,6 +78,8 @@ from embedtrain.export.rows import (
     write_invalid,
 )
 from embedtrain.export.tables import (
+    NPY_DTYPES,
+    TORCH_DTYPES,
     float_collection,
     quantized_collection,
     quantized_width,
@@ -289,18 +291,20 @@ class ExportedModel:
 
 
 def _head_weight(root: Path, h, where: Path) -> Tensor:
-    """The class head as stored: float32, or the bfloat16 bits of its ``.npy`` viewed as
-    ``torch.bfloat16`` (memory-mapped, not copied; a float32 head's parquet is read whole)."""
+    """The class head as stored: float32, or the bfloat16 (float8) bits of its ``.npy`` viewed
+    as ``torch.bfloat16`` (``torch.float8_e4m3fn``; memory-mapped, not copied; a float32 head's
+    parquet is read whole)."""
     shape = (h.num_classes, h.dim)
     if h.dtype == "float32":
         return torch.from_numpy(read_table(root, h.files.npy, h.files.parquet, shape,
                                            np.float32))
-    if h.dtype != "bfloat16":
-        raise ExportError(f"{where}: head.dtype: {h.dtype!r} is not float32 or bfloat16")
+    if h.dtype not in NPY_DTYPES:
+        raise ExportError(f"{where}: head.dtype: {h.dtype!r} is not one of "
+                          f"{', '.join(NPY_DTYPES)}")
     if h.files.npy is None:
-        raise ExportError(f"{where}: head.files.npy: a bfloat16 head is read from its .npy")
+        raise ExportError(f"{where}: head.files.npy: a {h.dtype} head is read from its .npy")
     return torch.from_numpy(read_table(root, h.files.npy, None, shape,
-                                       np.uint16)).view(torch.bfloat16)
+                                       NPY_DTYPES[h.dtype])).view(TORCH_DTYPES[h.dtype])
 
 
 def _load_program(path: Path, kind: str):

@@ -68,9 +68,12 @@ SCALE_BIAS_BYTES = 4  # fp16 scale + fp16 bias after each quantized row
 QUANT_ROW_ALIGNMENT = 4  # bytes; the quantized tables' rows in memory at inference
 
 ShardSink = Callable[[tuple[int, int], torch.Tensor], None]
-# how each exported dtype is stored in an .npy: bfloat16 as its bit patterns
-NPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16)}
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# how each exported dtype is stored in an .npy: bfloat16 and float8 as their bit patterns
+NPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16),
+              "float8_e4m3fn": np.dtype(np.uint8)}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float8_e4m3fn": torch.float8_e4m3fn}
+_BITS = {2: torch.uint16, 1: torch.uint8}  # the integer view of a low-precision block
 
 
 def block_rows(dim: int, itemsize: int = 4) -> int:
@@ -341,7 +344,8 @@ def read_id_map(path: str | os.PathLike, rows: int) -> tuple[torch.Tensor, torch
 
 class NpyWriter:
     """A ``.npy`` of ``shape`` filled by shards at their offsets (:meth:`write`): float32, or
-    with ``dtype="bfloat16"`` uint16 holding the bfloat16 bit patterns (:data:`NPY_DTYPES`).
+    with ``dtype="bfloat16"`` (``"float8_e4m3fn"``) uint16 (uint8) holding the bit patterns
+    (:data:`NPY_DTYPES`).
 
     Full-width shards are written with plain file writes straight from the shard's memory (a
     shard of another dtype is converted one row block at a time); column blocks (column-wise
@@ -368,7 +372,7 @@ class NpyWriter:
         step = block_rows(width, size)
         for start in range(0, rows, step):
             block = shard[start:start + step].to(self._torch_dtype).contiguous()
-            block = block.view(torch.uint16).numpy() if size == 2 else block.numpy()
+            block = block.view(_BITS[size]).numpy() if size in _BITS else block.numpy()
             first = row0 + start
             if cols == width:
                 self._file.seek(self.offset + first * width * size)
@@ -422,15 +426,24 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def bits_to_float32(block: np.ndarray) -> np.ndarray:
+    """A block of an exported ``.npy`` as float32: bfloat16 (uint16) and float8 e4m3 (uint8) bit
+    patterns widened exactly, float32 as it is."""
+    if block.dtype == NPY_DTYPES["bfloat16"]:
+        return bfloat16_to_float32(block)
+    if block.dtype == NPY_DTYPES["float8_e4m3fn"]:
+        return torch.from_numpy(block).view(torch.float8_e4m3fn).float().numpy()
+    return block
+
+
 def write_parquet(npy: str | os.PathLike, out: str | os.PathLike) -> None:
     """The float table ``npy`` as parquet: ``id`` (int64, the row) and ``vector``
     (``list<float32>``), one row group per block (no dictionary: ids and floats do not repeat).
-    A bfloat16 ``npy`` (uint16 bits) is widened to float32 block by block."""
+    A bfloat16 or float8 ``npy`` (uint16 or uint8 bits) is widened to float32 block by block."""
     writer = None
     try:
         for start, block in npy_blocks(npy):
-            if block.dtype == NPY_DTYPES["bfloat16"]:
-                block = bfloat16_to_float32(block)
+            block = bits_to_float32(block)
             n, dim = block.shape
             vectors = pa.ListArray.from_arrays(
                 _arrow(np.arange(0, (n + 1) * dim, dim, dtype=np.int32)),

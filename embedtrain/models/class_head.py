@@ -168,7 +168,8 @@ class ShardedSoftmaxHead(nn.Module):
             ``bce`` (one-vs-all: the sum of the step's classes' sigmoid cross-entropies of
             ``logit - log C``, the multi-label loss of PECOS/DEXML-style training with sampled
             negatives; the shift makes every class start at the prior ``1 / C``).
-        dtype: how the slice is stored: ``float32``, or ``bfloat16`` (no float32 copy: a step
+        dtype: how the slice is stored: ``float32``, or ``bfloat16`` / ``float8_e4m3fn`` (no
+            float32 copy: a step
             gathers its rows in float32, leaves their float32 gradient in ``weight.main_grad``
             for :class:`~embedtrain.train.optim.HeadRowWiseAdagrad`, which rounds the updated
             rows back by ``rounding``; evaluation casts a block of rows at a time).
@@ -193,8 +194,8 @@ class ShardedSoftmaxHead(nn.Module):
         self.rank, self.world_size = rank_and_world(group)
         self.num_classes, self.dim = num_classes, dim
         self.start, self.end = shard_range(num_classes, self.rank, self.world_size)
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"class head dtype: float32 or bfloat16, got {dtype}")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+            raise ValueError(f"class head dtype: float32, bfloat16 or float8_e4m3fn, got {dtype}")
         self.weight = nn.Parameter(torch.empty(self.end - self.start, dim, device=device,
                                                dtype=dtype))
         init_rows_(self.weight, self.start, std=dim ** -0.5, seed=seed)

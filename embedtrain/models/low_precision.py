@@ -1,6 +1,9 @@
-"""Low-precision class rows: bfloat16 storage, float32 arithmetic, rounding back by a rule.
+"""Low-precision class rows: bfloat16 or float8 storage, float32 arithmetic, rounding back by a
+rule.
 
-A class head stored in bfloat16 (``xc.head.dtype: bf16``) keeps no float32 copy of its rows
+A class head stored in bfloat16 (``xc.head.dtype: bf16``) or float8 e4m3 (``fp8``: 1 sign, 4
+exponent and 3 mantissa bits, finite up to 448, subnormal below 2^-6) keeps no float32 copy of its
+rows
 (ELMO, Zhang et al., ICML 2025: the classifier trained in BF16/FP8 without master weights). A
 step computes in float32 on the rows it touches, and the updated rows are rounded back:
 
@@ -10,6 +13,11 @@ step computes in float32 on the rows it touches, and the updated rows are rounde
   weight on average, where rounding to nearest would drop it (the reason low-precision training
   stalls without master weights);
 * **nearest**: round to nearest even (``Tensor.to``).
+
+float8 rows are stored unscaled: the rows start at ``N(0, 1/D)`` (|w| ~ 0.09 at D = 128, inside
+e4m3's normal range) and every score reads them in float32. Stochastic rounding to e4m3
+(:func:`stochastic_round_e4m3`) floors ``|x| / spacing + u`` with ``u`` from the same 16 random
+bits; values beyond 448 are clamped to it (e4m3 has no infinity).
 
 The random bits are counter-based, not drawn from a generator: each weight's 16 bits are a hash
 (the SplitMix64 finaliser) of ``(seed, step, global row, column)``. A run is reproducible, a
@@ -31,7 +39,10 @@ from torch import Tensor
 
 from embedtrain.models.options import HeadDtype, Rounding
 
-DTYPES = {HeadDtype.FP32: torch.float32, HeadDtype.BF16: torch.bfloat16}
+DTYPES = {HeadDtype.FP32: torch.float32, HeadDtype.BF16: torch.bfloat16,
+          HeadDtype.FP8: torch.float8_e4m3fn}
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+_E4M3_MIN_EXP = -6  # its smallest normal exponent: below 2^-6 the spacing stays 2^-9
 
 # SplitMix64's constants as signed int64 (torch has no uint64 arithmetic; products wrap).
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -93,13 +104,34 @@ def stochastic_round_bf16(x: Tensor, bits16: Tensor) -> Tensor:
     return out
 
 
+def stochastic_round_e4m3(x: Tensor, bits16: Tensor) -> Tensor:
+    """float32 ``x`` rounded to float8 e4m3 with the given random bits (``[0, 2^16)``).
+
+    The spacing of e4m3 values at ``|x|`` is ``2^(e - 3)`` for ``2^e <= |x| < 2^(e + 1)``
+    (``e >= -6``; below, subnormals, ``2^-9``): ``floor(|x| / spacing + u) * spacing`` with ``u``
+    uniform in ``[0, 1)`` is one of the two neighbours of ``|x|``, the upper one with the odds of
+    the distance, and exactly representable (so the cast is exact). Magnitudes are clamped to
+    448 (e4m3 has no infinity); NaN stays NaN.
+    """
+    a = x.abs()
+    exponent = torch.frexp(a).exponent.sub_(1).clamp_(min=_E4M3_MIN_EXP)  # |x| in [2^e, 2^(e+1))
+    spacing = torch.ldexp(torch.ones_like(a), exponent.sub_(3))
+    u = bits16.to(torch.float32).mul_(1.0 / 65536)
+    out = a.div_(spacing).add_(u).floor_().mul_(spacing).clamp_(max=E4M3_MAX)
+    return torch.copysign(out, x).to(torch.float8_e4m3fn)
+
+
 def round_rows(values: Tensor, global_rows: Tensor, dtype: torch.dtype, rounding: Rounding,
                seed: int, step: int) -> Tensor:
     """float32 rows ``values [n, D]`` (global row ids ``[n]``) in the storage ``dtype``."""
     if dtype == torch.float32:
         return values
-    if dtype != torch.bfloat16:
-        raise ValueError(f"round_rows: no rounding to {dtype} (float32 or bfloat16)")
-    if Rounding(rounding) is Rounding.NEAREST:
-        return values.to(dtype)
-    return stochastic_round_bf16(values, random_bits16(global_rows, values.shape[1], seed, step))
+    if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise ValueError(f"round_rows: no rounding to {dtype} (float32, bfloat16 or float8_e4m3fn)")
+    if Rounding(rounding) is Rounding.NEAREST:  # e4m3: saturated, as stochastic rounding is
+        return (values.clamp(-E4M3_MAX, E4M3_MAX) if dtype == torch.float8_e4m3fn
+                else values).to(dtype)
+    bits = random_bits16(global_rows, values.shape[1], seed, step)
+    if dtype == torch.float8_e4m3fn:
+        return stochastic_round_e4m3(values, bits)
+    return stochastic_round_bf16(values, bits)

@@ -44,6 +44,7 @@ class HeadDtype(enum.Enum):
 
     FP32 = "fp32"
     BF16 = "bf16"  # 2 bytes a weight; updates rounded back (see Rounding)
+    FP8 = "fp8"    # float8 e4m3 (3 significant bits past the leading one): 1 byte a weight
 
 
 class Rounding(enum.Enum):

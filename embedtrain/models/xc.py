@@ -120,12 +120,15 @@ class XCModel(nn.Module):
 def planning_head(num_classes: int, dim: int, head_dtype: HeadDtype = HeadDtype.FP32,
                   device: Optional[torch.device] = None) -> nn.Module:
     """The head as the planner sees it: a table ``class_head`` of ``num_classes x dim`` (an
-    ``EmbeddingCollection``; ``bf16``: 2 bytes a weight, as the sharded heads store it)."""
-    return EmbeddingCollection(tables=[EmbeddingConfig(
+    ``EmbeddingCollection``; ``bf16``: 2 bytes a weight, ``fp8``: 1, as the sharded heads store
+    it). TorchRec makes every table that is not FP32 float16: the placeholder's weight is cast
+    to the head's storage, whose element size the planner counts."""
+    ec = EmbeddingCollection(tables=[EmbeddingConfig(
         name=HEAD_TABLE, embedding_dim=dim, num_embeddings=num_classes,
         feature_names=["__classes"],
         data_type=DataType.FP32 if head_dtype is HeadDtype.FP32 else DataType.BF16)],
         device=device)
+    return ec.to(DTYPES[head_dtype])
 
 
 def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float = 0.1,
@@ -156,8 +159,8 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
         index, index_clusters, index_probe: hard_negatives' index of the nearest classes
             (``exact`` or ``clustered``), its k-means lists per rank and the lists each example
             searches (0: ``ceil(sqrt(slice))`` and a quarter of them).
-        dtype, rounding: how a sharded head stores its rows (``fp32`` or ``bf16``) and rounds
-            updated rows back to ``bf16`` (``stochastic`` or ``nearest``).
+        dtype, rounding: how a sharded head stores its rows (``fp32``, ``bf16`` or ``fp8``) and
+            rounds updated rows back to it (``stochastic`` or ``nearest``).
         group: ranks sharing a sharded head.
         class_counts: ``[C]`` training frequencies (adaptive softmax sorts classes by them;
             partial_fc's ``sample_correction`` takes each sampled class's odds from them).
