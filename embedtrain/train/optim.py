@@ -215,7 +215,7 @@ def rowwise_adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, rows: to
         s = (s if columns is None else s * columns).sqrt_().add_(eps)
         new = param.index_select(0, r).float().add_(g / s, alpha=-lr)
         # index_put_, not index_copy_: CPU has no index_copy_ for float8
-    param.index_put_((r,), round_rows(new, r + row_offset, param.dtype, rounding, seed, step))
+        param.index_put_((r,), round_rows(new, r + row_offset, param.dtype, rounding, seed, step))
 
 
 @torch.no_grad()
