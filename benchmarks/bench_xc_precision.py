@@ -14,7 +14,8 @@ optimizer (``xc.head.dtype``, ``xc.head.optimizer``, ``xc.head.rounding``):
   ``factored_adagrad`` (row-wise Adagrad's accumulator a row times a ``[D]`` column profile).
 
 Everything else is the same in every run: the data, batch 512, one epoch (every run sees the same
-examples in the same order), ``train.seed`` (the config's), the head's learning rate (the
+examples in the same order), ``train.seed`` (the config's, or ``--seed``: the model's
+initialisation and the heads' sampling; the data set is the same), the head's learning rate (the
 config's 0.05 for every optimizer, or ``--lr``), no periodic evaluation, no progress bar.
 
 Data: ``generate_xc`` (the generator behind ``embedtrain datagen xc --multi-label``, through its
@@ -122,6 +123,8 @@ def train_variant(head: str, variant: str, args: argparse.Namespace, data: Path,
             f"xc.head.sample_rate={rate}", *head_overrides(dtype, optimizer, rounding)]
     if args.lr:
         sets.append(f"xc.head.lr={args.lr}")
+    if args.seed is not None:
+        sets.append(f"train.seed={args.seed}")
     if args.max_steps:
         sets.append(f"train.max_steps={args.max_steps}")
     cmd = [sys.executable, "-m", "embedtrain", "train", CONFIG, "--out", str(out), "--overwrite",
@@ -193,6 +196,7 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=0, help="0: one whole epoch")
     parser.add_argument("--lr", type=float, default=0.0,
                         help="xc.head.lr of every run (0: the config's)")
+    parser.add_argument("--seed", type=int, help="train.seed of every run (default: the config's)")
     parser.add_argument("--data", default="/tmp/embedtrain_xc_precision")
     parser.add_argument("--runs", default="/tmp/embedtrain_xc_precision_runs")
     args = parser.parse_args()
@@ -213,6 +217,7 @@ def main() -> int:
                  "test_rows": test_rows, "oracle_rows": meta["oracle_rows"]["test"],
                  "class_frequencies": meta["class_frequencies"]},
         "rate": args.rate, "max_steps": args.max_steps, "head_lr": args.lr or None,
+        "seed": args.seed,
         "oracle_p_at_1": oracle, "oracle_p_at_1_se": math.sqrt(oracle * (1 - oracle) / test_rows),
         "p_at_1": {h: {v: r.get("p@1") for v, r in rs.items()} for h, rs in runs.items()},
         "runs": runs, "total_wall_s": time.perf_counter() - start,
