@@ -122,6 +122,7 @@ from embedtrain.export.programs import (
     model_tables,
 )
 from embedtrain.models.dynamic import MIX_VERSION
+from embedtrain.models.low_precision import DTYPES
 from embedtrain.recipes import recipe_for
 from embedtrain.recipes.base import DatasetInfo
 from embedtrain.recipes.export_parts import (
@@ -504,7 +505,7 @@ def _head_dtype(ckpt: Path, h: HeadExport, formats: Sequence[str]) -> str:
         raise CheckpointError(f"{ckpt}: {h.checkpoint_key} is {saved}; export writes float32, "
                               f"bfloat16 or float8_e4m3fn class heads")
     if dtype != "float32" and "npy" not in formats:
-        setting = {"bfloat16": "bf16", "float8_e4m3fn": "fp8"}[dtype]
+        setting = next(k.value for k, d in DTYPES.items() if d == saved)  # xc.head.dtype
         raise ExportError(f"--format parquet: the class head is {dtype} (xc.head.dtype: "
                           f"{setting}), kept as such in its .npy (parquet holds float32 lists); "
                           f"use --format npy,parquet")

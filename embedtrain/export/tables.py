@@ -421,19 +421,13 @@ def _npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
     return read(f)
 
 
-def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) as the float32 values they stand for (exact)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 def bits_to_float32(block: np.ndarray) -> np.ndarray:
     """A block of an exported ``.npy`` as float32: bfloat16 (uint16) and float8 e4m3 (uint8) bit
-    patterns widened exactly, float32 as it is."""
-    if block.dtype == NPY_DTYPES["bfloat16"]:
-        return bfloat16_to_float32(block)
-    if block.dtype == NPY_DTYPES["float8_e4m3fn"]:
-        return torch.from_numpy(block).view(torch.float8_e4m3fn).float().numpy()
-    return block
+    patterns viewed as their torch dtype and widened exactly, float32 as it is."""
+    if block.dtype == np.float32:
+        return block
+    name = next(n for n, d in NPY_DTYPES.items() if d == block.dtype)
+    return torch.from_numpy(block).view(TORCH_DTYPES[name]).float().numpy()
 
 
 def write_parquet(npy: str | os.PathLike, out: str | os.PathLike) -> None:

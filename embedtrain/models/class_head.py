@@ -69,6 +69,7 @@ from embedtrain.models.class_head_ops import (
 )
 from embedtrain.models.class_index import ClusteredIndex, default_clusters, recall_at_k
 from embedtrain.models.class_sample import partial_fc_sample, positives, sample_log_q
+from embedtrain.models.low_precision import DTYPES
 from embedtrain.models.options import HeadLoss, Margin, NegativeIndex, Rounding
 from embedtrain.models.topk import blocked_topk, distributed_topk
 
@@ -194,7 +195,7 @@ class ShardedSoftmaxHead(nn.Module):
         self.rank, self.world_size = rank_and_world(group)
         self.num_classes, self.dim = num_classes, dim
         self.start, self.end = shard_range(num_classes, self.rank, self.world_size)
-        if dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+        if dtype not in DTYPES.values():
             raise ValueError(f"class head dtype: float32, bfloat16 or float8_e4m3fn, got {dtype}")
         self.weight = nn.Parameter(torch.empty(self.end - self.start, dim, device=device,
                                                dtype=dtype))
