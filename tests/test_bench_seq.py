@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_seq import (  # noqa: E402
@@ -55,3 +56,39 @@ def test_with_targets_appends_each_rows_target():
     offsets, items = with_targets(np.array([0, 2, 2, 5]), np.array([1, 2, 3, 4, 5]),
                                   np.array([7, 8, 9]))
     assert offsets.tolist() == [0, 3, 4, 8] and items.tolist() == [1, 2, 7, 8, 3, 4, 5, 9]
+
+
+def test_bounds_script(tmp_path, monkeypatch, capsys):
+    """``bench_seq_bounds.py``: its oracle is the planted model's (the metadata's HR@10 when no
+    history is truncated), its co-occurrence is ``bench_seq.py``'s on the same rows, and the
+    known-structure ranking, which counts the successors, lies between the two on a set with
+    few events an item."""
+    import json
+
+    import bench_seq_bounds
+    from embedtrain.datagen import SeqDataSpec, generate_seq
+
+    small, more = tmp_path / "small", tmp_path / "more"
+    kw = dict(items=300, clusters=10, max_length=200, mean_extra_events=10.0, seed=4)
+    meta = generate_seq(SeqDataSpec(users=1500, **kw), small, progress=False)
+    generate_seq(SeqDataSpec(users=6000, **kw), more, progress=False)
+    out = tmp_path / "bounds.json"
+    argv = ["bench_seq_bounds.py", "--data", str(small), "--more", str(more), "--rows", "1500",
+            "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert bench_seq_bounds.main() == 0
+    record = json.loads(out.read_text())
+    assert abs(record["oracle"]["hr@10"] - meta["oracle_hr@10"]["test"]) < 0.005
+    train = with_targets(*bench_seq_bounds.read_split(small, meta, "train"))
+    offsets, items, targets = bench_seq_bounds.read_split(small, meta, "test")
+    pop = np.bincount(train[1], minlength=meta["num_items"]).astype(np.int64)
+    pop[0] = 0
+    expected = figures(ranks_by_cooccurrence((*train, None), pop, offsets, items, targets))
+    assert record["cooccurrence"] == expected
+    assert record["cooccurrence_more_data"]["hr@10"] > expected["hr@10"]
+    assert expected["hr@10"] < record["known_structure"]["hr@10"] < record["oracle"]["hr@10"]
+    other = tmp_path / "other"
+    generate_seq(SeqDataSpec(users=100, **{**kw, "seed": 5}), other, progress=False)
+    monkeypatch.setattr(sys, "argv", argv[:4] + [str(other)] + argv[5:])
+    with pytest.raises(SystemExit, match="another planted model than .* \\(seed\\)"):
+        bench_seq_bounds.main()

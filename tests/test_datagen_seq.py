@@ -21,6 +21,8 @@ SPEC = SeqDataSpec(users=3_000, items=1_000, clusters=10, min_length=3, max_leng
                    mean_extra_events=8.0, rows_per_row_group=500, rows_per_file=1_200, seed=0)
 # For the brute-force oracle check: every item is scored there.
 TINY = SeqDataSpec(users=300, items=200, clusters=5, max_length=4, seed=3)
+TINY_CLUSTER = SeqDataSpec(users=300, items=200, clusters=5, max_length=4, seed=3,
+                           successors=2, transition="cluster")
 
 
 def _read(out: Path, meta: dict, split: str) -> pa.Table:
@@ -163,7 +165,11 @@ def _brute_force(model: SeqPlantedModel, x: list[int]) -> np.ndarray:
     pop_k = np.zeros((K, N + 1))                                   # pop_k(j), all k and j
     pop_k[model.cluster[1:], np.arange(1, N + 1)] = model.pop[1:]
     succ_p = np.zeros((N + 1, N + 1))                              # succ(i)[j]
-    succ_p[np.arange(N + 1)[:, None], model.succ] = model.succ_weight
+    if spec.transition == "item":
+        succ_p[np.arange(N + 1)[:, None], model.succ] = model.succ_weight
+    else:  # the s-th successor cluster of i's cluster, then its popularity
+        for s, weight in enumerate(model.succ_weight):
+            succ_p += weight * pop_k[model.cluster_succ[model.cluster, s]]
     succ_p[0] = 0
     a, b, c = spec.successor_prob, spec.interest_prob, spec.global_prob
     first = FIRST_POP * pop_k[:, x[0]] + (1 - FIRST_POP) * model.g[x[0]]
@@ -177,13 +183,14 @@ def _brute_force(model: SeqPlantedModel, x: list[int]) -> np.ndarray:
     return p
 
 
-def test_oracle_matches_brute_force():
-    model = SeqPlantedModel(TINY)
-    (ch,) = list(iter_chunks(TINY, model))
+@pytest.mark.parametrize("spec", [TINY, TINY_CLUSTER], ids=["item", "cluster"])
+def test_oracle_matches_brute_force(spec):
+    model = SeqPlantedModel(spec)
+    (ch,) = list(iter_chunks(spec, model))
     figures = oracle_rows(model, ch)
     for split, end in (("valid", 2), ("test", 1)):
         hr, ndcg, expected = [], [], []
-        for i in range(TINY.users):
+        for i in range(spec.users):
             x = ch.items[ch.offsets[i]:ch.offsets[i + 1]].tolist()
             p = _brute_force(model, x[:-end])
             assert p[1:].sum() == pytest.approx(1.0)
@@ -231,6 +238,32 @@ def test_oracle_beats_popularity(dataset):
         assert abs(meta["oracle_hr@10"][s] - meta["oracle_expected_hr@10"][s]) < 0.03
 
 
+def test_cluster_transitions():
+    spec = SeqDataSpec(users=20_000, items=1_000, clusters=10, transition="cluster", seed=1)
+    model = SeqPlantedModel(spec)
+    K, S = spec.clusters, spec.successors
+    assert model.succ.shape == (spec.items + 1, 0) and model.cluster_succ.shape == (K, S)
+    assert (model.cluster_succ != np.arange(K)[:, None]).all()          # never itself
+    assert all(len(set(row)) == S for row in model.cluster_succ.tolist())  # distinct
+    np.testing.assert_allclose(model.transfer.sum(axis=1), 1.0)
+    assert model.transfer[np.arange(K), model.cluster_succ[:, 0]].tolist() == [0.4] * K
+    # The draws follow the model the oracle ranks by: the realised HR@10 and the summed top-10
+    # probability agree within about 3 standard errors (a draw from another successor cluster,
+    # or uniform inside it, would not).
+    (ch,) = list(iter_chunks(spec, model))
+    hr, _, expected = oracle_rows(model, ch)["test"]
+    assert abs(hr.mean() - expected.mean()) < 0.01, (hr.mean(), expected.mean())
+    # Steps from a successor cluster: the next item's cluster is a successor of the last one's
+    # at least as often as the successor component alone makes it.
+    first = ch.offsets[:-1]
+    prev = np.ones(len(ch.items), bool)
+    prev[first] = False
+    cur = ch.items[prev]
+    last = ch.items[np.flatnonzero(prev) - 1]
+    follows = (model.cluster_succ[model.cluster[last]] == model.cluster[cur][:, None]).any(1)
+    assert follows.mean() > spec.successor_prob, follows.mean()
+
+
 @pytest.mark.parametrize("field, value, says", [
     ("users", 5, "SeqDataSpec.users must be an integer >= 10, got 5"),
     ("items", 89, "SeqDataSpec.items must be an integer >= 10 * clusters"),
@@ -244,11 +277,18 @@ def test_oracle_beats_popularity(dataset):
     ("item_zipf_a", 0.0, "SeqDataSpec.item_zipf_a must be positive"),
     ("seed", -1, "SeqDataSpec.seed must be a non-negative integer"),
     ("users", 10.5, "SeqDataSpec.users must be an integer"),
+    ("transition", "items", "SeqDataSpec.transition must be one of item, cluster, got 'items'"),
 ])
 def test_bad_spec_values(field, value, says):
     with pytest.raises(ValueError) as e:
         SeqDataSpec(**{"items": 100, "clusters": 9, field: value})
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cluster_transition_needs_fewer_successors_than_clusters():
+    with pytest.raises(ValueError, match="successors must be < clusters .= 4. with transition "
+                                         "'cluster', got 4$"):
+        SeqDataSpec(items=100, clusters=4, transition="cluster")
 
 
 def test_cli(tmp_path, capsys):
@@ -277,7 +317,11 @@ def test_cli(tmp_path, capsys):
                       (["--events-format", "json"], "--events-format: expected one of"),
                       (["--events", str(out / "raw")], "--events: must be --out itself or"),
                       (["--successor-prob", "0.3"], "--successor-prob + --interest-prob + "
-                                                    "--global-prob must sum to 1")]:
+                                                    "--global-prob must sum to 1"),
+                      (["--transition", "clusters"], "--transition must be one of item, "
+                                                     "cluster, got 'clusters'"),
+                      (["--transition", "cluster", "--successors", "5"],
+                       "--successors must be < clusters (= 5) with transition 'cluster'")]:
         assert main(argv + bad) == 2, bad
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0] and "Spec." not in err[0], err
@@ -287,6 +331,11 @@ def test_cli(tmp_path, capsys):
     generator = json.loads((out / "metadata.json").read_text())["generator"]
     assert [generator[k] for k in ("successor_prob", "interest_prob", "global_prob",
                                    "successor_locality")] == [0.3, 0.6, 0.1, 0.2]
+    assert generator["transition"] == "item" and generator["successors"] == 4
+    assert main(argv + ["--transition", "cluster", "--successors", "2"]) == 0
+    generator = json.loads((out / "metadata.json").read_text())["generator"]
+    assert generator["transition"] == "cluster" and generator["successors"] == 2
+    assert "successor clusters" in generator["description"]
     assert main(["datagen", "seq", "--users", "5", "--out", str(tmp_path / "no")]) == 2
     assert not (tmp_path / "no").exists()
 

@@ -130,6 +130,15 @@ def register(sub) -> None:
         g.add_argument(f"--{name}", type=float,
                        help=f"probability that {what} (default: SeqDataSpec's, which "
                             f"metadata.json's generator records; the three *-prob sum to 1)")
+    g.add_argument("--transition", default="item", metavar="{item,cluster}",
+                   help="what a successor is: item (each item has successor items: a sparse "
+                        "Markov chain over the items; default) or cluster (each cluster has "
+                        "successor clusters and the next item is drawn from one's popularity: a "
+                        "sparse Markov chain over the clusters, which only a model that shares "
+                        "what it learns across a cluster's items can learn from few events)")
+    g.add_argument("--successors", type=int,
+                   help="successors S per item (transition item) or per cluster (transition "
+                        "cluster; < clusters), weights S..1 (default 4)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--events", metavar="DIR",
@@ -282,7 +291,9 @@ def _datagen_seq(args: argparse.Namespace) -> int:
                          f"{args.events_format!r}")
     spec = SeqDataSpec(users=args.users, items=args.items, clusters=args.clusters,
                        max_length=args.max_length, min_length=args.min_length, seed=args.seed,
-                       **{k: v for k in SEQ_MIXTURE if (v := getattr(args, k)) is not None})
+                       transition=args.transition,
+                       **{k: v for k in (*SEQ_MIXTURE, "successors")
+                          if (v := getattr(args, k)) is not None})
     where = None
     if args.events is not None:
         out, events = (Path(os.path.realpath(p)) for p in (args.out, args.events))

@@ -24,9 +24,12 @@ The generative model (all parameters from the spec's seed; :mod:`.seq_model`):
   popularity ``pop_k`` is Zipf (``item_zipf_a``) over a random order and sums to 1; cluster
   weights ``w`` are Zipf (``cluster_zipf_a``) over a random order; the global popularity is
   ``g(j) = w_cluster(j) * pop(j)``.
-- Item ``j`` has ``S`` distinct successors (never ``j``) with weights ``S..1`` (normalised),
-  each from ``j``'s cluster (uniform) with probability ``successor_locality``, else from all
-  items.
+- ``transition: item`` (the default): item ``j`` has ``S`` distinct successors (never ``j``)
+  with weights ``S..1`` (normalised), each from ``j``'s cluster (uniform) with probability
+  ``successor_locality``, else from all items: ``succ(j)`` puts those weights on them.
+  ``transition: cluster``: cluster ``k`` has ``S`` distinct successor clusters (never ``k``),
+  weights ``S..1``, and ``succ(j)`` is the mixture of their popularities ``pop_k'`` (a sparse
+  Markov chain over the clusters: what follows an item is known from any item of its cluster).
 - User ``u`` has an interest cluster ``z ~ w``; ``x_0 ~ 0.5 pop_z + 0.5 g``, then ``x_t ~ a
   succ(x_{t-1}) + b pop_z + c g`` (``successor_prob``, ``interest_prob``, ``global_prob``).
   ``n = min_length + Geometric(mean mean_extra_events)``, at most ``max_events``.
@@ -35,9 +38,9 @@ The oracle (Bayes-optimal, given the full history, untruncated): ``log p(z = k |
 w_k + sum over events t of [cluster(x_t) = k] * e_t + const``, ``e_t = log(1 + b pop(x_t) / (a
 succ(x_{t-1})[x_t] + c g(x_t)))`` (``log(1 + pop/g)`` for ``x_0``): only the event's own cluster
 sees ``pop``. Then ``P(next = j) = a succ(last)[j] + b post(cluster(j)) pop(j) + c g(j)``, and
-the exact top 10 lies among the ``S`` successors of ``last`` and the 10 most popular items of
-every cluster (:meth:`.SeqPlantedModel.oracle_topk`; a test checks it against all ``N`` items
-scored). Ties rank the smaller item id first. Metadata figures, per ``valid`` / ``test``:
+the exact top 10 lies among the ``S`` successors of ``last`` (``transition: item``) and the 10
+most popular items of every cluster (:meth:`.SeqPlantedModel.oracle_topk`; a test checks it
+against all ``N`` items scored, for both transitions). Ties rank the smaller item id first. Metadata figures, per ``valid`` / ``test``:
 ``oracle_hr@10`` (the target is in the top 10), ``oracle_ndcg@10`` (``1 / log2(rank + 1)``,
 0 past rank 10) and ``oracle_expected_hr@10`` (the mean summed top-10 probability: HR@10's
 expectation, with less sampling noise).

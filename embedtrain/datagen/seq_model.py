@@ -19,6 +19,7 @@ from embedtrain.datagen.ctr import check_fields, is_real
 from embedtrain.utils import is_int
 
 TOP_K = 10                     # the oracle ranks the top 10 (HR@10, NDCG@10)
+TRANSITIONS = ("item", "cluster")  # what a successor is: an item, or a cluster of items
 FIRST_POP = 0.5                # first event: FIRST_POP * pop_z + (1 - FIRST_POP) * g
 _CANDIDATE_CELLS = 1 << 22     # oracle rows scored together x candidates per row (memory bound)
 
@@ -29,7 +30,11 @@ class SeqDataSpec:
 
     ``successor_prob`` + ``interest_prob`` + ``global_prob`` (``a``, ``b``, ``c``) must sum to 1:
     the next item follows the previous one's successors, the user's interest cluster, or global
-    popularity. Bad values raise a one-line ``ValueError`` naming the field.
+    popularity. ``transition`` says what a successor is: ``item`` (each item has ``successors``
+    successor items, a sparse Markov chain over the items) or ``cluster`` (each cluster has
+    ``successors`` successor clusters, never itself, and the next item is drawn from the chosen
+    one's popularity: a sparse Markov chain over the item clusters; ``successor_locality`` is
+    not used). Bad values raise a one-line ``ValueError`` naming the field.
     """
 
     users: int = 100_000
@@ -41,6 +46,7 @@ class SeqDataSpec:
     mean_extra_events: float = 15.0       # mean of the geometric count above min_length
     successors: int = 4                   # S successors per item, weights S..1 (normalised)
     successor_locality: float = 0.8       # a successor comes from the item's own cluster
+    transition: str = "item"              # item | cluster: successor items or clusters
     successor_prob: float = 0.5           # a
     interest_prob: float = 0.35           # b
     global_prob: float = 0.15             # c
@@ -61,6 +67,8 @@ class SeqDataSpec:
             ("users", is_int, lambda v: v >= 10, "an integer >= 10"),
             ("clusters", is_int, lambda v: v >= 1, "an integer >= 1"),
             ("successors", is_int, lambda v: v >= 1, "an integer >= 1"),
+            ("transition", lambda v: isinstance(v, str), lambda v: v in TRANSITIONS,
+             f"one of {', '.join(TRANSITIONS)}"),
             ("items", is_int, lambda v: v >= per_cluster * self.clusters,
              f"an integer >= {per_cluster} * clusters (= {per_cluster * self.clusters}: at "
              f"least max(10, successors + 1) items per cluster)"),
@@ -81,6 +89,9 @@ class SeqDataSpec:
             ("rows_per_file", is_int, lambda v: v >= 1, "an integer >= 1"),
         ]
         check_fields(self, checks)
+        if self.transition == "cluster" and self.successors >= self.clusters:
+            raise ValueError(f"SeqDataSpec.successors must be < clusters (= {self.clusters}) "
+                             f"with transition 'cluster', got {self.successors!r}")
         total = self.successor_prob + self.interest_prob + self.global_prob
         if abs(total - 1) > 1e-9:
             raise ValueError("SeqDataSpec.successor_prob + SeqDataSpec.interest_prob + "
@@ -108,9 +119,11 @@ class SeqPlantedModel:
 
     Attributes (``N`` items, ``K`` clusters, ``S`` successors; item arrays have ``N + 1`` rows,
     row 0 the padding): ``cluster`` and ``rank`` (within-cluster popularity rank, 0 the most
-    popular), ``pop`` (``pop_cluster(j)(j)``), ``g`` (global popularity), ``succ`` (N + 1, S) and
-    ``succ_weight`` (S,), ``weight`` (K,) the cluster weights ``w``; for the oracle ``pool``
-    (K, 10), each cluster's 10 most popular items.
+    popular), ``pop`` (``pop_cluster(j)(j)``), ``g`` (global popularity), ``succ`` (N + 1, S)
+    successor items (``transition: item``; (N + 1, 0) otherwise) or ``cluster_succ`` (K, S)
+    successor clusters (``transition: cluster``; (K, 0) otherwise), ``succ_weight`` (S,),
+    ``weight`` (K,) the cluster weights ``w``; for the oracle ``pool`` (K, 10), each cluster's 10
+    most popular items.
     """
 
     def __init__(self, spec: SeqDataSpec):
@@ -148,7 +161,16 @@ class SeqPlantedModel:
         self._w_cdf = np.cumsum(self.weight)
         self.succ_weight = np.arange(S, 0, -1, dtype=np.float64) / (S * (S + 1) / 2)
         self._succ_cdf = np.cumsum(self.succ_weight)
-        self.succ = self._draw_successors(rng)
+        if spec.transition == "item":
+            self.succ, self.cluster_succ = self._draw_successors(rng), np.zeros((K, 0), np.int64)
+        else:
+            self.succ = np.zeros((N + 1, 0), np.int64)
+            self.cluster_succ = np.stack([rng.choice(np.delete(np.arange(K), k), S, replace=False)
+                                          for k in range(K)])
+        # transfer[k, k']: the weight of cluster k' among cluster k's successors
+        self.transfer = np.zeros((K, K))
+        np.add.at(self.transfer, (np.arange(K)[:, None], self.cluster_succ),
+                  self.succ_weight[: self.cluster_succ.shape[1]])
         # The oracle's pool: every cluster's TOP_K most popular items (sizes are >= TOP_K).
         self.pool = self.by_cluster[self.start[:-1, None] + np.arange(TOP_K)]
         self.pool_pos = np.full(N + 1, -1, np.int64)
@@ -211,7 +233,11 @@ class SeqPlantedModel:
             s = comp < self.a
             slot = np.minimum(np.searchsorted(self._succ_cdf, v[s] * self._succ_cdf[-1],
                                               side="right"), spec.successors - 1)
-            out[s] = self.succ[prev[s], slot]
+            if spec.transition == "item":
+                out[s] = self.succ[prev[s], slot]
+            else:  # an item of the successor cluster, by its popularity (a draw of its own)
+                out[s] = self._from_cluster(self.cluster_succ[self.cluster[prev[s]], slot],
+                                            rng.random(int(s.sum())))
             p = ~s & (comp < self.a + self.b)
             out[p] = self._from_cluster(zs[:m][p], v[p])
             q = ~s & ~p
@@ -229,8 +255,7 @@ class SeqPlantedModel:
         first[offsets[:-1][np.diff(offsets) > 0]] = True
         prev = np.concatenate([[0], items[:-1]])
         prev[first] = 0
-        follow = self.succ[prev] == items[:, None]                       # row 0 (padding) never
-        a_term = self.a * (follow * self.succ_weight).sum(axis=1)
+        a_term = self.a * self.successor_probs(prev, items[:, None])[:, 0]
         pop, g = self.pop[items], self.g[items]
         later = np.log1p(self.b * pop / (a_term + self.c * g))
         return np.where(first, np.log1p(pop / g), later)  # first: (.5 pop + .5 g) / (.5 g)
@@ -246,11 +271,19 @@ class SeqPlantedModel:
         post = np.exp(log)
         return post / post.sum(axis=1, keepdims=True)
 
+    def successor_probs(self, prev: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """``succ(prev[r])[items[r, i]]``, (R, M): the successor component's probability of each
+        candidate after ``prev`` (R,) (the padding id 0 as ``prev``: 0, or garbage in
+        ``transition: cluster``, where callers mask first events)."""
+        if self.spec.transition == "item":
+            follow = self.succ[prev][:, None, :] == items[:, :, None]   # row 0 (padding) never
+            return (follow * self.succ_weight).sum(axis=2)
+        return self.transfer[self.cluster[prev][:, None], self.cluster[items]] * self.pop[items]
+
     def next_probs(self, post: np.ndarray, last: np.ndarray, items: np.ndarray) -> np.ndarray:
         """``P(next = items[r, i] | history r)`` for posteriors ``post`` (R, K), last items
         ``last`` (R,) and candidate ``items`` (R, M)."""
-        follow = self.succ[last][:, None, :] == items[:, :, None]
-        a_term = self.a * (follow * self.succ_weight).sum(axis=2)
+        a_term = self.a * self.successor_probs(last, items)
         post_c = np.take_along_axis(post, self.cluster[items], axis=1)
         return a_term + self.b * post_c * self.pop[items] + self.c * self.g[items]
 
@@ -260,7 +293,9 @@ class SeqPlantedModel:
         Exact without scoring all ``N`` items: an item that is neither a successor of ``last``
         nor among its cluster's 10 most popular scores strictly less than each of those 10
         (same cluster posterior, smaller ``pop`` and ``g``), so the ``S + 10 K`` candidates hold
-        the top 10. Ties rank the smaller item id first.
+        the top 10. With ``transition: cluster`` every score is ``pop(j)`` times a factor of
+        ``cluster(j)``, so the ``10 K`` pool items alone hold it. Ties rank the smaller item id
+        first.
 
         Args:
             post: (R, K) posteriors over the user's interest cluster.
@@ -269,7 +304,7 @@ class SeqPlantedModel:
         Returns:
             ``(items, probs)``, both (R, 10), best first.
         """
-        R, S = len(last), self.spec.successors
+        R, S = len(last), self.succ.shape[1]
         out_i, out_p = np.empty((R, TOP_K), np.int64), np.empty((R, TOP_K))
         step = max(1, _CANDIDATE_CELLS // (S + self.pool.size))
         for lo in range(0, R, step):
@@ -278,16 +313,22 @@ class SeqPlantedModel:
         return out_i, out_p
 
     def _topk(self, post: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        R, S = len(last), self.spec.successors
+        R, S = len(last), self.succ.shape[1]                # S = 0: transition cluster
         succ, pool = self.succ[last], self.pool.ravel()
         neg = np.empty((R, S + len(pool)))                  # minus the candidates' scores
         neg[:, :S] = self.next_probs(post, last, succ)
-        neg[:, S:] = self.b * post[:, self.cluster[pool]] * self.pop[pool] + self.c * self.g[pool]
+        if S:  # a pool item's successor term, if any, is its successor column's
+            neg[:, S:] = (self.b * post[:, self.cluster[pool]] * self.pop[pool]
+                          + self.c * self.g[pool])
+        else:
+            neg[:, S:] = self.next_probs(post, last, np.broadcast_to(pool, (R, len(pool))))
         np.negative(neg, out=neg)
         rr, ss = np.nonzero(self.pool_pos[succ] >= 0)        # a successor in the pool:
         neg[rr, S + self.pool_pos[succ[rr, ss]]] = np.inf    # its successor column counts
 
         def item(r: np.ndarray, col: np.ndarray) -> np.ndarray:
+            if not S:
+                return pool[col]
             return np.where(col < S, succ[r, np.minimum(col, S - 1)], pool[np.maximum(col - S, 0)])
 
         rows = np.arange(R)[:, None]
@@ -316,9 +357,13 @@ def planted_description(spec: SeqDataSpec) -> str:
     S = spec.successors
     return (f"{spec.items} items in {spec.clusters} equal clusters; within a cluster popularity "
             f"pop_k ~ Zipf(a={spec.item_zipf_a}) over a random order, cluster weights w ~ "
-            f"Zipf(a={spec.cluster_zipf_a}), global popularity g(j) = w_cluster(j) pop(j); each "
-            f"item has {S} distinct successors with weights {S}..1 (normalised), each from its "
-            f"cluster with probability {spec.successor_locality} else from all items; a user has "
+            f"Zipf(a={spec.cluster_zipf_a}), global popularity g(j) = w_cluster(j) pop(j); "
+            + (f"each item has {S} distinct successors with weights {S}..1 (normalised), each "
+               f"from its cluster with probability {spec.successor_locality} else from all items"
+               if spec.transition == "item" else
+               f"each cluster has {S} distinct successor clusters (not itself) with weights "
+               f"{S}..1 (normalised), succ(previous) = the popularity of one of its cluster's")
+            + f"; a user has "
             f"an interest cluster z ~ w, first item ~ {FIRST_POP} pop_z + {1 - FIRST_POP} g, "
             f"then next ~ {spec.successor_prob} succ(previous) + {spec.interest_prob} pop_z + "
             f"{spec.global_prob} g; events per user = {spec.min_length} + Geometric(mean "
