@@ -192,7 +192,7 @@ class SeqConfig:
     """Sequential recommendation: item table -> causal encoder over the history -> the ``xc``
     section's class head over every item (``xc.head``, ``xc.top_k``: HR@k, NDCG@k)."""
 
-    model: SeqModel = SeqModel.SASREC
+    model: SeqModel = SeqModel.SASREC  # sasrec | hstu (HSTU blocks: pointwise, gated attention)
     dim: int = config_field(64, check=POSITIVE)       # item table and encoder width
     layers: int = config_field(2, check=POSITIVE)     # self-attention blocks
     heads: int = config_field(2, check=POSITIVE)      # attention heads (dim divisible by them)

@@ -87,6 +87,7 @@ def test_bounds_script(tmp_path, monkeypatch, capsys):
     assert record["cooccurrence"] == expected
     assert record["cooccurrence_more_data"]["hr@10"] > expected["hr@10"]
     assert expected["hr@10"] < record["known_structure"]["hr@10"] < record["oracle"]["hr@10"]
+    assert record["oracle_last_item"]["hr@10"] < record["oracle"]["hr@10"]
     other = tmp_path / "other"
     generate_seq(SeqDataSpec(users=100, **{**kw, "seed": 5}), other, progress=False)
     monkeypatch.setattr(sys, "argv", argv[:4] + [str(other)] + argv[5:])

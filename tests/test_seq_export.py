@@ -51,12 +51,14 @@ def _eval_top(run_dir: Path, k: int):
     return torch.cat(tops), run.trainer.evaluate(run.eval_reader("test"))
 
 
-@pytest.mark.parametrize("exclude", [False, True])
-def test_predict_top_k_equals_eval(seq_data, tmp_path, exclude):
-    run = _train(seq_data, tmp_path / "run", f"seq.exclude_history={str(exclude).lower()}")
+@pytest.mark.parametrize("exclude, model", [(False, "sasrec"), (True, "sasrec"),
+                                            (False, "hstu")])
+def test_predict_top_k_equals_eval(seq_data, tmp_path, exclude, model):
+    run = _train(seq_data, tmp_path / "run", f"seq.exclude_history={str(exclude).lower()}",
+                 f"seq.model={model}")
     top, metrics = _eval_top(run, 10)
     m = export_run(run, tmp_path / "out", progress=False).manifest
-    assert m.model == "sasrec" and m.dense_program.format == "torch.export"
+    assert m.model == model and m.dense_program.format == "torch.export"
     assert [(t.name, t.pooling, t.rows, t.dim) for t in m.tables] == [("t_items", "none", 301, 16)]
     assert (m.head.num_classes, m.head.dim) == (301, 16)
     r = predict(tmp_path / "out", [str(seq_data / "test")], tmp_path / "p.parquet",

@@ -17,17 +17,22 @@ def _kjt(rows):
         lengths=torch.tensor([len(r) for r in rows], dtype=torch.long))
 
 
-def _encoder(seed=0):
+MODELS = ["sasrec", "hstu"]
+
+
+def _encoder(seed=0, model="sasrec"):
     torch.manual_seed(seed)
-    enc = SeqEncoder(num_items=50, dim=16, max_length=6, layers=2, heads=2, dropout=0.0)
+    enc = SeqEncoder(num_items=50, dim=16, max_length=6, layers=2, heads=2, dropout=0.0,
+                     model=model)
     with torch.no_grad():
         for table in enc.ec.embeddings.values():
             table.weight.normal_(0, 0.5)
     return enc.eval()
 
 
-def test_a_position_never_sees_a_later_item():
-    enc = _encoder()
+@pytest.mark.parametrize("model", MODELS)
+def test_a_position_never_sees_a_later_item(model):
+    enc = _encoder(model=model)
     with torch.no_grad():
         h, lengths = enc(_kjt([[3, 7, 9, 11, 2]]))
         for t in range(4):  # change every item after position t: positions <= t unchanged
@@ -40,8 +45,9 @@ def test_a_position_never_sees_a_later_item():
     assert lengths.tolist() == [5]
 
 
-def test_a_rows_output_does_not_depend_on_its_batch():
-    enc = _encoder()
+@pytest.mark.parametrize("model", MODELS)
+def test_a_rows_output_does_not_depend_on_its_batch(model):
+    enc = _encoder(model=model)
     with torch.no_grad():
         alone, _ = enc(_kjt([[5, 6]]))
         together, _ = enc(_kjt([[1, 2, 3, 4, 5, 6], [5, 6], [9]]))

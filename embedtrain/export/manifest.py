@@ -280,7 +280,7 @@ class Manifest:
 
     format_version: int
     task: str
-    model: str  # dlrm | dcn | xc | graphsage | sasrec
+    model: str  # dlrm | dcn | xc | graphsage | sasrec | hstu
     quantize: str
     features: Features
     tables: list[Table]

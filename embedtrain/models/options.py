@@ -82,6 +82,7 @@ class SeqModel(enum.Enum):
     """The sequence encoder of ``task: seq`` (see ``embedtrain.models.seq``)."""
 
     SASREC = "sasrec"  # causal self-attention over the item history (Kang & McAuley 2018)
+    HSTU = "hstu"  # pointwise (SiLU, unnormalised) causal attention, gated (Zhai et al. 2024)
 
 
 class Aggregation(enum.Enum):

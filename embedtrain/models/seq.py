@@ -8,7 +8,9 @@ positions (position 0 is the newest item, as SASRec's left-padded windows number
 pre-norm self-attention blocks with a causal mask: position ``i`` attends to positions ``<= i``
 only, never to a later item. The histories are padded on the right to ``max_length`` (the
 batch's rows stay in one ``[B, T, D]`` tensor of fixed shape): a padded position lies after every
-real one, so the causal mask alone keeps it out of the real positions' attention.
+real one, so the causal mask alone keeps it out of the real positions' attention. With
+``model="hstu"`` the blocks are :class:`HSTUBlock`'s (Zhai et al., ICML 2024: pointwise SiLU
+attention, gated), the rest the same.
 
 :class:`SeqModel` puts one of :mod:`embedtrain.models.class_head`'s heads (or a replicated one)
 over the item corpus. Training predicts the next item at every position: position ``i`` of a row
@@ -36,6 +38,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
@@ -45,6 +48,52 @@ from embedtrain.models.options import HeadDtype
 from embedtrain.models.xc import planning_head
 
 ITEM_TABLE = "t_items"  # the item table's name in plans and checkpoints
+
+
+class HSTUBlock(nn.Module):
+    """One HSTU layer (Zhai et al., "Actions Speak Louder than Words", ICML 2024), pre-norm:
+    ``U, V, Q, K = SiLU(W x)``; per head ``A = SiLU(Q K^T + rab(i - j)) / T`` on ``j <= i``
+    (pointwise attention: no softmax over the positions, so what the history holds is summed,
+    not averaged); ``y = x + W_o Dropout(LayerNorm(A V) * U)``. ``rab`` is a learned bias per
+    head and relative offset."""
+
+    def __init__(self, dim: int, heads: int, dropout: float, max_length: int,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        self.heads, self.max_length = heads, max_length
+        self.norm = nn.LayerNorm(dim, device=device)
+        self.uvqk = nn.Linear(dim, 4 * dim, device=device)
+        self.attn_norm = nn.LayerNorm(dim, device=device)
+        self.out = nn.Linear(dim, dim, device=device)
+        self.rab = nn.Parameter(torch.zeros(heads, max_length, device=device))  # offset i - j
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        u, v, q, k = F.silu(self.uvqk(self.norm(x))).chunk(4, dim=-1)
+        q, k, v = (y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        offset = torch.arange(t)[:, None] - torch.arange(t)[None, :]
+        later = offset < 0                                   # j > i: never attended
+        bias = self.rab[:, offset.clamp(min=0)]              # [H, T, T]
+        a = F.silu(q @ k.transpose(-1, -2) + bias).masked_fill(later, 0.0) / self.max_length
+        y = (a @ v).transpose(1, 2).reshape(b, t, d)
+        return x + self.out(self.dropout(self.attn_norm(y) * u))
+
+
+class HSTUStack(nn.Module):
+    """HSTU blocks, called as ``nn.TransformerEncoder`` is in :func:`encode` (always causal)."""
+
+    def __init__(self, dim: int, heads: int, dropout: float, max_length: int, layers: int,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(HSTUBlock(dim, heads, dropout, max_length, device)
+                                    for _ in range(layers))
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, is_causal: bool = True) -> Tensor:
+        del mask, is_causal  # each block masks the later positions itself
+        for layer in self.layers:
+            x = layer(x)
+        return x
 
 
 def padded_positions(lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -66,6 +115,7 @@ class SeqEncoder(nn.Module):
         layers, heads, dropout: the self-attention blocks (D divisible by ``heads``), and the
             dropout on the inputs and inside the blocks.
         feature: the KJT key of the histories.
+        model: ``sasrec`` (softmax self-attention blocks) or ``hstu`` (:class:`HSTUBlock`).
         device: the item table's device (``meta``: materialised by the sharding wrapper). The
             attention blocks are built on CPU when it is ``meta``: the wrapper materialises a
             meta module with its ``reset_parameters``, which ``nn.MultiheadAttention`` lacks
@@ -74,7 +124,7 @@ class SeqEncoder(nn.Module):
 
     def __init__(self, num_items: int, dim: int, max_length: int, layers: int = 2,
                  heads: int = 2, dropout: float = 0.2, feature: str = "items",
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, model: str = "sasrec") -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"seq.dim: {dim} is not divisible by seq.heads ({heads})")
@@ -84,9 +134,14 @@ class SeqEncoder(nn.Module):
             feature_names=[feature])], device=device)
         dense = None if device is not None and torch.device(device).type == "meta" else device
         self.positions = nn.Embedding(max_length, dim, device=dense)
-        block = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=dim, dropout=dropout,
-                                           batch_first=True, norm_first=True, device=dense)
-        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        if model == "hstu":
+            self.blocks = HSTUStack(dim, heads, dropout, max_length, layers, dense)
+        elif model == "sasrec":
+            block = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=dim, dropout=dropout,
+                                               batch_first=True, norm_first=True, device=dense)
+            self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        else:
+            raise ValueError(f"seq.model: expected sasrec or hstu, got {model!r}")
         self.norm = nn.LayerNorm(dim, device=dense)
         self.dropout = nn.Dropout(dropout)
 
@@ -175,16 +230,18 @@ class SeqModel(nn.Module):
         device: the encoder's device.
         head_dtype: the planning placeholder's storage.
         exclude_history: evaluation ranks only items outside the example's history.
+        model: the encoder's blocks, ``sasrec`` or ``hstu``.
     """
 
     def __init__(self, num_items: int, dim: int, max_length: int, layers: int, heads: int,
                  dropout: float, head: Optional[nn.Module], feature: str = "items",
                  device: Optional[torch.device] = None,
-                 head_dtype: HeadDtype = HeadDtype.FP32, exclude_history: bool = False) -> None:
+                 head_dtype: HeadDtype = HeadDtype.FP32, exclude_history: bool = False,
+                 model: str = "sasrec") -> None:
         super().__init__()
         self.exclude_history = exclude_history
         self.encoder = SeqEncoder(num_items, dim, max_length, layers, heads, dropout, feature,
-                                  device)
+                                  device, model)
         self.head = head if head is not None else planning_head(num_items, dim, head_dtype,
                                                                 device)
 

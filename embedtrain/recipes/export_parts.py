@@ -85,7 +85,7 @@ class ExportParts:
 
     Attributes:
         model: the model's name in ``model.json`` (``dlrm``, ``dcn``, ``xc``, ``graphsage``,
-            ``sasrec``).
+            ``sasrec``, ``hstu``).
         features: the columns a row carries; each sparse feature is looked up in the table of
             the same feature.
         ingest: how ``embedtrain ingest`` made the columns (``metadata.json``'s extra fields:

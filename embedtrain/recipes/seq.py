@@ -67,7 +67,7 @@ class SeqRecipe(XCRecipe):
         model = SeqModel(self.dataset.features.num_classes, s.dim, self.max_length, s.layers,
                          s.heads, s.dropout, head, feature=self.dataset.features.sparse[0].name,
                          device=torch.device("meta"), head_dtype=self.cfg.xc.head.dtype,
-                         exclude_history=s.exclude_history)
+                         exclude_history=s.exclude_history, model=s.model.value)
         self.fuse_sparse(model.encoder)
         return model
 
@@ -112,7 +112,7 @@ class SeqRecipe(XCRecipe):
             files[spec.sparse[0].name] = files[spec.label] = item
         ingest["vocab_files"] = files
         head = dataclasses.replace(self.head_export(), vocab=item)
-        return ExportParts("sasrec", spec, ingest, dense, head, note)
+        return ExportParts(self.cfg.seq.model.value, spec, ingest, dense, head, note)
 
     def predict_pooled(self, pooled: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The histories' per-position rows (a ``JaggedTensor``), padded: ``(history [B, T, D],
