@@ -72,17 +72,22 @@ def ranks_by_popularity(pop: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return rank[targets]
 
 
+def pair_counts(offsets: np.ndarray, items: np.ndarray, size: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted keys ``prev * size + next`` of the consecutive pairs within rows, and their
+    counts."""
+    row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    nxt = np.flatnonzero(row[1:] == row[:-1]) + 1
+    return np.unique(items[nxt - 1] * size + items[nxt], return_counts=True)
+
+
 def ranks_by_cooccurrence(train: tuple, pop: np.ndarray, offsets: np.ndarray,
                           items: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """1-based rank of each target: by the count of (last item -> item) pairs in train rows,
     then by popularity, then by id."""
     t_off, t_items, _ = train
     size = np.int64(len(pop))
-    same_row = np.repeat(np.arange(len(t_off) - 1), np.diff(t_off))
-    first = np.ones(len(t_items), bool)
-    first[1:] = same_row[1:] != same_row[:-1]
-    nxt = np.flatnonzero(~first)
-    keys, counts = np.unique(t_items[nxt - 1] * size + t_items[nxt], return_counts=True)
+    keys, counts = pair_counts(t_off, t_items, size)
     pop_rank = ranks_by_popularity(pop, np.arange(len(pop)))  # rank of every item by popularity
     last = items[offsets[1:] - 1]
     out = np.empty(len(targets), np.int64)

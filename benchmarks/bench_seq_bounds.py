@@ -38,17 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_seq import figures, ranks_by_cooccurrence, read_split, with_targets
+from bench_seq import figures, pair_counts, ranks_by_cooccurrence, read_split, with_targets
 
 MUS = (10, 30, 100, 300)
-
-
-def pair_counts(offsets: np.ndarray, items: np.ndarray, size: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted keys ``prev * size + next`` of consecutive pairs within rows, and their counts."""
-    row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    nxt = np.flatnonzero(row[1:] == row[:-1]) + 1
-    return np.unique(items[nxt - 1] * size + items[nxt], return_counts=True)
 
 
 def known_structure_ranks(meta: dict, train: tuple, test: tuple, rows: np.ndarray,

@@ -45,6 +45,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.models.options import HeadDtype
+from embedtrain.models.options import SeqModel as Encoder
 from embedtrain.models.xc import planning_head
 
 ITEM_TABLE = "t_items"  # the item table's name in plans and checkpoints
@@ -68,14 +69,14 @@ class HSTUBlock(nn.Module):
         self.rab = nn.Parameter(torch.zeros(heads, max_length, device=device))  # offset i - j
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, offset: Tensor) -> Tensor:
+        """``x`` [B, T, D]; ``offset`` [T, T] the causal offsets ``i - j`` (negative: a later
+        position, never attended)."""
         b, t, d = x.shape
         u, v, q, k = F.silu(self.uvqk(self.norm(x))).chunk(4, dim=-1)
         q, k, v = (y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
-        offset = torch.arange(t)[:, None] - torch.arange(t)[None, :]
-        later = offset < 0                                   # j > i: never attended
         bias = self.rab[:, offset.clamp(min=0)]              # [H, T, T]
-        a = F.silu(q @ k.transpose(-1, -2) + bias).masked_fill(later, 0.0) / self.max_length
+        a = F.silu(q @ k.transpose(-1, -2) + bias).masked_fill(offset < 0, 0.0) / self.max_length
         y = (a @ v).transpose(1, 2).reshape(b, t, d)
         return x + self.out(self.dropout(self.attn_norm(y) * u))
 
@@ -90,9 +91,11 @@ class HSTUStack(nn.Module):
                                     for _ in range(layers))
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, is_causal: bool = True) -> Tensor:
-        del mask, is_causal  # each block masks the later positions itself
+        del mask, is_causal  # each block masks the later positions by their offsets
+        t = x.shape[1]
+        offset = torch.arange(t)[:, None] - torch.arange(t)[None, :]
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, offset)
         return x
 
 
@@ -134,14 +137,12 @@ class SeqEncoder(nn.Module):
             feature_names=[feature])], device=device)
         dense = None if device is not None and torch.device(device).type == "meta" else device
         self.positions = nn.Embedding(max_length, dim, device=dense)
-        if model == "hstu":
+        if Encoder(model) is Encoder.HSTU:  # an unknown name: ValueError
             self.blocks = HSTUStack(dim, heads, dropout, max_length, layers, dense)
-        elif model == "sasrec":
+        else:
             block = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=dim, dropout=dropout,
                                                batch_first=True, norm_first=True, device=dense)
             self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
-        else:
-            raise ValueError(f"seq.model: expected sasrec or hstu, got {model!r}")
         self.norm = nn.LayerNorm(dim, device=dense)
         self.dropout = nn.Dropout(dropout)
 
