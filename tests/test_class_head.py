@@ -16,6 +16,7 @@ from embedtrain.models.class_head import (
     ShardedSoftmaxHead,
     shard_range,
 )
+from embedtrain.models.class_index import ClusteredIndex
 from embedtrain.models.topk import blocked_topk
 from embedtrain.processes import spawn
 
@@ -351,6 +352,45 @@ def test_clustered_index_probing_every_cluster_is_the_exact_search():
                           generator=torch.Generator().manual_seed(0))
     s, r = tiny.search(queries[:3], 4)
     assert ((r == -1) == torch.isinf(s)).all() and (r >= 0).any()
+
+
+def _probed_topk(index, queries, k):
+    """The slow reference of ``ClusteredIndex.search``: every member of each query's probed
+    clusters scored, one query at a time, and a full top-k."""
+    probes = (queries @ index.centroids.t() - index.half_norms).topk(index.probe, dim=1).indices
+    scores = torch.full((len(queries), k), -math.inf)
+    rows = torch.full((len(queries), k), -1)
+    offsets = index.offsets.tolist()
+    for i, q in enumerate(queries):
+        members = torch.cat([torch.arange(offsets[c], offsets[c + 1]) for c in probes[i].tolist()])
+        top = (index.sorted[members].float() @ q).topk(min(k, len(members)))
+        scores[i, :len(members)] = top.values
+        rows[i, :len(members)] = index.ids[members[top.indices]]
+    return scores, rows
+
+
+@pytest.mark.parametrize("clusters,probe,k,dtype", [
+    (24, 4, 7, torch.float32), (24, 1, 7, torch.float32), (50, 12, 20, torch.float32),
+    (24, 6, 5, torch.bfloat16), (400, 40, 3, torch.float32)])
+def test_clustered_search_is_the_exact_top_k_of_the_probed_clusters(clusters, probe, k, dtype):
+    # The search skips clusters and scores by a lower bound of each query's k-th best: what it
+    # returns must still be the top k of every member of the probed clusters, as scoring them all
+    # finds (400 clusters of 600 classes: many with fewer than k members, some empty).
+    weight, queries, _ = _planted_classes()
+    g = torch.Generator().manual_seed(3)
+    queries = torch.cat([queries, torch.randn(24, weight.shape[1], generator=g)])
+    index = ClusteredIndex(weight.to(dtype), clusters=clusters, probe=probe,
+                           generator=torch.Generator().manual_seed(0))
+    scores, rows = index.search(queries, k)
+    ref_scores, ref_rows = _probed_topk(index, queries, k)
+    torch.testing.assert_close(scores, ref_scores, rtol=1e-5, atol=1e-4)
+    assert torch.equal(rows == -1, ref_rows == -1)
+    # each row's score is its class's (ties may order rows differently from the reference)
+    found = rows.clamp(min=0)
+    torch.testing.assert_close(
+        torch.where(rows >= 0, (weight.to(dtype).float()[found] * queries[:, None]).sum(-1),
+                    -math.inf), scores, rtol=1e-5, atol=1e-4)
+    assert all(len(set(r[r >= 0].tolist())) == int((r >= 0).sum()) for r in rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
