@@ -24,7 +24,11 @@ that random rows of a large table miss the TLB less. Peak memory is unchanged (t
 the same); resident memory stays at the peak instead of shrinking between steps (an explicit
 ``malloc_trim``, as the exporter calls between tables, still returns it). ``EMBEDTRAIN_MALLOC=
 default`` keeps glibc's and torch's defaults; ``MALLOC_*`` / ``GLIBC_TUNABLES`` / ``LD_PRELOAD``
-set by the user win. Figures: ``benchmarks/bench_allocator.py``, ``benchmarks/bench_roofline.py``.
+set by the user win. Where a rank's tables and heads fill a large share of its memory,
+:func:`fit_allocator` (called after sharding) maps large blocks again and returns them when freed:
+a kept heap would grow with the step's varying buffers into the memory the run does not have.
+Figures: ``benchmarks/bench_allocator.py``, ``benchmarks/bench_roofline.py``,
+``benchmarks/bench_xc_memory.py``.
 
 Example:
     >>> tune_allocator()
@@ -46,7 +50,12 @@ _MARKS: dict[str, float] = {}
 _SETTINGS: dict[str, str] = {}
 
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: the largest, 2 GiB of free heap top kept
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
+# a rank whose tables and heads hold more than this share of its memory maps large blocks
+LARGE_SHARE = 0.25
+MMAP_THRESHOLD = 1 << 20  # then blocks of 1 MiB or more are mapped, and unmapped when freed
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # mallopt parameters (malloc.h)
+_GLIBC_MMAP_MAX, _GLIBC_TRIM_THRESHOLD = 65536, 128 * 1024  # glibc's defaults
+_TUNED = "glibc: no mmap per block"
 _USER_MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_",
                      "MALLOC_TOP_PAD_", "GLIBC_TUNABLES", "LD_PRELOAD")
 
@@ -80,8 +89,62 @@ def _tune_allocator() -> str:
         return f"not glibc: unchanged; {huge}"
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return f"glibc refused mallopt: unchanged; {huge}"
-    return (f"glibc: no mmap per block, heap kept (trim threshold 2 GiB); {huge} "
+    return (f"{_TUNED}, heap kept (trim threshold 2 GiB); {huge} "
             f"(EMBEDTRAIN_MALLOC=default: the defaults)")
+
+
+def fit_allocator(held_bytes: int) -> str:
+    """Gives freed large blocks back where this rank's tables and heads fill its memory.
+
+    Keeping every block in the heap (:func:`tune_allocator`) pays where a step's buffers are
+    small next to memory; where the sharded state is a large share of it (a 50M-class head), the
+    step's buffers of varying sizes (sampled rows, logits) are not reused exactly, the kept heap
+    grows by gigabytes and can take the machine's last memory. Above ``LARGE_SHARE`` of this
+    rank's share of memory (the machine's or its cgroup's, over the ranks on this machine),
+    blocks of ``MMAP_THRESHOLD`` or more are mapped and returned when freed (glibc's fixed mmap
+    threshold, as ``MALLOC_MMAP_THRESHOLD_=1048576`` at start-up), and the heap is trimmed now.
+    Nothing changes where :func:`tune_allocator` made no settings (the user's or the defaults).
+
+    Args:
+        held_bytes: what this rank holds after sharding (tables, heads, their optimizer state).
+
+    Returns:
+        The allocator's line for the run's banner (also :func:`allocator_setting`).
+    """
+    setting = allocator_setting()
+    memory = rank_memory_bytes()
+    if not setting.startswith(_TUNED) or memory is None or held_bytes <= LARGE_SHARE * memory:
+        return setting
+    libc = _glibc()
+    if libc is None or not (libc.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX)
+                            and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                            and libc.mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD)):
+        return setting
+    libc.malloc_trim(0)
+    _SETTINGS["allocator"] = (
+        f"glibc: blocks >= 1 MiB mapped and returned when freed (tables and heads "
+        f"{held_bytes / 2**30:.1f} GiB, {held_bytes / memory:.0%} of this rank's "
+        f"{memory / 2**30:.1f} GiB); torch: huge pages for blocks >= 2 MiB")
+    return _SETTINGS["allocator"]
+
+
+def rank_memory_bytes() -> Optional[int]:
+    """This rank's share of memory: the machine's (or its cgroup's limit, if lower) over the
+    ranks on this machine; ``None`` where unknown."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            limits += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            value = f.read().strip()
+        if value.isdigit():
+            limits.append(int(value))
+    except OSError:
+        pass
+    return min(limits) // local_ranks() if limits else None
 
 
 def _glibc() -> Optional[ctypes.CDLL]:

@@ -68,11 +68,14 @@ def test_threads_per_rank_config_then_environment_then_cores(monkeypatch):
 
 
 # Allocates a 64 MiB block (above glibc's largest dynamic mmap threshold): glibc's defaults
-# serve it by mmap (mapped bytes, mallinfo2().hblkhd, rise while it lives); tuned, the heap.
+# serve it by mmap (mapped bytes, mallinfo2().hblkhd, rise while it lives); tuned, the heap;
+# tuned, then fitted to a rank holding argv[1] bytes of tables and heads: mapped again if large.
 _MALLOC_PROBE = """
 import ctypes, sys
-from embedtrain.runtime import tune_allocator
+from embedtrain.runtime import fit_allocator, tune_allocator
 print(tune_allocator())
+if int(sys.argv[1]) >= 0:
+    print(fit_allocator(int(sys.argv[1])))
 libc = ctypes.CDLL("libc.so.6")
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
@@ -88,17 +91,20 @@ print("MAPPED", mapped)
 """
 
 
-@pytest.mark.parametrize("setting", ["tuned", "default", "user"])
-def test_allocator_keeps_large_blocks_in_the_heap_unless_told(setting):
+@pytest.mark.parametrize("setting,held", [
+    ("tuned", -1), ("tuned", 0), ("tuned", 1 << 60), ("default", 1 << 60), ("user", 1 << 60)])
+def test_allocator_keeps_large_blocks_in_the_heap_unless_told(setting, held):
     env = {"tuned": {}, "default": {"EMBEDTRAIN_MALLOC": "default"},
            "user": {"MALLOC_MMAP_THRESHOLD_": "65536"}}[setting]
     base = {k: v for k, v in os.environ.items()
             if k not in ("EMBEDTRAIN_MALLOC", *runtime._USER_MALLOC_VARS)}
-    r = subprocess.run([sys.executable, "-c", _MALLOC_PROBE], capture_output=True, text=True,
-                       env={**base, **env}, timeout=60)
+    r = subprocess.run([sys.executable, "-c", _MALLOC_PROBE, str(held)], capture_output=True,
+                       text=True, env={**base, **env}, timeout=60)
     assert r.returncode == 0, r.stderr
-    said, mapped = r.stdout.splitlines()[0], int(r.stdout.split("MAPPED")[1])
-    if setting == "tuned":
+    said, mapped = r.stdout.splitlines()[-2], int(r.stdout.split("MAPPED")[1])
+    if setting == "tuned" and held == 1 << 60:  # the run's tables fill memory: mapped again
+        assert said.startswith("glibc: blocks >= 1 MiB mapped") and mapped >= 64 << 20
+    elif setting == "tuned":  # none held, or little: the heap keeps the block
         assert said.startswith("glibc: no mmap per block") and mapped == 0
     else:
         assert mapped >= 64 << 20  # glibc's own rule (or the user's): a mapped block

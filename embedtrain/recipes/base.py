@@ -47,6 +47,7 @@ from embedtrain.config import (
     check_world_size,
 )
 from embedtrain.recipes.export_parts import ExportParts
+from embedtrain.runtime import fit_allocator
 from embedtrain.models.dynamic import managed_tables, table_stats
 from embedtrain.sharding.measure import (
     measure_embedding_bytes,
@@ -401,6 +402,7 @@ class Recipe:
         held = measure_embedding_bytes(dmp)
         if head is not None:
             held = measure_head_bytes(head, parts.head_optimizer, held)
+        fit_allocator(held["weights"] + held["optimizer"])  # a head filling memory: unmap blocks
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, held)
         if out_dir is not None and dist.get_rank() == 0 and report is not None:

@@ -241,6 +241,18 @@ class Trainer:
         bar.close()
         if st.step % opts.grad_accumulation:  # a partial accumulation at the very end
             self._optimizer_step()
+        valid, selected = self._final_checkpoint()
+        test, split = ((self.evaluate(test_data), "test") if test_data is not None
+                       else (valid, "valid"))
+        summary = self._write_summary(test, valid, split, time.perf_counter() - started,
+                                      selected)
+        self._hand_on_evaluation()  # the final evaluation's, if it ran: the run is complete
+        return summary
+
+    def _final_checkpoint(self) -> tuple[dict[str, Any], Optional[dict[str, Any]]]:
+        """The final validation (once, also across a resume there) and checkpoint; under
+        ``select: best`` the best weights restored. Returns ``(valid metrics, selected)``."""
+        st = self.state
         final_valid = {}
         if self.valid_data is not None and self._final_valid is not None \
                 and self._saved_final and self._saved_step == st.step:
@@ -251,23 +263,13 @@ class Trainer:
         self._final_valid = final_valid
         if self._saved_step != st.step or not self._saved_final:
             self.save(final=True)
-        valid, selected = final_valid, None
-        if opts.select is Selection.BEST and st.best_step is not None:
-            selected = {"step": st.best_step, "metric": self.select_metric,
-                        "value": st.best_value}
-            valid = st.best_valid
-            if st.best_step != st.step:  # evaluate the best checkpoint's weights
-                final_state = st
-                self.restore(self.checkpoints.path(st.best_step))
-                self.state = final_state
-        if test_data is not None:
-            test, split = self.evaluate(test_data), "test"
-        else:
-            test, split = valid, "valid"
-        summary = self._write_summary(test, valid, split, time.perf_counter() - started,
-                                      selected)
-        self._hand_on_evaluation()  # the final evaluation's, if it ran: the run is complete
-        return summary
+        if self.options.select is not Selection.BEST or st.best_step is None:
+            return final_valid, None
+        if st.best_step != st.step:  # evaluate the best checkpoint's weights
+            self.restore(self.checkpoints.path(st.best_step))
+            self.state = st
+        return st.best_valid, {"step": st.best_step, "metric": self.select_metric,
+                               "value": st.best_value}
 
     def _steps(self) -> Generator[None, None, None]:
         """The training steps from where the run stands to the end of the schedule, one per item:
