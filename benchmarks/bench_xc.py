@@ -39,7 +39,8 @@ P@1 from the data set's metadata.
 
 Usage:
     python benchmarks/bench_xc.py --classes 1000000 --dim 128 --json benchmarks/out/xc.json \
-        [--steps 3] [--rounds 2] [--skip-timing] [--skip-accuracy] \
+        [--steps 3] [--rounds 2] [--heads full,hard_negatives_clustered] [--skip-timing] \
+        [--skip-accuracy] \
         [--acc-classes 20000] [--acc-rows 400000] [--acc-data /tmp/embedtrain_xc_acc]
 
 Prints a table; JSON: ``step_ms`` (median per head), ``phase_ms`` (forward/backward/optimizer),
@@ -170,7 +171,7 @@ def time_heads(args: argparse.Namespace) -> dict[str, Any]:
     counts = torch.bincount(zipf_labels(1_000_000, c, g), minlength=c)
     weight, typical = planted_vectors(c, d, g)
     heads = {}
-    for name in HEADS:
+    for name in args.heads:
         print(f"building {name} ({c:,} x {d})", flush=True)
         heads[name] = TimedHead(name, head_config(name, args), c, d, counts, weight)
     del weight
@@ -202,11 +203,12 @@ def time_heads(args: argparse.Namespace) -> dict[str, Any]:
             print(f"round {r + 1} {name}: " + ", ".join(f"{t['total']:.0f}" for t in times)
                   + " ms", flush=True)
     refresh_ms = {}
-    for name in ("hard_negatives", "hard_negatives_clustered"):
+    for name in (n for n in ("hard_negatives", "hard_negatives_clustered") if n in heads):
         hn = heads[name].head
         hn.steps.fill_((int(hn.steps) // hn.refresh_every + 1) * hn.refresh_every)  # a rebuild
         refresh_ms[name] = run(heads[name])["total"]
-    recall = heads["hard_negatives_clustered"].head.index_recall
+    recall = (heads["hard_negatives_clustered"].head.index_recall
+              if "hard_negatives_clustered" in heads else [])
     step_ms = {n: statistics.median(t["total"] for t in s) for n, s in samples.items()}
     phase_ms = {n: {p: statistics.median(t[p] for t in s) for p in PHASES}
                 for n, s in samples.items()}
@@ -377,9 +379,16 @@ def main() -> int:
     parser.add_argument("--acc-data", default="/tmp/embedtrain_xc_acc")
     parser.add_argument("--acc-out", default="/tmp/embedtrain_xc_acc_runs",
                         help="run directories of the accuracy part")
+    parser.add_argument("--heads", default=",".join(HEADS),
+                        help="comma-separated heads to time (full is always timed: the ratios "
+                             "are against it)")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--skip-accuracy", action="store_true")
     args = parser.parse_args()
+    chosen = set(args.heads.split(",")) | {"full"}
+    if chosen - set(HEADS):
+        parser.error(f"--heads: unknown {sorted(chosen - set(HEADS))}; known: {', '.join(HEADS)}")
+    args.heads = [n for n in HEADS if n in chosen]
     out: dict[str, Any] = {
         "date": datetime.date.today().isoformat(), "allocator": allocator_setting(),
         "classes": args.classes, "dim": args.dim, "batch": args.batch, "rate": args.rate,
@@ -390,7 +399,8 @@ def main() -> int:
     }
     if not args.skip_timing:
         out.update(time_heads(args))
-        out["mach_buckets"] = out["heads"]["mach"]["num_buckets"]
+        if "mach" in out["heads"]:
+            out["mach_buckets"] = out["heads"]["mach"]["num_buckets"]
     if not args.skip_accuracy:
         out.update(accuracy(args))
     out["command"] = " ".join(["python", *sys.argv])

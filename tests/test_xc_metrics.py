@@ -62,6 +62,26 @@ def test_blocked_topk_ties_go_to_lower_class_id(block_rows):
     assert torch.equal(s, want_s) and torch.equal(i, want_i)
 
 
+@pytest.mark.parametrize("block_rows", [300, 700, 3000])
+def test_blocked_topk_over_wide_blocks_keeps_the_tie_rule(block_rows):
+    # Blocks wider than the spans whose maxima are checked against the running k-th score
+    # (after the first block only the spans reaching it are looked at): ties at the k-th place
+    # still go to the lower class id, across blocks, spans and the blocks' tails.
+    x, w = _tied(12, 3000, seed=5)
+    logits = x @ w.T
+    s, i = blocked_topk(x, w, 9, block_rows=block_rows, class_offset=3)
+    want_s, want_i = _reference(logits, 9, offset=3)
+    assert torch.equal(s, want_s) and torch.equal(i, want_i)
+    xr, wr, bias = _random(7, 2500, 16, seed=6)
+    s, i = blocked_topk(xr, wr, 6, block_rows=block_rows, bias=bias)
+    want_s, want_i = torch.topk(xr @ wr.T + bias, 6, dim=1)
+    torch.testing.assert_close(s, want_s)
+    assert torch.equal(i, want_i)
+    wr[2222, 0] = float("nan")  # a NaN in a later block, seen by the span maxima
+    with pytest.raises(ValueError, match="NaN"):
+        blocked_topk(xr, wr, 6, block_rows=block_rows)
+
+
 def test_blocked_topk_pads_when_fewer_classes_than_k():
     x, w, _ = _random(4, 3, 6, seed=2)
     s, i = blocked_topk(x, w, 5, block_rows=2, class_offset=10)

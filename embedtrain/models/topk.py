@@ -29,6 +29,7 @@ from torch import Tensor
 
 TopK = tuple[Tensor, Tensor]
 _LAST = torch.iinfo(torch.int64).max  # sort key of the padding index -1: after every class
+_SPAN = 256  # columns whose maximum is checked at once against the running k-th score
 
 
 def _ordered(scores: Tensor, pos: Tensor) -> TopK:
@@ -116,10 +117,46 @@ def blocked_topk(features: Tensor, weight: Tensor, k: int, block_rows: int = 655
         logits = features @ rows.T
         if bias is not None:
             logits = logits + bias[start:start + block_rows]
-        top_s, cols = _select(logits, k)
-        run_s, run_i = _merge(torch.cat([run_s, top_s], dim=1),
-                              torch.cat([run_i, cols + (class_offset + start)], dim=1), k)
+        if run_s.shape[1] < k:  # fewer than k so far: any column may enter
+            top_s, cols = _select(logits, k)
+        else:  # only what reaches the running k-th can enter (ties: the merge's rule)
+            top_s, cols = _reaching(logits, run_s[:, k - 1])
+            if cols.shape[1] == 0:
+                continue
+        ids = torch.where(cols >= 0, cols + (class_offset + start), cols)
+        run_s, run_i = _merge(torch.cat([run_s, top_s], dim=1), torch.cat([run_i, ids], dim=1), k)
     return _pad(run_s, run_i, k)
+
+
+def _reaching(scores: Tensor, floor: Tensor) -> TopK:
+    """The columns of ``scores [B, n]`` at or above each row's ``floor [B]``, as ``(scores,
+    columns)`` ``[B, m]`` padded with ``(-inf, -1)`` (``m``: the most any row has).
+
+    Found without a top-k over the block (on CPU, as slow as the products that made it): the
+    maxima of ``_SPAN``-column spans first, then only the spans reaching the floor.
+    """
+    b, n = scores.shape
+    full = n - n % _SPAN
+    spans = scores[:, :full].view(b, full // _SPAN, _SPAN)
+    peaks = spans.amax(dim=2)
+    if torch.isnan(peaks).any() or torch.isnan(scores[:, full:]).any():
+        raise ValueError("scores contain NaN")
+    row, span = (peaks >= floor[:, None]).nonzero(as_tuple=True)
+    reached = spans[row, span]
+    i, j = (reached >= floor[row, None]).nonzero(as_tuple=True)
+    t_row, t_col = (scores[:, full:] >= floor[:, None]).nonzero(as_tuple=True)
+    rows = torch.cat([row[i], t_row])
+    cols = torch.cat([span[i] * _SPAN + j, t_col + full])
+    counts = torch.bincount(rows, minlength=b)
+    width = int(counts.max()) if rows.numel() else 0
+    order = torch.sort(rows, stable=True).indices
+    rows, cols = rows[order], cols[order]
+    place = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    out_s = scores.new_full((b, width), -math.inf)
+    out_c = torch.full((b, width), -1, dtype=torch.long, device=scores.device)
+    out_s[rows, place] = scores[rows, cols]
+    out_c[rows, place] = cols
+    return out_s, out_c
 
 
 @torch.no_grad()
