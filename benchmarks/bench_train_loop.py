@@ -109,11 +109,14 @@ def main() -> None:
     hand_written(); trainer_step(); trainer_pipelined()  # warm-up (the pipeline traces once)
     rows = {"hand-written DMP loop": [], "Trainer step": [], "Trainer + ParquetBatchReader": [],
             "Trainer + reader, pipeline sparse_dist": []}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         rows["hand-written DMP loop"].append(hand_written())
         rows["Trainer step"].append(trainer_step())
         rows["Trainer + ParquetBatchReader"].append(trainer_reader())
         rows["Trainer + reader, pipeline sparse_dist"].append(trainer_pipelined())
+        hand = rows["hand-written DMP loop"][-1]
+        print(f"round {r + 1}: " + ", ".join(f"{name} {v[-1]:,.0f} ex/s ({v[-1] / hand:.3f})"
+                                             for name, v in rows.items()), flush=True)
 
     hand = rows["hand-written DMP loop"]
     base = statistics.median(hand)
