@@ -95,7 +95,7 @@ from embedtrain.models.dynamic import (
     unmix_ids,
 )
 from embedtrain.models.seq import first_k_outside
-from embedtrain.recipes import recipe_for
+from embedtrain.recipes import family_recipe
 from embedtrain.recipes.base import quiet_fx_tracing_warning
 from embedtrain.utils import check_output_file, progress_bar
 
@@ -157,7 +157,8 @@ class ExportedModel:
             raise ExportError(f"{where}: task {m.task}: ExportedModel scores rows with ctr and "
                               f"xc exports ({what})")
         try:
-            self.recipe = recipe_for(load_run_config(self.root / m.source.config))
+            # the built-in recipe of the run's task: an export never makes predict import code
+            self.recipe = family_recipe(load_run_config(self.root / m.source.config))
         except ConfigError as e:
             raise ExportError(str(e)) from None
         f = m.features

@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 from torchrec.modules.embedding_configs import (
@@ -61,7 +61,7 @@ from torchrec.quant.embedding_modules import quantize_state_dict
 
 from embedtrain.export.manifest import BITS, Shard
 from embedtrain.models.dynamic import EMPTY_ID, unmix_ids
-from embedtrain.train.checkpoint import CheckpointError, describe_error
+from embedtrain.train.checkpoint import CheckpointError, SafeFileSystemReader, describe_error
 
 BLOCK_BYTES = 1 << 20  # rows are converted, written and quantized this many bytes at a time
 SCALE_BIAS_BYTES = 4  # fp16 scale + fp16 bias after each quantized row
@@ -113,7 +113,7 @@ class _Window(io.RawIOBase):
         return got
 
 
-class ShardReader(FileSystemReader):
+class ShardReader(SafeFileSystemReader):
     """A DCP ``FileSystemReader`` that gives each shard it reads to ``sink(offsets, tensor)``.
 
     ``offsets`` are the shard's (row, column) offsets in the full tensor; shards come in row
@@ -193,7 +193,9 @@ def checkpoint_dtypes(path: str | os.PathLike) -> dict[str, torch.dtype]:
 
 def _tensor_metadata(path: str | os.PathLike) -> dict:
     try:
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = SafeFileSystemReader(path).read_metadata()
+    except CheckpointError:
+        raise  # a refused .metadata, named
     except Exception as e:  # noqa: BLE001 - truncated/corrupt/missing .metadata: one line
         raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
     return {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
@@ -245,7 +247,8 @@ def _malloc_trim():
 def load_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> None:
     """Fills ``tensors`` (small ones: the dense parameters) from the checkpoint, in place."""
     try:
-        dcp.load(tensors, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True),
+        dcp.load(tensors, storage_reader=SafeFileSystemReader(path),
+                 planner=DefaultLoadPlanner(allow_partial_load=True),
                  no_dist=True)
     except BaseException as e:  # noqa: BLE001 - one line for DCP's many failure kinds
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -279,7 +282,7 @@ def checkpoint_id_map(path: str | os.PathLike, prefix: str, rows: int
                f"{prefix}.{ROWS_OF_IDS}": torch.empty(rows, dtype=torch.int64),
                f"{prefix}.{SEGMENTS}": torch.empty(1025, dtype=torch.int64)}
     try:
-        dcp.load(tensors, checkpoint_id=path, no_dist=True,
+        dcp.load(tensors, storage_reader=SafeFileSystemReader(path), no_dist=True,
                  planner=DefaultLoadPlanner(allow_partial_load=True))
     except BaseException as e:  # noqa: BLE001 - one line for DCP's many failure kinds
         if isinstance(e, (KeyboardInterrupt, SystemExit)):

@@ -68,6 +68,28 @@ def recipe_class(cfg: Config) -> type[Recipe]:
     return cls
 
 
+def family_recipe(cfg: Config) -> Recipe:
+    """The built-in recipe of ``cfg.task`` on ``cfg``, whatever ``cfg.recipe`` names: what
+    ``embedtrain predict`` scores with, so that an export never makes it import code."""
+    return RECIPES[cfg.task](cfg)
+
+
+def serving_refusal(recipe: Recipe) -> Optional[str]:
+    """Why an export of ``recipe``'s run could not be served without its code (None: it can).
+
+    Predict rebuilds the serving inputs with the built-in recipe of the run's task
+    (:func:`family_recipe`); a user's recipe that changes how they are built
+    (``predict_pooled``, ``predict_excluded``) would need its own code imported there.
+    """
+    family = RECIPES[recipe.cfg.task]
+    changed = [name for name in ("predict_pooled", "predict_excluded")
+               if getattr(type(recipe), name) is not getattr(family, name)]
+    if not changed:
+        return None
+    return (f"recipe: {recipe.cfg.recipe}: overrides {', '.join(changed)}; predict runs from the "
+            f"export alone, with the {family.__name__}'s, and imports no code from a run")
+
+
 def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None,
               cluster: Optional[ClusterConfig] = None, record_plan: bool = True) -> Run:
     """``recipe_for(cfg).build_run(...)``: see :meth:`Recipe.build_run`."""
@@ -79,4 +101,5 @@ def plan_model(cfg: Config, cluster: ClusterConfig) -> PlanResult:
     return recipe_for(cfg).plan(cluster)
 
 
-__all__ = ["RECIPES", "Recipe", "Run", "build_run", "plan_model", "recipe_class", "recipe_for"]
+__all__ = ["RECIPES", "Recipe", "Run", "build_run", "family_recipe", "plan_model", "recipe_class",
+           "recipe_for", "serving_refusal"]

@@ -11,6 +11,13 @@ the cause, the earlier checkpoints untouched. A checkpoint that cannot be read (
 a corrupt ``trainer_state.json``) is reported by :class:`CheckpointError` too; the trainer then
 falls back to the next older one (:meth:`embedtrain.train.trainer.Trainer.restore`).
 
+Loading runs no code from the checkpoint: DCP's ``FileSystemReader`` unpickles ``.metadata`` with
+``pickle.load``, which calls whatever the pickle names. :class:`SafeFileSystemReader`, the only
+reader embedtrain gives DCP (resume, eval, export), unpickles it with an allow-list of what DCP
+writes there (its metadata classes, ``torch.Size``, dtypes, layouts, paths); anything else is
+refused in one line naming the file before it is called. The shards (``*.distcp``) hold tensors
+DCP reads with ``torch.load(weights_only=True)``.
+
 Example:
     >>> ckpts = CheckpointManager(run_dir / "checkpoints", keep=2)
     >>> ckpts.save(100, {"model": model.state_dict()}, {"step": 100})
@@ -24,6 +31,7 @@ import errno
 import fcntl
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -32,8 +40,9 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 
 STATE_FILE = "trainer_state.json"
@@ -52,6 +61,54 @@ class CheckpointError(RuntimeError):
 
 class CheckpointMismatch(CheckpointError):
     """A readable checkpoint of another model (shapes or keys differ): no older one fits either."""
+
+
+# What DCP's .metadata pickle may name (torch 2.13): its metadata classes, the file layout record,
+# and the torch values inside them (Size; dtypes, layouts and memory formats by name; paths).
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "ChunkStorageMetadata",
+        "BytesStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP ``.metadata`` file, refusing every global outside the allow-list."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_GLOBALS.get(module, ()) or module == "torch" and (
+                name == "Size" or isinstance(getattr(torch, name, None),
+                                             (torch.dtype, torch.layout, torch.memory_format))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which checkpoint metadata never "
+                                     f"holds (refused: unpickling it could run code)")
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader, with ``.metadata`` read through the allow-list (module docstring)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path, refused = self._get_metadata_path(kwargs.get("rank")), None
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+                IndexError, KeyError) as e:
+            refused = str(e) or type(e).__name__
+        if refused is not None:  # raised outside the handler: the one line is the innermost
+            raise CheckpointError(f"{path}: not a checkpoint's metadata: {refused}")
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path}: not a checkpoint's metadata (a "
+                                  f"{type(metadata).__name__})")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 def describe_error(e: BaseException) -> str:
@@ -211,18 +268,20 @@ class CheckpointManager:
         path = Path(path)
         info = self.info(path)
         missing: list[str] = []
+        try:  # first on its own: a refused .metadata is named as it is, not through DCP's retries
+            saved = set(SafeFileSystemReader(path).read_metadata().state_dict_metadata)
+        except CheckpointError:
+            raise
+        except _FAILURES as e:  # noqa: BLE001 - a truncated or corrupt .metadata
+            raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
         if missing_ok:
-            try:
-                saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-            except _FAILURES as e:  # noqa: BLE001 - a truncated or corrupt .metadata
-                raise CheckpointError(f"{path}: cannot read: {describe_error(e)}") from None
             missing = [k for k in _flat_keys(state) if k not in saved]
             bad = [k for k in missing if not k.startswith(missing_ok)]
             if bad:
                 raise ValueError(f"{path}: checkpoint lacks {bad[0]} (and {len(bad) - 1} more)")
         planner = DefaultLoadPlanner(allow_partial_load=bool(missing))
         try:
-            dcp.load(state, checkpoint_id=path, planner=planner)
+            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=planner)
         except _FAILURES as e:  # noqa: BLE001 - DCP raises many kinds; one line for all
             why = describe_error(e)
             if "Size mismatch" in why or "Missing key" in why:

@@ -1,0 +1,131 @@
+"""Loading runs no code: a checkpoint's DCP ``.metadata`` pickle that names a callable, and an
+export whose ``config.yaml`` names a recipe module, are refused or ignored by every command that
+reads them (``eval``, ``export``, ``train --resume``, ``predict``), and no marker file appears."""
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from embedtrain.testing import tiny_ctr_dataset
+from embedtrain.train.checkpoint import CheckpointError, SafeFileSystemReader
+
+
+class _Payload:
+    """Unpickling it calls ``os.system`` (what an attacker's checkpoint would do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trust")
+    data = tiny_ctr_dataset(root / "data", rows=2000)
+    config = root / "tiny.yaml"
+    config.write_text(f"""
+data: {{path: {data}, batch_size: 256, eval_batch_size: 1024, num_workers: 0}}
+model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [16, 1]}}
+train: {{max_steps: 6, eval_every: 0, checkpoint_every: 3, progress: false}}
+""")
+    run = root / "run"
+    r = run_cli("train", str(config), "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    return root, run
+
+
+def _poisoned(run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of ``run`` whose every checkpoint's ``.metadata`` runs a command when unpickled."""
+    copy, marker = tmp_path / "run", tmp_path / "MARKER"
+    shutil.copytree(run, copy)
+    for meta in copy.glob("checkpoints/*/.metadata"):
+        meta.write_bytes(pickle.dumps(_Payload(marker)))
+    return copy, marker
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_the_payload_really_runs_under_plain_pickle(tmp_path):
+    # The test's premise: what the commands below refuse does run code when unpickled.
+    marker = tmp_path / "MARKER"
+    pickle.loads(pickle.dumps(_Payload(marker)))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "export", "resume"])
+def test_a_checkpoint_metadata_pickle_runs_no_code(trained, tmp_path, command):
+    _, run = trained
+    run, marker = _poisoned(run, tmp_path)
+    before = _files(run)
+    args = {"eval": ["eval", str(run)],
+            "export": ["export", str(run), "--out", str(tmp_path / "export")],
+            "resume": ["train", str(run / "config.yaml"), "--out", str(run), "--resume",
+                       "--set", "train.max_steps=9"]}[command]
+    r = run_cli(*args)
+    assert not marker.exists()  # nothing ran
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert ".metadata" in r.stderr and "os" in r.stderr and "system" in r.stderr, r.stderr
+    if command != "resume":  # read-only commands leave the run as it was
+        assert _files(run) == before
+
+
+def test_real_checkpoint_metadata_passes_the_allow_list(trained):
+    _, run = trained
+    for ckpt in sorted((run / "checkpoints").iterdir()):
+        metadata = SafeFileSystemReader(ckpt).read_metadata()
+        assert metadata.state_dict_metadata  # every key DCP wrote is read back
+
+
+def test_metadata_that_is_not_dcp_metadata_is_one_line(trained, tmp_path):
+    _, run = trained
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(sorted((run / "checkpoints").iterdir())[-1], ckpt)
+    (ckpt / ".metadata").write_bytes(pickle.dumps({"not": "metadata"}))
+    with pytest.raises(CheckpointError, match=r"\.metadata: not a checkpoint's metadata \(a dict\)"):
+        SafeFileSystemReader(ckpt).read_metadata()
+    (ckpt / ".metadata").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(CheckpointError, match=r"\.metadata: not a checkpoint's metadata"):
+        SafeFileSystemReader(ckpt).read_metadata()
+
+
+def test_predict_imports_no_module_the_export_names(trained, tmp_path):
+    # An export whose config.yaml names a recipe module beside it: predict scores with the
+    # built-in recipe of the run's task and never imports the module.
+    root, run = trained
+    export = tmp_path / "export"
+    r = run_cli("export", str(run), "--out", str(export))
+    assert r.returncode == 0, r.stderr
+    marker = tmp_path / "MARKER"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                      "from embedtrain.recipes.ctr import CTRRecipe as Recipe\n")
+    config = export / "config.yaml"
+    lines = [line for line in config.read_text().splitlines() if not line.startswith("recipe:")]
+    config.write_text("\n".join(["recipe: evil:Recipe", *lines]) + "\n")
+    r = run_cli("predict", str(export), "--input", str(root / "data" / "test"),
+                "--out", str(tmp_path / "p.parquet"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists()
+
+
+def test_an_export_that_would_need_the_recipe_code_is_refused_at_export(trained):
+    from embedtrain.config import load_config
+    from embedtrain.recipes import serving_refusal
+    from embedtrain.recipes.ctr import CTRRecipe
+
+    class Stacked(CTRRecipe):
+        def predict_pooled(self, pooled):
+            return super().predict_pooled(pooled) * 2
+
+    _, run = trained
+    cfg = load_config(run / "config.yaml")
+    assert serving_refusal(CTRRecipe(cfg)) is None
+    assert "overrides predict_pooled; predict runs from the export alone" in serving_refusal(
+        Stacked(cfg))
