@@ -18,6 +18,7 @@ import enum
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from embedtrain.config_io import (  # noqa: F401  (ConfigError ... to_dict: the CLI's imports)
@@ -32,6 +33,7 @@ from embedtrain.config_io import (  # noqa: F401  (ConfigError ... to_dict: the 
     dump_config,
     load_dataclass,
     parse_scalar,
+    read_yaml,
     to_dict,
 )
 from embedtrain.graph.types import NegativeSampling
@@ -431,10 +433,9 @@ def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None)
 def _check_cluster_named(path, cluster: ClusterConfig, overrides: list[str]) -> None:
     """A cluster file names its device kind and its memory per device (else a file of only
     ``name: x`` would plan for an 80 GB GPU), or asks for the defaults with ``defaults: true``."""
-    import yaml
-
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+    raw = read_yaml(Path(path), "cluster file") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a cluster file is a mapping of keys, got {type(raw).__name__}")
     if raw.get("defaults") is True:
         return
     memory = "hbm_gb" if cluster.device is DeviceKind.CUDA else "ddr_gb"

@@ -33,6 +33,7 @@ import enum
 import math
 import os
 import re
+import reprlib
 import types
 import typing
 from dataclasses import field
@@ -130,8 +131,59 @@ def load_dataclass(
     return from_dict(cls, raw, source=str(path))
 
 
+MAX_YAML_VALUES = 100_000  # values a document may hold once its aliases are expanded
+
+
 class SafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with YAML 1.2's float rule: ``1e-3``, ``1E-3``, ``5e4`` are floats."""
+    """``yaml.SafeLoader`` with YAML 1.2's float rule (``1e-3``, ``1E-3``, ``5e4`` are floats),
+    duplicate keys refused (YAML says a mapping's keys are unique; PyYAML keeps the last), and
+    aliases bounded: a document whose aliases expand to more than :data:`MAX_YAML_VALUES`
+    values ("billion laughs") or that contains itself is refused before anything walks it."""
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        if _expanded_size(node, {}) > MAX_YAML_VALUES:
+            raise yaml.composer.ComposerError(
+                None, None, f"its aliases expand to more than {MAX_YAML_VALUES:,} values "
+                "(refused)", node.start_mark)
+        return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # merged keys may be overridden: YAML's merge rule
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:
+                    continue  # an unhashable key: the constructor reports it
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first at line {first.line + 1})",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(node: Any, sizes: dict[int, int]) -> int:
+    """Values under ``node`` with every alias expanded, each shared node sized once (a node
+    that contains itself counts as too many)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    if not isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+        return 1
+    sizes[id(node)] = MAX_YAML_VALUES + 1  # while it is being sized: a cycle is too large
+    children = (node.value if isinstance(node, yaml.SequenceNode)
+                else [n for pair in node.value for n in pair])
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes)
+        if total > MAX_YAML_VALUES:
+            break
+    sizes[id(node)] = total
+    return total
 
 
 SafeLoader.add_implicit_resolver(
@@ -318,7 +370,7 @@ def _type_error(source: str, key_path: str, expected: str, value: Any) -> Config
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
-    text = repr(value)
+    text = reprlib.Repr(maxlevel=2, maxlist=4, maxdict=4, maxstring=40, maxother=40).repr(value)
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 

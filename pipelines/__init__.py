@@ -67,11 +67,11 @@ def kind_of(spec_path: str | os.PathLike) -> str:
     """
     import yaml
 
-    from embedtrain.config_io import ConfigError
+    from embedtrain.config_io import ConfigError, SafeLoader
 
     try:
         with open(spec_path) as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=SafeLoader)  # bounded aliases, duplicate keys refused
     except (OSError, yaml.YAMLError):
         return "tabular"  # the tabular loader reports the file's problem in its own words
     kind = data.get("kind", "tabular") if isinstance(data, dict) else "tabular"

@@ -98,6 +98,51 @@ def test_yaml_cannot_execute_code(tmp_path):
     assert "invalid YAML" in _error(path)
 
 
+def _laughs(depth: int) -> str:
+    """A "billion laughs" document: each level a list of ten aliases of the one before
+    (10**depth strings once expanded), in a list-valued key."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, depth + 1):
+        lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]")
+    lines.append(f"data: {{path: /tmp/x, batch_size: 8}}\nmodel: {{bottom_mlp: *l{depth}}}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("depth", [6, 10, 30])
+def test_an_alias_bomb_is_refused_at_once(tmp_path, depth):
+    import time
+
+    path = _write(tmp_path, _laughs(depth))
+    start = time.perf_counter()
+    error = _error(path)
+    assert time.perf_counter() - start < 1.0
+    assert "aliases expand to more than 100,000 values (refused)" in error and "line 1" in error
+
+
+def test_an_alias_that_contains_itself_is_refused(tmp_path):
+    path = _write(tmp_path, "data: &a {path: /tmp/x, batch_size: 8, more: [*a]}\n")
+    assert "aliases expand to more than" in _error(path)
+
+
+def test_a_few_aliases_and_merge_keys_still_load(tmp_path):
+    cfg = load_config(_write(tmp_path, """
+data: {<<: {batch_size: 64, eval_batch_size: 512}, path: /tmp/x, batch_size: 128}
+model: {bottom_mlp: &mlp [16, 8], top_mlp: [16, 1], embedding_dim: 8}
+xc: {mlp: *mlp}
+"""))
+    assert cfg.data.batch_size == 128 and cfg.data.eval_batch_size == 512  # merged, overridden
+    assert cfg.xc.mlp == cfg.model.bottom_mlp == [16, 8]
+
+
+@pytest.mark.parametrize("text,line", [
+    ("data: {path: /tmp/x}\ntrain: {max_steps: 5}\ntrain: {epochs: 2}\n", 3),
+    ("data: {path: /tmp/x, batch_size: 8, batch_size: 16}\n", 1),
+])
+def test_duplicate_keys_are_refused_with_their_lines(tmp_path, text, line):
+    error = _error(_write(tmp_path, text))
+    assert f"(line {line}," in error and "duplicate key" in error and "first at line" in error
+
+
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     """A tiny data set of each task family, for the shipped configs that train on local data."""

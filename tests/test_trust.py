@@ -1,6 +1,7 @@
 """Loading runs no code: a checkpoint's DCP ``.metadata`` pickle that names a callable, and an
 export whose ``config.yaml`` names a recipe module, are refused or ignored by every command that
-reads them (``eval``, ``export``, ``train --resume``, ``predict``), and no marker file appears."""
+reads them (``eval``, ``export``, ``train --resume``, ``predict``), and no marker file appears.
+A refused command changes no file of the run (every file hashed before and after)."""
 
 import os
 import pickle
@@ -73,8 +74,7 @@ def test_a_checkpoint_metadata_pickle_runs_no_code(trained, tmp_path, command):
     assert not marker.exists()  # nothing ran
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert ".metadata" in r.stderr and "os" in r.stderr and "system" in r.stderr, r.stderr
-    if command != "resume":  # read-only commands leave the run as it was
-        assert _files(run) == before
+    assert _files(run) == before  # refused: the run as it was, plan files included
 
 
 def test_real_checkpoint_metadata_passes_the_allow_list(trained):
@@ -129,3 +129,23 @@ def test_an_export_that_would_need_the_recipe_code_is_refused_at_export(trained)
     assert serving_refusal(CTRRecipe(cfg)) is None
     assert "overrides predict_pooled; predict runs from the export alone" in serving_refusal(
         Stacked(cfg))
+
+
+def test_a_refused_resume_changes_no_file(trained, tmp_path):
+    # The run's own config.yaml edited by hand to another embedding dimension: the resume
+    # builds the model, finds no checkpoint that fits and stops, the plan files untouched.
+    _, run = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = copy / "config.yaml"
+    import yaml
+
+    raw = yaml.safe_load(config.read_text())
+    raw["model"].update(embedding_dim=16, bottom_mlp=[16, 16])
+    config.write_text(yaml.safe_dump(raw))
+    before = _files(copy)
+    r = run_cli("train", str(config), "--out", str(copy), "--resume", "--set",
+                "train.max_steps=9")
+    assert r.returncode != 0 and "does not fit this model" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert _files(copy) == before

@@ -107,7 +107,9 @@ def _train_here(args: argparse.Namespace, cfg, cluster, out: Path, resume: bool,
     from embedtrain.recipes import build_run  # heavy (torchrec): after input checks
 
     mark("libraries")  # torchrec, fbgemm, torchmetrics, the recipes
-    run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster)
+    # a resume writes its plan only once its checkpoint is read: a refused one changes nothing
+    run = build_run(cfg, out, progress=False if args.no_progress else None, cluster=cluster,
+                    record_plan=not resume)
     mark("build")  # the model, its plan, sharding, optimizers, readers
     trainer = run.trainer
     trainer.on_evaluation = on_evaluation
@@ -116,6 +118,7 @@ def _train_here(args: argparse.Namespace, cfg, cluster, out: Path, resume: bool,
         trainer.resume_note = {"config_changes": {k: list(v) for k, v in changes.items()}}
     if resume:
         trainer.resume()  # before any record changes: an unreadable run fails here, untouched
+        run.recipe.write_plan(out)
     if trainer.rank == 0:
         if not (resume and not changes and (out / "config.yaml").is_file()):
             dump_config(cfg, out / "config.yaml")

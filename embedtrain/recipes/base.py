@@ -405,11 +405,19 @@ class Recipe:
         fit_allocator(held["weights"] + held["optimizer"])  # a head filling memory: unmap blocks
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, held)
-        if out_dir is not None and dist.get_rank() == 0 and report is not None:
+        self._plan_record = (report, gathered)
+        if out_dir is not None:
+            self.write_plan(out_dir)
+        return dmp
+
+    def write_plan(self, out_dir: str | os.PathLike) -> None:
+        """Rank 0 writes the plan :meth:`shard` used into ``out_dir`` (``plan.json``,
+        ``plan.md``, ``plan_vs_measured.json``); a resume calls it once the checkpoint is read."""
+        report, gathered = getattr(self, "_plan_record", (None, None))
+        if dist.get_rank() == 0 and report is not None:
             write_report(report, out_dir, ("json", "md"))
             write_atomic(os.path.join(out_dir, "plan_vs_measured.json"),
                          json.dumps(plan_vs_measured(report, gathered), indent=2))
-        return dmp
 
     def fuse_sparse(self, model: nn.Module) -> nn.Module:
         """Marks ``model``'s tables for the config's fused sparse optimizer; returns ``model``."""
