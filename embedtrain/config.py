@@ -412,6 +412,9 @@ RESUME_SAFE_KEYS = frozenset({
 })
 
 
+MAX_RANKS = 16_384  # the largest cluster a plan is made for (a topology holds every device)
+
+
 def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> ClusterConfig:
     """Reads a cluster description (``configs/clusters/*.yaml``); errors as in
     :func:`load_config`."""
@@ -419,6 +422,9 @@ def load_cluster(path: str | os.PathLike, overrides: Optional[list[str]] = None)
     for key in ("hosts", "devices_per_host", "batch_size_per_rank"):
         if getattr(cluster, key) <= 0:
             raise ConfigError(f"{path}: {key}: must be positive, got {getattr(cluster, key)}")
+    if cluster.world_size > MAX_RANKS:  # before a topology of that many devices is built
+        raise ConfigError(f"{path}: hosts x devices_per_host = {cluster.world_size:,} ranks: more "
+                          f"than embedtrain plans for ({MAX_RANKS:,})")
     for key in ("hbm_gb", "ddr_gb", "hbm_bandwidth_gb_per_s", "ddr_bandwidth_gb_per_s",
                 "intra_host_gb_per_s", "inter_host_gb_per_s"):
         if getattr(cluster, key) <= 0:

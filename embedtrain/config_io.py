@@ -367,10 +367,14 @@ def _type_error(source: str, key_path: str, expected: str, value: Any) -> Config
     return ConfigError(f"{source}: {key_path}: expected {expected}, got {_describe(value)}")
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 12, 8, 80, 80
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
-    text = reprlib.Repr(maxlevel=2, maxlist=4, maxdict=4, maxstring=40, maxother=40).repr(value)
+    text = _SHORT.repr(value)  # never the whole value: an expanded alias can be huge
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 

@@ -429,6 +429,19 @@ def test_plan_sweep_over_clusters_and_host_counts(tmp_path, capsys):
     assert main(["plan", config, "--cluster", cpu, "--hosts", "4..2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--hosts 4..2: A..B needs A <= B" in err[0], err
+    # sizes that would exhaust memory are refused before any topology is built, in one line
+    import time
+
+    start = time.perf_counter()
+    assert main(["plan", config, "--cluster", cpu, "--hosts", "1..100000"]) == 2
+    assert main(["plan", config, "--cluster", a100, "--hosts", "4096"]) == 2  # 32,768 ranks
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(Path(a100).read_text().replace("hosts: 1\n", "hosts: 1000000\n"))
+    assert main(["plan", config, "--cluster", str(huge)]) == 2
+    assert time.perf_counter() - start < 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "at most 256 host counts" in err[0] and "32,768 ranks" in err[1]
+    assert "8,000,000 ranks: more than embedtrain plans for" in err[2], err
     # a constraint error is the config's (one line, exit 2), not "does not fit" on every row
     assert main(["plan", config, "--cluster", a100, "--hosts", "1", "--set",
                  "sharding.tables=[{tables: [nope], sharding_types: [row_wise]}]"]) == 2

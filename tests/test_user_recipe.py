@@ -113,3 +113,19 @@ def test_a_user_recipe_gets_run_dir_eval_plan_and_export(tiny, tmp_path):
     printed = {line.split()[0]: float(line.split()[1]) for line in r.stdout.splitlines()
                if line.startswith("  ") and line.split()[0] == "auc"}
     assert printed["auc"] == pytest.approx(summary["auc"], abs=1e-5)
+
+
+@pytest.mark.parametrize("source,message", [
+    ("import os\nraise RuntimeError('needs a GPU')\n", "importing {m} raised RuntimeError: needs a GPU"),
+    ("def broken(:\n    pass\n", "importing {m} raised SyntaxError"),
+])
+def test_a_recipe_module_that_fails_to_import_is_one_line(tiny, tmp_path, monkeypatch, source,
+                                                           message):
+    module = f"failing_{abs(hash(source)) % 10**8}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "bad.yaml"
+    config.write_text(tiny[1].read_text().replace(RECIPE, f"{module}:Recipe"))
+    r = run_cli("train", str(config), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert message.format(m=module) in r.stderr and f"{module}.py, line " in r.stderr, r.stderr

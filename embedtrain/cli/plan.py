@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 from embedtrain.cli.errors import UsageError
-from embedtrain.config import load_cluster, load_config
+from embedtrain.config import MAX_RANKS, load_cluster, load_config
+
+MAX_SWEEP = 256  # host counts one --hosts sweep plans
 
 
 def register(sub) -> None:
@@ -95,6 +97,9 @@ def _host_counts(text: str) -> list[int]:
         counts = []
     if not counts or min(counts) < 1:
         raise UsageError(f"--hosts: expected N, A..B or A,B,C of positive integers, got {text!r}")
+    if len(counts) > MAX_SWEEP or max(counts) > MAX_RANKS:
+        raise UsageError(f"--hosts {text}: at most {MAX_SWEEP} host counts of at most "
+                         f"{MAX_RANKS:,} each, got {len(counts):,} up to {max(counts):,}")
     return counts
 
 
@@ -110,6 +115,10 @@ def _sweep(args: argparse.Namespace, cfg) -> int:
     for path in args.cluster:
         base = load_cluster(path)
         for hosts in (_host_counts(args.hosts) if args.hosts else [base.hosts]):
+            if hosts * base.devices_per_host > MAX_RANKS:
+                raise UsageError(f"--hosts {hosts}: {hosts * base.devices_per_host:,} ranks with "
+                                 f"{path}'s {base.devices_per_host} a host: more than "
+                                 f"embedtrain plans for ({MAX_RANKS:,})")
             candidates.append(dataclasses.replace(
                 base, hosts=hosts, name=f"{base.name}@{hosts}x{base.devices_per_host}"
                 if args.hosts else base.name))
