@@ -100,7 +100,8 @@ class _SparseEntry:
     """One entry of ``metadata.json``'s ``sparse`` list."""
 
     name: str
-    num_embeddings: int = config_field(check=(lambda v: v > 0, "must be positive"))
+    num_embeddings: int = config_field(check=(lambda v: 0 < v < 2**63,
+                                              "must be positive and fit an int64 id"))
     multi_hot: bool = False
     max_length: int = 1
     raw: bool = False  # raw int64 ids (encoding: raw): num_embeddings counts distinct values

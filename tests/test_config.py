@@ -257,6 +257,8 @@ def test_dataset_metadata_errors_name_the_key(tmp_path):
     cases = [({}, None), ({"sparse": [{"name": "c"}]}, r"sparse\[0\]\.num_embeddings: missing"),
              ({"sparse": [{"name": "c", "num_embeddings": 0}]},
               r"sparse\[0\]\.num_embeddings: must be positive"),
+             ({"sparse": [{"name": "c", "num_embeddings": 2**70}]},
+              r"sparse\[0\]\.num_embeddings: must be positive and fit an int64 id"),
              ({"splits": {"train": {"rows": 3}}}, r"splits\.train\.files: missing"),
              ({"dense_transform": "sqrt"}, r"dense_transform: 'sqrt' is not one of")]
     for i, (change, error) in enumerate(cases):

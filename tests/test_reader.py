@@ -188,3 +188,26 @@ def test_truncated_parquet_is_named_when_measured_for_planning(tmp_path):
         measure_pooling_factors(meta)
     with pytest.raises(DataError, match=rf"^{victim}: not a readable parquet file"):
         ParquetBatchReader(meta.files("train"), meta.features, 64)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda f: f.update(multi_hot=True), r"column {name}: int64, not a list \(metadata.json says "
+                                         r"multi_hot: true\)"),
+    (lambda f: f.update(multi_hot=True, name="C99"), r"column C99: missing \(metadata.json names it\)"),
+])
+def test_multi_hot_columns_are_checked_before_they_are_measured(tmp_path, edit, message):
+    import json
+
+    from embedtrain.data.stats import measure_pooling_factors
+    from embedtrain.testing import tiny_ctr_dataset
+
+    data = tiny_ctr_dataset(tmp_path / "d", rows=500)
+    meta_file = data / "metadata.json"
+    raw = json.loads(meta_file.read_text())
+    single = next(f for f in raw["sparse"] if not f.get("multi_hot"))
+    name = single["name"]
+    edit(single)
+    meta_file.write_text(json.dumps(raw))
+    meta = load_dataset_meta(data)
+    with pytest.raises(DataError, match=rf"^{meta.files('train')[0]}: " + message.format(name=name)):
+        measure_pooling_factors(meta)

@@ -149,3 +149,26 @@ def test_a_refused_resume_changes_no_file(trained, tmp_path):
     assert r.returncode != 0 and "does not fit this model" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert _files(copy) == before
+
+
+@pytest.mark.parametrize("corruption", ["truncated", "pickle", "torch.save"])
+def test_a_corrupt_dense_program_is_one_line(trained, tmp_path, corruption):
+    import torch
+
+    root, run = trained
+    export = tmp_path / "export"
+    r = run_cli("export", str(run), "--out", str(export))
+    assert r.returncode == 0, r.stderr
+    program = export / "dense.pt2"
+    marker = tmp_path / "MARKER"
+    if corruption == "truncated":
+        program.write_bytes(program.read_bytes()[: program.stat().st_size // 2])
+    elif corruption == "pickle":
+        program.write_bytes(pickle.dumps(_Payload(marker)))
+    else:
+        torch.save({"weights": torch.zeros(3)}, program)
+    out = tmp_path / "p.parquet"
+    r = run_cli("predict", str(export), "--input", str(root / "data" / "test"), "--out", str(out))
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "dense.pt2: not a loadable" in r.stderr
+    assert not marker.exists() and not out.exists()

@@ -20,14 +20,31 @@ from embedtrain.data.reader import DataError
 from embedtrain.features import METADATA_FILE, DatasetError, DatasetMeta
 
 
-def _batches(path, batch_size: int, columns: list[str]):
-    """``path``'s record batches of ``columns``; an unreadable file is a DataError naming it."""
+def _unreadable(path, e: BaseException) -> DataError:
+    text = str(e).strip().splitlines()
+    return DataError(f"{path}: not a readable parquet file (truncated or corrupt?): "
+                     f"{text[0] if text else type(e).__name__}")
+
+
+def _batches(path, batch_size: int, columns: list[str], lists: bool = False):
+    """``path``'s record batches of ``columns``; an unreadable file, a missing column or (with
+    ``lists``) one that is not a list is a DataError naming the file and column."""
     try:
-        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+        file = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        text = str(e).strip().splitlines()
-        raise DataError(f"{path}: not a readable parquet file (truncated or corrupt?): "
-                        f"{text[0] if text else type(e).__name__}") from None
+        raise _unreadable(path, e) from None
+    schema = file.schema_arrow
+    for name in columns:  # before reading: metadata.json's columns must be there (and lists)
+        if name not in schema.names:
+            raise DataError(f"{path}: column {name}: missing (metadata.json names it)")
+        if lists and not (pa.types.is_list(schema.field(name).type)
+                or pa.types.is_large_list(schema.field(name).type)):
+            raise DataError(f"{path}: column {name}: {schema.field(name).type}, not a list "
+                            f"(metadata.json says multi_hot: true)")
+    try:
+        yield from file.iter_batches(batch_size=batch_size, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        raise _unreadable(path, e) from None
 
 
 def measure_pooling_factors(meta: DatasetMeta, split: str = "train",
@@ -47,7 +64,7 @@ def measure_pooling_factors(meta: DatasetMeta, split: str = "train",
     totals = dict.fromkeys(lists, 0)
     rows = 0
     for path in meta.files(split):
-        for batch in _batches(path, 65_536, lists):
+        for batch in _batches(path, 65_536, lists, lists=True):
             take = min(batch.num_rows, max_rows - rows)
             batch = batch.slice(0, take)
             for name in lists:

@@ -312,7 +312,11 @@ def _load_program(path: Path, kind: str):
     if not path.is_file():
         raise ExportError(f"{path}: the dense program is missing")
     if kind == "torchscript":
-        return torch.jit.load(str(path)).eval()
+        try:
+            return torch.jit.load(str(path)).eval()
+        except Exception as e:  # noqa: BLE001 - truncated, or not TorchScript
+            raise ExportError(f"{path}: not a loadable TorchScript program: {_first_line(e)}") \
+                from None
     if kind == "aot":
         from torch._inductor import aoti_load_package
 
@@ -320,10 +324,18 @@ def _load_program(path: Path, kind: str):
             package = aoti_load_package(str(path))
         except Exception as e:  # noqa: BLE001 - not a package, or one for another machine
             raise ExportError(f"{path}: not a loadable AOTInductor package: "
-                              f"{(str(e).strip().splitlines() or ['?'])[0][:300]}") from None
+                              f"{_first_line(e)}") from None
         # its kernels assume the strides it was compiled with: contiguous inputs
         return lambda *inputs: package(*(x.contiguous() for x in inputs))
-    return torch.export.load(path).module()
+    try:
+        return torch.export.load(path).module()
+    except Exception as e:  # noqa: BLE001 - truncated, a raw pickle, a torch.save zip: one line
+        raise ExportError(f"{path}: not a loadable torch.export program: {_first_line(e)}") \
+            from None
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or ['?'])[0][:300]}"
 
 
 def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.PathLike,
