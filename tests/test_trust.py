@@ -172,3 +172,24 @@ def test_a_corrupt_dense_program_is_one_line(trained, tmp_path, corruption):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "dense.pt2: not a loadable" in r.stderr
     assert not marker.exists() and not out.exists()
+
+
+def test_predict_refuses_a_label_that_is_no_click_before_writing(trained, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, run = trained
+    export = tmp_path / "export"
+    assert run_cli("export", str(run), "--out", str(export)).returncode == 0
+    first = sorted((root / "data" / "test").glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    labels = table.column("label").to_pylist()
+    labels[7] = 3
+    inputs = tmp_path / "rows.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("label"), "label",
+                                    pa.array(labels, table.schema.field("label").type)), inputs)
+    out = tmp_path / "p.parquet"
+    r = run_cli("predict", str(export), "--input", str(inputs), "--out", str(out))
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"{inputs}: column label: row 7: label 3 is not a click (0..1)" in r.stderr, r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".p.parquet.tmp-*"))

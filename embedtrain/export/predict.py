@@ -410,7 +410,7 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
                 columns = _score(model, model_batch(table, spec), k)
                 if metrics is not None:
                     columns[spec.label] = labels
-                    metrics.update(columns, labels)
+                    metrics.update(columns, labels, f"{path}: column {spec.label}", first)
                 columns.update(kept)
                 result = pa.table(columns)
                 if writer is None:
@@ -456,11 +456,18 @@ class _ClickMetrics:
         self.scores: list[np.ndarray] = []
         self.labels: list[np.ndarray] = []
 
-    def update(self, columns: dict[str, pa.Array], labels: pa.Array) -> None:
+    def update(self, columns: dict[str, pa.Array], labels: pa.Array, where: str,
+               first: int) -> None:
         valid = pc.is_valid(labels).to_numpy(zero_copy_only=False)
         if valid.any():
+            y = labels.to_numpy(zero_copy_only=False)[valid].astype(np.float32)
+            bad = np.flatnonzero(~((y >= 0) & (y <= 1)))
+            if len(bad):  # before the output is in place: nothing written
+                row = first + int(np.flatnonzero(valid)[bad[0]])
+                raise ValueError(f"{where}: row {row}: label {y[bad[0]]:g} is not a click "
+                                 f"(0..1); {len(bad):,} such rows in this batch")
             self.scores.append(columns["score"].to_numpy()[valid])
-            self.labels.append(labels.to_numpy(zero_copy_only=False)[valid].astype(np.float32))
+            self.labels.append(y)
 
     def compute(self) -> dict[str, float]:
         if not self.scores:
@@ -482,7 +489,8 @@ class _TopOneMetrics:
         self.hits = self.count = self.found = self.single = 0
         self.k = 0
 
-    def update(self, columns: dict[str, pa.Array], labels: pa.Array) -> None:
+    def update(self, columns: dict[str, pa.Array], labels: pa.Array, where: str,
+               first: int) -> None:
         valid = pc.is_valid(labels).to_numpy(zero_copy_only=False)
         if not valid.any():
             return
