@@ -92,6 +92,9 @@ def read_yaml(path: Path, what: str = "config file") -> Any:
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start:,}: {e.object[e.start]:#04x}); "
+                          f"save the {what} as UTF-8") from None
 
 
 def load_dataclass(

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import numbers
 import os
 import re
@@ -30,6 +31,30 @@ def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name if the message is empty."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def partial_path(out: "os.PathLike[str]") -> Any:
+    """Where ``out`` is written before it is renamed into place: ``.NAME.tmp-PID`` beside it.
+    Such files left by processes that are gone (a SIGTERM or SIGKILL mid-write) are removed."""
+    from pathlib import Path
+
+    out = Path(out)
+    prefix = f".{out.name}.tmp-"
+    for stale in out.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = stale.name[len(prefix):]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    return out.with_name(f"{prefix}{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:

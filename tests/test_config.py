@@ -124,6 +124,12 @@ def test_an_alias_that_contains_itself_is_refused(tmp_path):
     assert "aliases expand to more than" in _error(path)
 
 
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_bytes("data: {path: /tmp/caf\u00e9}\n".encode("latin-1"))
+    assert "not UTF-8 text (byte 21: 0xe9); save the config file as UTF-8" in _error(path)
+
+
 def test_a_few_aliases_and_merge_keys_still_load(tmp_path):
     cfg = load_config(_write(tmp_path, """
 data: {<<: {batch_size: 64, eval_batch_size: 512}, path: /tmp/x, batch_size: 128}

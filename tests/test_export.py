@@ -504,6 +504,10 @@ def test_xc_export_topk_equals_eval(tmp_path, head):
     assert torch.allclose(torch.tensor(preds.column("top_scores").to_pylist()).double(), scores,
                           atol=1e-5)
     assert r.metrics["p@1"] == pytest.approx(metrics["p@1"], abs=1e-12)
+    with pytest.raises(ValueError, match=r"^--top-k 151: more than the export's 150 classes"):
+        predict(tmp_path / "out", [str(data / "test")], tmp_path / "q.parquet", top_k=151,
+                progress=False)
+    assert not (tmp_path / "q.parquet").exists()
 
 
 def test_xc_replicated_heads_are_refused_in_one_line(tmp_path, capsys):

@@ -188,6 +188,25 @@ def test_a_non_utf8_byte_names_the_file_and_line(tmp_path):
                    [header]).startswith(f"{header}: line 1: not UTF-8")
 
 
+@pytest.mark.parametrize("kind", ["gzip", "bzip2", "xz", "zip"])
+def test_a_compressed_text_input_is_named_as_such(tmp_path, kind):
+    import bz2
+    import gzip
+    import lzma
+    import zipfile
+
+    text = b"y,c\n1,a\n0,b\n"
+    path = tmp_path / "in.csv"
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("in.csv", text)
+    else:
+        path.write_bytes({"gzip": gzip, "bzip2": bz2, "xz": lzma}[kind].compress(text))
+    message = refused(run, tmp_path, CSV + "sparse: [{name: c}]\n", [path])
+    assert message.startswith(f"{path}: {kind}-compressed; csv input is read as plain text: "
+                              "decompress it first"), message
+
+
 # --- 5. text labels -----------------------------------------------------------------------------
 
 def test_text_labels_name_the_label_column_and_the_values(tmp_path):

@@ -193,3 +193,21 @@ def test_predict_refuses_a_label_that_is_no_click_before_writing(trained, tmp_pa
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert f"{inputs}: column label: row 7: label 3 is not a click (0..1)" in r.stderr, r.stderr
     assert not out.exists() and not list(tmp_path.glob(".p.parquet.tmp-*"))
+
+
+def test_predict_removes_what_a_killed_predict_left(trained, tmp_path):
+    import subprocess
+
+    root, run = trained
+    export = tmp_path / "export"
+    assert run_cli("export", str(run), "--out", str(export)).returncode == 0
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process that is no more: what a SIGKILLed predict leaves behind
+    stale = tmp_path / f".p.parquet.tmp-{gone.pid}"
+    live = tmp_path / f".p.parquet.tmp-{os.getppid()}"  # a running process's: not touched
+    stale.write_bytes(b"half a parquet file")
+    live.write_bytes(b"being written")
+    r = run_cli("predict", str(export), "--input", str(root / "data" / "test"),
+                "--out", str(tmp_path / "p.parquet"))
+    assert r.returncode == 0, r.stderr
+    assert not stale.exists() and live.exists() and (tmp_path / "p.parquet").is_file()

@@ -44,7 +44,7 @@ from embedtrain.data.reader import DataError
 from embedtrain.export.manifest import MANIFEST_FILE, ExportError, load_manifest
 from embedtrain.export.rows import PredictResult, input_files
 from embedtrain.export.tables import read_table
-from embedtrain.utils import check_output_file, progress_bar
+from embedtrain.utils import check_output_file, partial_path, progress_bar
 
 NODE_COLUMN, ID_COLUMN = "node", "id"  # dense node ids; the data set's original ids
 _COLUMNS = {"scores": "scores", "embeddings": "embedding"}  # output column of each array
@@ -214,7 +214,7 @@ def predict_nodes(export_dir: str | os.PathLike, inputs: Sequence[str], out: str
     out = Path(out)
     check_output_file(out, "--out", example="predictions.parquet")
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # renamed to ``out`` when complete
+    partial = partial_path(out)  # renamed to ``out`` when complete
     sizes = [_rows_of(f) for f in files]
     total = None if None in sizes else sum(sizes)
     writer: Optional[pq.ParquetWriter] = None

@@ -97,7 +97,7 @@ from embedtrain.models.dynamic import (
 from embedtrain.models.seq import first_k_outside
 from embedtrain.recipes import family_recipe
 from embedtrain.recipes.base import quiet_fx_tracing_warning
-from embedtrain.utils import check_output_file, progress_bar
+from embedtrain.utils import check_output_file, partial_path, progress_bar
 
 _HEAD_BLOCK = 65_536  # classes scored at once (as evaluation does)
 # mix_ids maps the one id whose image is EMPTY_ID onto EMPTY_ID - 1, another id's image: in
@@ -390,6 +390,9 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
               else ParquetRows(input_files(inputs), spec, keep))
     head = model.manifest.head
     k = top_k or (max(head.top_k) if head is not None else 0)
+    if head is not None and k > head.num_classes:
+        raise ValueError(f"--top-k {k}: more than the export's {head.num_classes:,} classes "
+                         f"(every row would be padded, and hit rates trivially 1)")
     out = Path(out)
     check_output_file(out, "--out", example="predictions.parquet")
     if source.total == 0:
@@ -397,7 +400,7 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         raise ValueError(f"{files[0] if len(files) == 1 else f'{len(files)} input files'}: no "
                          f"rows to score; nothing written to {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # renamed to ``out`` when complete
+    partial = partial_path(out)  # renamed to ``out`` when complete
     metrics = None
     if source.label_type is not None:
         metrics = _TopOneMetrics() if head is not None else _ClickMetrics()

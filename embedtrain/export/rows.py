@@ -34,7 +34,7 @@ from embedtrain.data.reader import DataError, first_non_finite
 from embedtrain.export.manifest import ExportError
 from embedtrain.features import FeatureSpec
 from embedtrain.models.dynamic import EMPTY_ID
-from embedtrain.utils import natural_key
+from embedtrain.utils import natural_key, partial_path
 
 RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)
 
@@ -172,7 +172,7 @@ def write_invalid(out: Path, tables: list) -> Optional[Path]:
         return None
     import polars as pl
 
-    partial = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    partial = partial_path(path)
     try:
         pl.concat(tables).write_parquet(partial)
         os.replace(partial, path)

@@ -1,6 +1,7 @@
 """Input files every family reads the same way: resolution, cheap per-file checks, file splits.
 
-- :func:`resolve_inputs`: ``--input`` paths, directories and globs to a sorted list of files;
+- :func:`resolve_inputs`: ``--input`` paths, directories and globs to a sorted list of files
+  (a compressed text input named as such: :func:`compression`);
 - :func:`parquet_types`, :func:`value_type`, :func:`check_csv_header`: what a parquet footer or a
   CSV header line says about a file's columns, read without scanning it, with one-line errors
   naming the file;
@@ -86,7 +87,32 @@ def resolve_inputs(patterns: Sequence[str | os.PathLike], spec: Any) -> list[Pat
         if not found:
             raise IngestError(f"{pattern}: {what}")
         files.extend(p for p in found if p not in files)
+    if spec.input.format is not InputFormat.PARQUET:
+        for path in files:
+            kind = compression(path)
+            if kind is not None:  # else "not UTF-8" or "line 1 has 2 fields" would follow
+                raise IngestError(f"{path}: {kind}-compressed; {spec.input.format.value} input is "
+                                  f"read as plain text: decompress it first "
+                                  f"(e.g. {_TOOLS[kind]} {path.name})")
     return files
+
+
+# The first bytes of the compressed formats a text input may come in, and their tools.
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+          (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
+_TOOLS = {"gzip": "gunzip -k", "bzip2": "bunzip2 -k", "xz": "unxz -k", "zstd": "unzstd",
+          "zip": "unzip"}
+
+
+def compression(path: Path) -> Optional[str]:
+    """The compressed format ``path`` starts with (``gzip``, ``bzip2``, ``xz``, ``zstd``,
+    ``zip``), from its first bytes; ``None`` for anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None  # the read that follows names the problem
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
 
 
 def value_type(t: pa.DataType) -> Optional[ValueType]:
