@@ -211,3 +211,18 @@ def test_predict_removes_what_a_killed_predict_left(trained, tmp_path):
                 "--out", str(tmp_path / "p.parquet"))
     assert r.returncode == 0, r.stderr
     assert not stale.exists() and live.exists() and (tmp_path / "p.parquet").is_file()
+
+
+def test_a_checkpoint_missing_its_rank_file_is_not_resumed(trained, tmp_path):
+    # The newest checkpoint lost rank_00000.pt (an incomplete copy): the resume falls back to
+    # the older one, saying why, instead of resuming without the rank's RNG state.
+    _, run = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    newest = sorted((copy / "checkpoints").iterdir())[-1]
+    (newest / "rank_00000.pt").unlink()
+    r = run_cli("train", str(copy / "config.yaml"), "--out", str(copy), "--resume", "--set",
+                "train.max_steps=9")
+    assert r.returncode == 0, r.stderr
+    assert f"{newest}/rank_00000.pt: missing (an incomplete checkpoint" in r.stderr, r.stderr
+    assert "trying an older checkpoint" in r.stderr

@@ -317,7 +317,12 @@ class CheckpointManager:
         raise CheckpointError(f"{self.root}: no complete checkpoint")
 
     def load_rank_state(self, path: str | os.PathLike) -> dict[str, torch.Tensor]:
-        """This rank's ``rank_state`` (rank 0's when saved by fewer ranks; {} when none)."""
+        """This rank's ``rank_state`` (rank 0's when saved by fewer ranks).
+
+        Raises:
+            CheckpointError: neither file is there (every save writes them: an incomplete copy,
+                whose RNG state would be lost), or it cannot be read.
+        """
         path = Path(path)
         for candidate in (path / _rank_file(_rank()), path / _rank_file(0)):
             if candidate.is_file():
@@ -325,7 +330,8 @@ class CheckpointManager:
                     return torch.load(candidate, weights_only=True)
                 except _FAILURES as e:  # noqa: BLE001 - a truncated or corrupt file
                     raise CheckpointError(f"{candidate}: unreadable: {describe_error(e)}") from None
-        return {}
+        raise CheckpointError(f"{path / _rank_file(0)}: missing (an incomplete checkpoint: its "
+                              f"RNG state would be lost)")
 
     def _prune(self) -> None:
         pinned = self.path(self.pinned) if self.pinned is not None else None
