@@ -42,12 +42,13 @@ def partial_path(out: "os.PathLike[str]") -> Any:
     prefix = f".{out.name}.tmp-"
     for stale in out.parent.glob(f"{glob.escape(prefix)}*"):
         pid = stale.name[len(prefix):]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             stale.unlink(missing_ok=True)
     return out.with_name(f"{prefix}{os.getpid()}")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+from embedtrain.utils import pid_alive
 from pipelines.core.errors import IngestError
 
 try:
@@ -213,21 +214,11 @@ def _writer(entry: Path, host: str, pid: int) -> str:
     locked = _locked(entry)
     if host != _host():
         return "live" if locked else "unknown"  # another host's pid means nothing here
-    if pid == os.getpid() or not _pid_alive(pid):
+    if pid == os.getpid() or not pid_alive(pid):
         return "live" if locked else "dead"
     if locked is False and time.time() - entry.stat().st_mtime > GRACE_S:
         return "dead"  # the pid was reused by another process
     return "live"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _lock(path: Path) -> Optional[int]:
