@@ -226,3 +226,24 @@ def test_a_checkpoint_missing_its_rank_file_is_not_resumed(trained, tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"{newest}/rank_00000.pt: missing (an incomplete checkpoint" in r.stderr, r.stderr
     assert "trying an older checkpoint" in r.stderr
+
+
+def test_predict_to_a_full_disk_names_the_output(trained, tmp_path, monkeypatch):
+    import errno
+
+    import pyarrow.parquet as pq
+
+    root, run = trained
+    export = tmp_path / "export"
+    assert run_cli("export", str(run), "--out", str(export)).returncode == 0
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    out = tmp_path / "p.parquet"
+    r = run_cli("predict", str(export), "--input", str(root / "data" / "test"), "--out", str(out),
+                "--no-progress")
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"embedtrain predict: error: {out}: no space left on device"], r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".p.parquet.tmp-*"))

@@ -428,6 +428,10 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         writer.close()
         writer = None
         os.replace(partial, out)
+    except OSError as e:  # a full disk: named by the file the user asked for
+        if e.filename is None or e.filename == str(partial):
+            e.filename = str(out)
+        raise
     finally:
         if writer is not None:
             writer.close()
