@@ -38,6 +38,8 @@ class SparseFeature:
     ``raw``: the ids are raw int64 values in ``[0, 2^63)`` (``encoding: raw`` ingestion, no
     vocabulary); ``num_embeddings`` then only counts the training split's distinct values, and
     the feature needs a dynamic table (``tables: [{kind: dynamic, capacity: N}]``) to be looked up.
+    ``max_length``: the most ids a row's list may hold (0: no bound given); a single-valued
+    feature's rows hold one id each, or a list of at most one.
     """
 
     name: str
@@ -103,7 +105,10 @@ class _SparseEntry:
     num_embeddings: int = config_field(check=(lambda v: 0 < v < 2**63,
                                               "must be positive and fit an int64 id"))
     multi_hot: bool = False
-    max_length: int = 1
+    # the longest list a row may hold (single-valued: 1); a multi-hot entry without it has no
+    # bound (0 in SparseFeature)
+    max_length: Optional[int] = config_field(None, check=(lambda v: v >= 1,
+                                                          "expected an integer >= 1"))
     raw: bool = False  # raw int64 ids (encoding: raw): num_embeddings counts distinct values
 
 
@@ -160,7 +165,8 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
         m = from_dict(_MetadataFile, raw, source=str(path), ignore_unknown=True)
     except ConfigError as e:
         raise DatasetError(str(e)) from None
-    sparse = [SparseFeature(e.name, e.num_embeddings, e.multi_hot, e.max_length, e.raw)
+    sparse = [SparseFeature(e.name, e.num_embeddings, e.multi_hot,
+                            e.max_length or (0 if e.multi_hot else 1), e.raw)
               for e in m.sparse]
     names = [m.label, *m.dense, *[f.name for f in sparse]]
     dupes = sorted({n for n in names if names.count(n) > 1})

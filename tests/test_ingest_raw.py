@@ -358,11 +358,15 @@ def test_metadata_report_and_reader(tmp_path):
 
 
 def test_num_embeddings_is_at_least_1(tmp_path):
+    # both features are empty in every training row (a value only in the test row: a column
+    # empty in every row is refused)
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"y": [1, 0, 1], "h": pa.array([[], [], None], pa.list_(pa.int64())),
-                             "c": pa.array([None, None, None], pa.string())}), path)
+    pq.write_table(pa.table({"y": [1, 0, 1, 0], "s": ["train", "train", "train", "test"],
+                             "h": pa.array([[], [], None, [5]], pa.list_(pa.int64())),
+                             "c": pa.array([None, None, None, "x"], pa.string())}), path)
     spec = ("input: {format: parquet}\nlabel: y\nsparse: [{name: h, encoding: raw, multi_hot: "
-            "true}, {name: c, encoding: raw}]\n" + ALL_TRAIN)
+            "true}, {name: c, encoding: raw}]\nsplit: {method: column, column: s, values: "
+            "{train: [train], test: [test]}}\n")
     report = run(tmp_path, spec, [path])
     assert report["features"]["h"]["distinct_train_ids"] == 0
     assert report["features"]["c"]["distinct_train_ids"] == 1  # id 0 of the nulls

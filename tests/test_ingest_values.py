@@ -262,3 +262,47 @@ def test_a_column_split_dropping_most_rows_warns_with_the_values_to_list(tmp_pat
         f"{i % 2},a,{'fr' if i == 0 else 'us'}\n" for i in range(10)))
     run(tmp_path, CSV + "sparse: [{name: c}]\n" + split, [few], "few")
     assert "split.values:" not in capsys.readouterr().err
+
+
+# --- ids beyond int64, columns with no value -----------------------------------------------------
+
+def test_an_integer_beyond_int64_is_named_not_read_as_text(tmp_path):
+    rows = "".join(f"{i % 2},{i}\n" for i in range(50))
+    path = write(tmp_path / "in.csv", f"y,c\n{rows}1,{2**63}\n0,3\n")
+    message = refused(run, tmp_path, CSV + "sparse: [{name: c}]\n" + ALL_TRAIN, [path])
+    assert message.startswith(f"{path}: line 52: column c: integer {2**63} does not fit int64 "
+                              "ids; set dtype: string on feature c")
+    # said to be text, it is text: every row kept
+    report = run(tmp_path, CSV + "sparse: [{name: c, dtype: string}]\n" + ALL_TRAIN, [path], "s")
+    assert report["rows_written_total"] == 52
+    multi = write(tmp_path / "m.csv", f"y,c\n1,1|2\n0,3|{2**64}\n")
+    message = refused(run, tmp_path, CSV + "sparse: [{name: c, multi_hot: true, separator: '|'}]\n"
+                      + ALL_TRAIN, [multi])
+    assert message.startswith(f"{multi}: line 3: column c: integer {2**64} does not fit int64")
+
+
+def test_uint64_ids_beyond_int64_are_named_with_row(tmp_path):
+    path = tmp_path / "u.parquet"
+    ids = pa.array([1, 2, 3, 2**63 + 1, 5] * 4, pa.uint64())
+    pq.write_table(pa.table({"y": [1, 0] * 10, "c": ids}), path)
+    base = "input: {format: parquet}\nlabel: y\nsparse: "
+    message = refused(run, tmp_path, base + "[{name: c}]\n" + ALL_TRAIN, [path])
+    assert message.startswith(f"{path}: row 3: column c: uint64 id {2**63 + 1} does not fit int64")
+    report = run(tmp_path, base + "[{name: c, encoding: raw}]\n" + ALL_TRAIN, [path], "raw")
+    assert report["rows_dropped"] == {"raw_id_out_of_range": 4}
+    small = tmp_path / "small.parquet"  # uint64 within int64: read as before
+    pq.write_table(pa.table({"y": [1, 0] * 10, "c": pa.array(range(20), pa.uint64())}), small)
+    assert run(tmp_path, base + "[{name: c}]\n" + ALL_TRAIN, [small], "ok")["rows_written_total"] == 20
+
+
+@pytest.mark.parametrize("feature", ["dense: [{name: x}]\n", "sparse: [{name: c}]\n",
+                                     "sparse: [{name: c, multi_hot: true, separator: '|'}]\n"])
+def test_a_column_empty_in_every_row_is_refused(tmp_path, feature):
+    name = "x" if "dense" in feature else "c"
+    path = write(tmp_path / "in.csv", "y,x,c\n" + "".join(f"{i % 2},,\n" for i in range(30)))
+    message = refused(run, tmp_path, CSV + feature + ALL_TRAIN, [path])
+    assert message.startswith(f"{path}: column {name}: empty in all 30 rows kept, so feature "
+                              f"{name} would be only its fill value")
+    one = write(tmp_path / "one.csv", "y,x,c\n" + "".join(f"{i % 2},,\n" for i in range(29))
+                + "1,2.5,a\n")  # one value: trains, its nulls counted as repairs
+    assert run(tmp_path, CSV + feature + ALL_TRAIN, [one], "one")["rows_written_total"] == 30

@@ -1,5 +1,6 @@
 """The sharding planner on ``meta``, with no GPU: exact estimates, constraints, failures, CLI."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -517,3 +518,14 @@ def test_reduce_scatter_rate_is_a_within_host_rate():
     slow = dataclasses.replace(MULTI_HOST, reduce_scatter_gb_per_s=0.5, all_gather_gb_per_s=0.5)
     assert (plan_sharding(m, slow, rw).report.summary.embedding_max_rank_ms
             == plan_sharding(m, MULTI_HOST, rw).report.summary.embedding_max_rank_ms)
+
+
+def test_a_batch_too_large_to_buffer_names_the_batch_size():
+    ebc = EmbeddingBagCollection(tables=random_embedding_tables(2, log10_rows=(3, 4), dims=(16,)),
+                                 device=torch.device("meta"))
+    with pytest.raises(PlanError) as err:
+        plan_sharding(ebc, dataclasses.replace(CPU2, batch_size_per_rank=10**12))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("does not fit:")
+    assert "the input buffers of 1,000,000,000,000 rows per rank take" in msg
+    assert "data.batch_size" in msg and "batch_size_per_rank" in msg

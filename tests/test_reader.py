@@ -211,3 +211,44 @@ def test_multi_hot_columns_are_checked_before_they_are_measured(tmp_path, edit, 
     meta = load_dataset_meta(data)
     with pytest.raises(DataError, match=rf"^{meta.files('train')[0]}: " + message.format(name=name)):
         measure_pooling_factors(meta)
+
+
+def _with_lists(table, spec, name, lists):
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, pa.array(lists, pa.list_(pa.int64())))
+
+
+def test_a_list_longer_than_max_length_is_named_with_row(tmp_path):
+    table, spec = random_ctr_table(rows=100, list_features=(1,), max_length=4)
+    name = spec.sparse[1].name
+    lists = [[1] * (i % 5) for i in range(100)]  # 0..4 ids: within max_length
+    lists[57] = [1, 2, 3, 4, 5]
+    _bad(tmp_path, _with_lists(table, spec, name, lists), spec,
+         rf"column {name}: row 57 holds 5 ids, but metadata.json says max_length: 4$")
+
+
+def test_a_list_in_a_single_valued_feature_is_named_with_row(tmp_path):
+    table, spec = random_ctr_table(rows=100, list_features=(1,))
+    name = spec.sparse[0].name
+    assert not spec.sparse[0].multi_hot
+    lists = [[i % 3] for i in range(100)]  # one id a row, stored as lists: reads as single ids
+    batch = next(iter(ParquetBatchReader(
+        [write_parquet(_with_lists(table, spec, name, lists), tmp_path / "ok.parquet")], spec, 100)))
+    assert batch.sparse_features[name].lengths().max() == 1
+    lists[63] = [0, 1]
+    _bad(tmp_path, _with_lists(table, spec, name, lists), spec,
+         rf"column {name}: row 63 holds 2 ids, but metadata.json says multi_hot: false")
+
+
+def test_a_multi_hot_feature_without_max_length_has_no_bound(tmp_path):
+    import json
+
+    from embedtrain.testing import tiny_ctr_dataset
+
+    data = tiny_ctr_dataset(tmp_path / "d", rows=500)
+    raw = json.loads((data / "metadata.json").read_text())
+    multi = next(f for f in raw["sparse"] if f.get("multi_hot"))
+    del multi["max_length"]
+    (data / "metadata.json").write_text(json.dumps(raw))
+    feature = next(f for f in load_dataset_meta(data).features.sparse if f.name == multi["name"])
+    assert feature.max_length == 0

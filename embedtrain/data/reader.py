@@ -82,7 +82,7 @@ from torchrec.datasets.utils import Batch
 from embedtrain.data.batching import (
     Rows, SparseLayout, cut_batches, empty_batch, is_list_type, pad_batch, to_batch)
 from embedtrain.data.prefetch import OrderedPrefetcher
-from embedtrain.features import FeatureSpec
+from embedtrain.features import FeatureSpec, SparseFeature
 
 
 class DataError(ValueError):
@@ -438,7 +438,10 @@ def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
         # raw ids (encoding: raw) lie anywhere in [0, 2^63 - 1): the int64 range but the top
         # value, which the dynamic tables keep for their empty rows
         limit = RAW_ID_LIMIT if feat.raw else feat.num_embeddings
-        _check_ids(table.column(feat.name), feat.name, limit, unit)
+        column = table.column(feat.name)
+        _check_ids(column, feat.name, limit, unit)
+        if is_list_type(column.type):
+            _check_list_lengths(column, feat, unit)
 
 
 RAW_ID_LIMIT = 2**63 - 1  # raw ids lie in [0, RAW_ID_LIMIT)
@@ -466,6 +469,23 @@ def _check_ids(column: pa.ChunkedArray, name: str, limit: int, unit: RowGroup,
             f"{unit.file}: column {name}: {what} {lo if lo < 0 else hi} outside "
             f"[0, {limit}) at row {_first_row(column, bad, is_list, unit)}"
         )
+
+
+def _check_list_lengths(column: pa.ChunkedArray, feat: SparseFeature, unit: RowGroup) -> None:
+    """A list holds at most ``max_length`` ids (multi-hot; 0: no bound) or one (single-valued):
+    a longer one would be pooled (or a history cut) silently, into something metadata.json does
+    not describe."""
+    bound = feat.max_length if feat.multi_hot else 1
+    if not bound or not len(column):
+        return
+    counts = pc.list_value_length(column)
+    if pc.max(counts).as_py() <= bound:
+        return
+    row = _first_row(counts, pc.greater(counts, bound), False, unit)
+    said = (f"max_length: {bound}" if feat.multi_hot
+            else "multi_hot: false (one id a row)")
+    raise DataError(f"{unit.file}: column {feat.name}: row {row} holds "
+                    f"{counts[row - unit.first_row].as_py()} ids, but metadata.json says {said}")
 
 
 def _check_click_labels(column: pa.ChunkedArray, name: str, unit: RowGroup) -> None:

@@ -206,6 +206,17 @@ def _check_constraints(tables: dict[str, _Table], constraints: dict[str, Paramet
                             f"{', '.join(types)} on {device} ({can})")
 
 
+def _largest_reservation(breakdown: dict[str, int], cluster: ClusterConfig) -> str:
+    """What to change when the reservations do not fit: the input buffers grow with the batch
+    (a key the user set), the dense parts with the model."""
+    name, size = max(breakdown.items(), key=lambda kv: kv[1])
+    if name != "kjt_buffers":
+        return f"; the largest part: {name.replace('_', ' ')}, {size / GIB:.2f} GiB"
+    return (f"; the input buffers of {cluster.batch_size_per_rank:,} rows per rank take "
+            f"{size / GIB:.2f} GiB: lower the batch size (train: data.batch_size, the global "
+            f"batch; plan: the cluster's batch_size_per_rank)")
+
+
 def plan_sharding(
     model: nn.Module,
     cluster: ClusterConfig,
@@ -261,7 +272,8 @@ def plan_sharding(
                         f"{''.join(k + ', ' for k in (extra_reservations or {}))}and the "
                         f"{cluster.reserved_fraction:.0%} reserve need {need:.2f} GiB of "
                         f"{_label(tier)} per rank, more than the "
-                        f"{tier_capacity(cluster, tier) / GIB:.2f} GiB a rank has")
+                        f"{tier_capacity(cluster, tier) / GIB:.2f} GiB a rank has"
+                        f"{_largest_reservation(reservation.breakdown, cluster)}")
     enum = CompactEnumerator(topo, cluster.batch_size_per_rank, constraints)
     options = enum.enumerate(model, sharders)
     _add_remap_storage(options, tables, tier)

@@ -31,6 +31,7 @@ from typing import Iterator, Optional, Sequence
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedtrain.utils import first_line
@@ -38,7 +39,7 @@ from pipelines.core.errors import IngestError
 from pipelines.core.fields import Encoding, InputFormat, SplitMethod, ValueType
 from pipelines.core.inputs import (
     FILE, ROW, check_csv_header, csv_lines, parquet_types, utf8_failure, value_type)
-from pipelines.tabular.spec import CRITEO_COLUMNS, IngestSpec
+from pipelines.tabular.spec import CRITEO_COLUMNS, IngestSpec, SparseSpec
 
 FIELDS = "__fields"  # Criteo TSV: tab-separated fields of the line (a wrong count is dropped)
 MAX_ROWS = 2**32 - 1  # Polars' row index is 32-bit (IdxSize) in the default runtime
@@ -261,6 +262,8 @@ def _check_parquet(path: Path, spec: IngestSpec, resolved: dict[str, tuple[Value
             want = "a list column (multi_hot: true)" if s.multi_hot else "single values"
             raise IngestError(f"{path}: column {s.source}: expected {want}, got {t}")
         inner = t.value_type if is_list else t
+        if pa.types.is_uint64(inner) and s.encoding is not Encoding.RAW:
+            _refuse_wide_uint64(path, s)  # raw ids drop (and count) what int64 cannot hold
         held = value_type(inner)
         if held is None:
             hint = ("; to use numbers as a categorical feature, bucketize them "
@@ -317,8 +320,47 @@ def _infer_csv_types(path: Path, spec: IngestSpec) -> dict[str, tuple[ValueType,
         v = v.drop_nulls().str.strip_chars()
         ints = v.cast(pl.Int64, strict=False)
         integer = len(v) > 0 and ints.null_count() == 0
+        if not integer and len(v) and v.str.contains(r"^[+-]?\d+$").all():
+            _refuse_wide_integer(path, spec, s, head[s.source])
         out[s.name] = (ValueType.INTEGER if integer else ValueType.STRING, path)
     return out
+
+
+def _refuse_wide_integer(path: Path, spec: IngestSpec, s: SparseSpec, column: pl.Series) -> None:
+    """A column of integers one of which does not fit int64 would silently become a column of
+    text (another vocabulary, other ids at serving): the user says which it is."""
+    for row, cell in enumerate(column):
+        for value in (cell.split(s.separator) if s.multi_hot and cell else [cell or ""]):
+            value = value.strip()
+            if value and not -2**63 <= int(value) < 2**63:
+                raise IngestError(
+                    f"{path}: {describe_row(spec, row, path)}: column {s.source}: integer "
+                    f"{value} does not fit int64 ids; set dtype: string on feature {s.name} to "
+                    "encode the column as text, or dtype: integer to drop such rows (counted)")
+
+
+def _refuse_wide_uint64(path: Path, s: SparseSpec) -> None:
+    """uint64 ids above int64's range: the row of the first, or nothing if there is none (the
+    footer's statistics say so without a read when the writer kept them)."""
+    meta = pq.read_metadata(path)
+    leaves = [j for j in range(meta.num_columns)
+              if meta.schema.column(j).path.split(".")[0] == s.source]
+    stats = [meta.row_group(i).column(j).statistics
+             for i in range(meta.num_row_groups) for j in leaves]
+    if all(st is not None and st.has_min_max and st.max < 2**63 for st in stats):
+        return
+    column = pq.read_table(path, columns=[s.source]).column(s.source)
+    is_list = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+    ids = pc.list_flatten(column) if is_list else column
+    wide = pc.greater(ids, pa.scalar(2**63 - 1, pa.uint64()))
+    if not pc.any(wide).as_py():
+        return
+    at = pc.index(wide, True).as_py()
+    row = pc.list_parent_indices(column)[at].as_py() if is_list else at
+    raise IngestError(f"{path}: row {row}: column {s.source}: uint64 id {ids[at].as_py()} does "
+                      "not fit int64 ids; write the column as strings (vocab and hash encode "
+                      f"text), or set encoding: raw on feature {s.name} (drops and counts such "
+                      "rows)")
 
 
 def _check_criteo_line(path: Path, spec: IngestSpec, lines: int = 5) -> None:

@@ -290,6 +290,14 @@ def check_counts(stats: PassStats, spec: IngestSpec, files: Sequence[Path],
         others = ", ".join(f"{s} {stats.kept_rows(s):,}" for s in SPLITS if s != "train")
         raise IngestError(f"{where}: split train receives no rows ({others}); "
                           f"{_SPLIT_FIX[spec.split.method]('train')}")
+    for name in [d.name for d in spec.dense] + [s.name for s in spec.sparse]:
+        empty = stats.total(f"{name}:null") + stats.total(f"{name}:empty")  # lists: [] too
+        if empty == kept:
+            source = next((s.source for s in spec.sparse if s.name == name), name)
+            raise IngestError(
+                f"{where}: column {source}: empty in all {kept:,} rows kept, so feature {name} "
+                "would be only its fill value (nothing to learn from); check the column's name "
+                "and the separator, or remove the feature from the spec")
 
 
 def _drop_detail(stats: PassStats, spec: IngestSpec,
