@@ -34,6 +34,7 @@ import math
 import os
 import re
 import reprlib
+import sys
 import types
 import typing
 from dataclasses import field
@@ -142,6 +143,13 @@ class SafeLoader(yaml.SafeLoader):
     duplicate keys refused (YAML says a mapping's keys are unique; PyYAML keeps the last), and
     aliases bounded: a document whose aliases expand to more than :data:`MAX_YAML_VALUES`
     values ("billion laughs") or that contains itself is refused before anything walks it."""
+
+    def get_single_data(self) -> Any:
+        try:
+            return super().get_single_data()
+        except RecursionError:  # PyYAML parses and builds nested values recursively
+            raise yaml.YAMLError(f"nested deeper than the {sys.getrecursionlimit():,} levels "
+                                 "Python's recursion allows (refused)") from None
 
     def compose_document(self) -> Any:
         node = super().compose_document()

@@ -124,6 +124,12 @@ def test_an_alias_that_contains_itself_is_refused(tmp_path):
     assert "aliases expand to more than" in _error(path)
 
 
+@pytest.mark.parametrize("nested", ["[" * 20_000 + "]" * 20_000, "{a: " * 5_000 + "1" + "}" * 5_000])
+def test_a_value_nested_past_the_recursion_limit_is_one_line(tmp_path, nested):
+    error = _error(_write(tmp_path, f"data: {nested}\n"))
+    assert "invalid YAML: nested deeper than the" in error and "(refused)" in error
+
+
 def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_bytes("data: {path: /tmp/caf\u00e9}\n".encode("latin-1"))

@@ -306,3 +306,13 @@ def test_a_column_empty_in_every_row_is_refused(tmp_path, feature):
     one = write(tmp_path / "one.csv", "y,x,c\n" + "".join(f"{i % 2},,\n" for i in range(29))
                 + "1,2.5,a\n")  # one value: trains, its nulls counted as repairs
     assert run(tmp_path, CSV + feature + ALL_TRAIN, [one], "one")["rows_written_total"] == 30
+
+
+def test_a_line_with_more_fields_than_the_header_is_named(tmp_path):
+    path = write(tmp_path / "in.csv", 'y,c\n1,a\n0,"b,c"\n1,c,d\n0,e\n')
+    message = refused(run, tmp_path, CSV + "sparse: [{name: c}]\n" + ALL_TRAIN, [path])
+    assert message == (f"{path}: line 4: 3 fields, the header has 2; quote fields that hold the "
+                       "separator ','")
+    other = write(tmp_path / "ok.csv", "y,c\n1,a\n")  # among several files: the ragged one named
+    assert refused(run, tmp_path, CSV + "sparse: [{name: c}]\n" + ALL_TRAIN,
+                   [other, path]).startswith(f"{path}: line 4: 3 fields")

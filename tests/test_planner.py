@@ -442,6 +442,9 @@ def test_plan_sweep_over_clusters_and_host_counts(tmp_path, capsys):
     assert time.perf_counter() - start < 5
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and "at most 256 host counts" in err[0] and "32,768 ranks" in err[1]
+    # a range is sized, not listed: 10**18 host counts are refused, not enumerated
+    assert main(["plan", config, "--cluster", cpu, "--hosts", f"1..{10**18}"]) == 2
+    assert f"got {10**18:,} up to" in capsys.readouterr().err
     assert "8,000,000 ranks: more than embedtrain plans for" in err[2], err
     # a constraint error is the config's (one line, exit 2), not "does not fit" on every row
     assert main(["plan", config, "--cluster", a100, "--hosts", "1", "--set",

@@ -70,10 +70,12 @@ def test_unreadable_checkpoints_fall_back_to_the_newest_readable(data, run_dir, 
     assert trainer.state.step == 3
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
     assert len(warnings) == 2
-    assert "step_00000009: cannot read" in warnings[0] and "trying an older" in warnings[0]
+    assert "step_00000009/__0_0.distcp: truncated (" in warnings[0]  # the file named
+    assert "bytes; step_00000009/.metadata says it holds" in warnings[0]
+    assert "trying an older" in warnings[0]
     assert "step_00000006/trainer_state.json: unreadable" in warnings[1]
     # The same checkpoint by name is an error, not a silent substitute.
-    with pytest.raises(CheckpointError, match=r"step_00000009: cannot read"):
+    with pytest.raises(CheckpointError, match=r"step_00000009/__0_0.distcp: truncated"):
         _trainer(data, run).restore(run / "checkpoints" / "step_00000009")
 
 
@@ -85,7 +87,7 @@ def test_no_readable_checkpoint_is_one_line(data, run_dir, tmp_path):
         _trainer(data, run).restore()
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"{run / 'checkpoints'}: no readable")
-    assert "3 tried; the newest: " in message and "step_00000009: cannot read" in message
+    assert "3 tried; the newest: " in message and "step_00000009/__0_0.distcp: truncated" in message
 
 
 def test_full_disk_keeps_the_earlier_checkpoints(data, run_dir, tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Sequence
 
 from embedtrain.cli.errors import UsageError
 from embedtrain.config import MAX_RANKS, load_cluster, load_config
@@ -42,6 +43,8 @@ def _plan(args: argparse.Namespace) -> int:
         return _calibrate(args)
     if not args.config:
         raise UsageError("plan: give a training config (or --calibrate)")
+    if args.hosts:
+        _host_counts(args.hosts)  # a bad sweep is refused before the config loads the stack
     cfg = load_config(args.config, args.overrides)
     if len(args.cluster) > 1 or args.hosts:
         if args.budget is not None:
@@ -83,24 +86,26 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _host_counts(text: str) -> list[int]:
-    """``--hosts``: ``N``, ``A..B`` or ``A,B,C``."""
+    """``--hosts``: ``N``, ``A..B`` or ``A,B,C``; sized before any list is made of a range."""
     try:
         if ".." in text:
             low, high = (int(x) for x in text.split(".."))
             if low > high:
                 raise UsageError(f"--hosts {text}: A..B needs A <= B (a range of host counts, "
                                  f"e.g. {high}..{low})")
-            counts = list(range(low, high + 1))
+            counts: Sequence[int] = range(low, high + 1)
+            lowest, highest = low, high
         else:
             counts = [int(x) for x in text.split(",")]
+            lowest, highest = min(counts), max(counts)
     except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
+        counts, lowest, highest = [], 0, 0
+    if not counts or lowest < 1:
         raise UsageError(f"--hosts: expected N, A..B or A,B,C of positive integers, got {text!r}")
-    if len(counts) > MAX_SWEEP or max(counts) > MAX_RANKS:
+    if len(counts) > MAX_SWEEP or highest > MAX_RANKS:
         raise UsageError(f"--hosts {text}: at most {MAX_SWEEP} host counts of at most "
-                         f"{MAX_RANKS:,} each, got {len(counts):,} up to {max(counts):,}")
-    return counts
+                         f"{MAX_RANKS:,} each, got {len(counts):,} up to {highest:,}")
+    return list(counts)
 
 
 def _sweep(args: argparse.Namespace, cfg) -> int:

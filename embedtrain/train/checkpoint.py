@@ -111,6 +111,22 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
+def _short_file(path: Path, metadata: Metadata) -> Optional[str]:
+    """The first data file shorter than what ``.metadata`` says it holds (a truncated copy or an
+    interrupted transfer), named; None when every file is long enough."""
+    ends: dict[str, int] = {}
+    for item in (metadata.storage_data or {}).values():
+        ends[item.relative_path] = max(ends.get(item.relative_path, 0), item.offset + item.length)
+    for name, end in sorted(ends.items()):
+        file = path / name
+        size = file.stat().st_size if file.is_file() else None
+        if size is None or size < end:
+            held = "missing" if size is None else f"{size:,} bytes"
+            return (f"{file}: truncated ({held}; {path.name}/.metadata says it holds "
+                    f"{end:,}); copy the checkpoint again, or resume from an older one")
+    return None
+
+
 def describe_error(e: BaseException) -> str:
     """One line for a failed read or write, plain words for a full disk."""
     chain, seen = [e], set()
@@ -269,7 +285,8 @@ class CheckpointManager:
         info = self.info(path)
         missing: list[str] = []
         try:  # first on its own: a refused .metadata is named as it is, not through DCP's retries
-            saved = set(SafeFileSystemReader(path).read_metadata().state_dict_metadata)
+            metadata = SafeFileSystemReader(path).read_metadata()
+            saved = set(metadata.state_dict_metadata)
         except CheckpointError:
             raise
         except _FAILURES as e:  # noqa: BLE001 - a truncated or corrupt .metadata
@@ -287,7 +304,8 @@ class CheckpointManager:
             if "Size mismatch" in why or "Missing key" in why:
                 raise CheckpointMismatch(f"{path}: does not fit this model ({why}); did the "
                                          f"model or the data set change?") from None
-            raise CheckpointError(f"{path}: cannot read: {why}") from None
+            raise CheckpointError(_short_file(path, metadata) or f"{path}: cannot read: {why}") \
+                from None
         return {**info, "missing_keys": missing}
 
     @contextlib.contextmanager

@@ -400,6 +400,25 @@ def _locate_failure(files: Sequence[Path], spec: IngestSpec, error: Exception) -
             try:
                 scan_inputs([path], spec).select(pl.all().null_count()).collect(engine="streaming")
             except pl.exceptions.PolarsError as e:
-                return IngestError(f"{path}: cannot read: {first_line(e)}")
+                return _ragged(path, spec, e) or IngestError(f"{path}: cannot read: {first_line(e)}")
     where = files[0] if len(files) == 1 else files[0].parent
-    return IngestError(f"{where}: cannot read: {first_line(error)}")
+    return (len(files) == 1 and _ragged(files[0], spec, error)
+            or IngestError(f"{where}: cannot read: {first_line(error)}"))
+
+
+def _ragged(path: Path, spec: IngestSpec, error: Exception) -> Optional[IngestError]:
+    """For a CSV read that failed on a line with more fields than the header: that line (Python's
+    csv module, as Polars splits: only on the failure path)."""
+    if spec.input.format is not InputFormat.CSV or "more fields" not in str(error):
+        return None
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rows = csv.reader(f, delimiter=spec.input.separator or ",", quotechar='"')
+        header = len(next(rows, []))
+        for row in rows:
+            if len(row) > header:
+                return IngestError(f"{path}: line {rows.line_num}: {len(row)} fields, the header "
+                                   f"has {header}; quote fields that hold the separator "
+                                   f"{spec.input.separator or ','!r}")
+    return None
