@@ -6,11 +6,22 @@ was, and the next one removes a killed one's leftovers (one line). An earlier in
 ``--out`` is replaced; ``--overwrite`` replaces any earlier data set there (one that
 ``embedtrain datagen`` wrote, an unfinished ingest output, one holding other files too). A folder
 that is not a data set, a file, or a path under a file is refused in one line (exit status 2),
-as is a full disk while writing (naming ``--out``; the earlier data set stays)."""
+as is a full disk while writing (naming ``--out``; the earlier data set stays).
+
+Ctrl-C (SIGINT) ends the ingest with one line on stderr and exit status 130,
+``embedtrain ingest: interrupted; OUT not written`` (``(earlier output kept)`` when OUT held
+something): the temporary folder is removed and ``--out`` keeps what it held, byte for byte (or, when the signal came as the new
+data set took its place, ``...; OUT is written, complete``). Polars stops its query at once (its
+own SIGINT hook, which also keeps its threads' interrupt panics off stderr) and raises
+``KeyboardInterrupt``."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
 
 
 def register(sub) -> None:
@@ -50,9 +61,40 @@ def register(sub) -> None:
 def _ingest(args: argparse.Namespace) -> int:
     from pipelines import run_ingest
 
-    _, lines = run_ingest(args.spec, args.inputs, args.out, overrides=args.overrides,
-                          nodes=args.node_inputs or (), engine=args.engine,
-                          address=args.address, num_cpus=args.num_cpus,
-                          progress=not args.quiet, overwrite=args.overwrite)
+    try:
+        _, lines = run_ingest(args.spec, args.inputs, args.out, overrides=args.overrides,
+                              nodes=args.node_inputs or (), engine=args.engine,
+                              address=args.address, num_cpus=args.num_cpus,
+                              progress=not args.quiet, overwrite=args.overwrite)
+    except KeyboardInterrupt as e:
+        while True:  # Python's own KeyboardInterrupt for the signal may come now: again
+            try:
+                return _stop(_interrupted(args.out, e))
+            except KeyboardInterrupt:
+                continue
     print("\n".join(lines))
     return 0
+
+
+def _stop(line: str) -> int:
+    """Says ``line``, with SIGINT ignored from now on; the exit status, 130."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:  # a handler that does nothing first: a pending signal must find a handler (with
+        # SIG_IGN, Python would report it as "ignored due to race condition")
+        signal.signal(signal.SIGINT, lambda signum, frame: None)
+    print(line, file=sys.stderr, flush=True)
+    if main:  # and while the interpreter ends (it restores SIG_DFL for handlers of its own)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return 130
+
+
+def _interrupted(out: str, e: KeyboardInterrupt) -> str:
+    """The one line for an ingest interrupted by ``e``."""
+    if getattr(e, "published", False):
+        return f"embedtrain ingest: interrupted; {out} is written, complete"
+    try:
+        earlier = Path(out).is_dir() and any(Path(out).iterdir())
+    except OSError:
+        earlier = False
+    kept = " (earlier output kept)" if earlier else ""
+    return f"embedtrain ingest: interrupted; {out} not written{kept}"

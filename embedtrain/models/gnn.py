@@ -22,7 +22,12 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import contextlib
+import linecache
+import os
+import sys
+import tempfile
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -89,19 +94,20 @@ class GraphSAGE(nn.Module):
         width = num_features + (embedding_dim if self.ebc is not None else 0)
         self.num_features, self.input_width = num_features, width
         convs = []
-        for i, size in enumerate(hidden):
-            if kind is GNNModel.SAGE:
-                convs.append(pyg.SAGEConv(width, size, aggr=aggr.value))
-            elif kind is GNNModel.GCN:
-                convs.append(pyg.GCNConv(width, size, add_self_loops=False, normalize=False))
-            elif kind is GNNModel.GAT:
-                if size % heads:
-                    raise ValueError(f"gnn.hidden[{i}]: {size} is not divisible by gnn.heads "
-                                     f"({heads})")
-                convs.append(pyg.GATConv(width, size // heads, heads=heads))
-            else:
-                convs.append(nn.Linear(width, size))
-            width = size
+        with _generated_sources_removed():  # PyG writes code for each conv class into TMPDIR
+            for i, size in enumerate(hidden):
+                if kind is GNNModel.SAGE:
+                    convs.append(pyg.SAGEConv(width, size, aggr=aggr.value))
+                elif kind is GNNModel.GCN:
+                    convs.append(pyg.GCNConv(width, size, add_self_loops=False, normalize=False))
+                elif kind is GNNModel.GAT:
+                    if size % heads:
+                        raise ValueError(f"gnn.hidden[{i}]: {size} is not divisible by "
+                                         f"gnn.heads ({heads})")
+                    convs.append(pyg.GATConv(width, size // heads, heads=heads))
+                else:
+                    convs.append(nn.Linear(width, size))
+                width = size
         self.kind, self.hidden = kind, list(hidden)
         self.convs = nn.ModuleList(convs)
         self.out = nn.Linear(width, out_dim)
@@ -214,3 +220,35 @@ class GraphSAGE(nn.Module):
         if i < len(self.convs) - 1:
             x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
         return x
+
+
+@contextlib.contextmanager
+def _generated_sources_removed() -> Iterator[None]:
+    """Removes the source files PyG generates while the ``with`` body builds conv layers.
+
+    PyG's ``MessagePassing`` compiles ``propagate`` (and ``edge_updater``) of each conv class
+    from Jinja templates, once per process: ``torch_geometric.template.module_from_template``
+    writes the code to ``$TMPDIR/<module>_XXXXXXXX.py`` (``delete=False``), imports it and never
+    removes the file, so every GNN process left one file per conv class in TMPDIR. The module is
+    in memory once imported; its lines go into ``linecache`` (kept: no mtime to check), so
+    tracebacks and ``inspect.getsource`` (TorchScript) still show it, and the file is deleted.
+    Only those files are touched: a module that appeared during the body, named
+    ``torch_geometric.*``, whose file is ``<its name>_*.py`` right in TMPDIR."""
+    before = set(sys.modules)
+    try:
+        yield
+    finally:
+        tmp = os.path.realpath(tempfile.gettempdir())
+        for name in set(sys.modules) - before:
+            path = getattr(sys.modules.get(name), "__file__", None)
+            if not (name.startswith("torch_geometric.") and isinstance(path, str)):
+                continue
+            base = os.path.basename(path)
+            if (os.path.dirname(os.path.realpath(path)) != tmp
+                    or not (base.startswith(f"{name}_") and base.endswith(".py"))):
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
+                os.unlink(path)

@@ -15,6 +15,12 @@ writer is dead (same host, its pid gone, or its lock free). An ``.old-`` folder 
 ``--out`` is missing (a kill between the two renames). A folder whose writer is alive refuses the
 new job (one writer per ``--out``); one written from another host is left, with a note.
 
+An interrupt (Ctrl-C: a ``KeyboardInterrupt``, which Polars raises too when SIGINT arrives while
+it runs) is a failure like any other, raised as :class:`Interrupted` (a ``KeyboardInterrupt``
+that says whether the new data set had already taken ``--out``'s place). The clean-up it starts
+is not cut short by a second one (Polars' ``KeyboardInterrupt`` is followed by Python's own for
+the same signal, wherever the interpreter next checks): it runs again from the start.
+
 A full disk (or another ``OSError`` writing the output) ends in one line naming ``--out``
 (:class:`OutputError`). Messages, ``stderr`` lines and the JSON files written during the job show
 ``--out``, not the temporary folder.
@@ -55,6 +61,16 @@ _DATA_FILE = re.compile(r".+\.(parquet|npy)(\.tmp)?")  # what a data set's subfo
 class OutputError(IngestError):
     """The output cannot be written (a full disk, no permission, a live writer): one line
     naming ``--out``."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A job interrupted while writing ``out`` (``--out`` as given): ``published`` says whether
+    the new data set had already replaced it (it is then complete); if not, ``out`` holds what it
+    held before, and the temporary folder is gone."""
+
+    def __init__(self, out: str, published: bool) -> None:
+        super().__init__(out, published)
+        self.out, self.published = out, published
 
 
 def _host() -> str:
@@ -132,10 +148,12 @@ def atomic_output(out: str | os.PathLike, refusal: Callable[[Path], Optional[str
     missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     staging = Staging(target, display,
                       target.parent / f".{target.name}.tmp-{_host()}-{os.getpid()}")
-    lock, stderr = None, sys.stderr
+    aside = f".{target.name}.old-{_host()}-{os.getpid()}"
+    lock, stderr, made = None, sys.stderr, None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging.path.mkdir()
+        made = _identity(staging.path)  # --out is this folder once the job is published
         lock = _lock(staging.path)
         sys.stderr = _Unmasked(stderr, str(staging.path), display)  # the job's warnings, bars
         try:
@@ -150,16 +168,16 @@ def atomic_output(out: str | os.PathLike, refusal: Callable[[Path], Optional[str
             raise OutputError(f"{display}: {why}")
         _unmask_json(staging)
         _fsync_tree(staging.path)
-        old = _publish(staging.path, target, f".{target.name}.old-{_host()}-{os.getpid()}")
+        old = _publish(staging.path, target, aside)
         with contextlib.suppress(OSError):  # in place: a folder without fsync is no failure
             _fsync(target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
-        shutil.rmtree(staging.path, ignore_errors=True)
-        for p in missing:  # parents made for it, innermost first
-            with contextlib.suppress(OSError):
-                p.rmdir()
+        published = _despite_interrupts(_discard, staging.path, target.parent / aside, target,
+                                        made, missing)
+        if isinstance(e, KeyboardInterrupt):
+            raise _despite_interrupts(Interrupted, display, published) from None
         raise _translated(e, staging, earlier) from None
     finally:
         if lock is not None:
@@ -261,9 +279,53 @@ def _publish(tmp: Path, target: Path, aside_name: str) -> Optional[Path]:
     try:
         os.rename(tmp, target)
     except BaseException:
-        os.rename(aside, target)
+        _despite_interrupts(_put_back, aside, target)
         raise
     return aside
+
+
+def _put_back(aside: Path, target: Path) -> None:
+    if os.path.lexists(aside) and not os.path.lexists(target):
+        os.rename(aside, target)
+
+
+def _discard(staging: Path, aside: Path, target: Path, made: Optional[tuple[int, int]],
+             parents: Sequence[Path]) -> bool:
+    """Clears up after a job that failed or was interrupted; returns whether ``target`` holds
+    its new data set (``made``: the identity of the job's temporary folder) all the same.
+
+    Removed: the temporary folder (after a swap, the earlier data set); the earlier data set
+    renamed aside, once ``target`` holds the new one (else it is put back); the ``parents`` made
+    for ``target`` (innermost first; only those left empty) unless ``target`` is there."""
+    published = made is not None and _identity(target) == made
+    if published:
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        _put_back(aside, target)
+    shutil.rmtree(staging, ignore_errors=True)
+    for p in () if published else parents:
+        with contextlib.suppress(OSError):
+            p.rmdir()
+    return published
+
+
+def _despite_interrupts(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, run again from the start when a ``KeyboardInterrupt`` cuts it short: a
+    clean-up that must finish (``fn`` may be run more than once)."""
+    while True:
+        try:
+            return fn(*args)
+        except KeyboardInterrupt:
+            continue
+
+
+def _identity(path: Path) -> Optional[tuple[int, int]]:
+    """The device and inode of folder ``path`` (None if it is missing)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _exchange(a: Path, b: Path) -> bool:
