@@ -299,6 +299,24 @@ def test_load_graph_errors_name_the_file(tmp_path, rel, array, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+def test_neighbour_ids_are_checked_even_without_the_o_e_checks(tmp_path, monkeypatch):
+    # training loads with check_ranges=False; a neighbour outside the graph is still named at
+    # load, by file reads (through the mapping, its pages would count in the RSS)
+    import embedtrain.graph.csr as csr
+
+    root = small_graph(tmp_path)
+    _corrupt(root, "graph/indices.npy", np.array([1, 0, 2, 1, 4, 2], dtype=np.int32))
+    with pytest.raises(DatasetError, match=r"indices\.npy: node id 4 at position 4 outside"):
+        load_graph(root, check_ranges=False)
+    _corrupt(root, "graph/indices.npy", np.array([1, 0, 2, 1, 3, 2], dtype=np.int32))
+    monkeypatch.setattr(csr, "CHUNK", 4)  # several reads, the last one short
+    read = []
+    monkeypatch.setattr(np, "fromfile", lambda f, dtype, count: read.append(count) or
+                        np.frombuffer(f.read(count * np.dtype(dtype).itemsize), dtype=dtype))
+    assert load_graph(root, check_ranges=False).indices.tolist() == [1, 0, 2, 1, 3, 2]
+    assert read[:2] == [4, 2]  # the neighbour ids first (labels and splits follow)
+
+
 def test_load_graph_missing_files(tmp_path):
     root = small_graph(tmp_path)
     (root / "graph" / "indices.npy").unlink()

@@ -20,8 +20,9 @@ Example:
 from __future__ import annotations
 
 import enum
+import mmap
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -222,14 +223,30 @@ def _check_edges(src: Any, dst: Any, num_nodes: int, weights: Any
 
 
 def chunked_min_max(a: np.ndarray) -> tuple[int, int]:
-    """``(min, max)`` of a non-empty 1-D array, a chunk at a time (bounded memory on mmaps)."""
+    """``(min, max)`` of a non-empty 1-D array, a chunk at a time (bounded memory on mmaps).
+
+    A whole memory-mapped file is read through ``read`` calls rather than its mapping: the
+    pages it passes stay in the page cache, out of the process's RSS (a mapping's pages count
+    there until the kernel reclaims them)."""
     lo, hi = None, None
-    for start in range(0, a.shape[0], CHUNK):
-        part = a[start:start + CHUNK]
+    for part in _chunks(a):
         pmin, pmax = part.min(), part.max()
         lo = pmin if lo is None else min(lo, pmin)
         hi = pmax if hi is None else max(hi, pmax)
     return int(lo), int(hi)
+
+
+def _chunks(a: np.ndarray) -> Iterator[np.ndarray]:
+    """``a`` a chunk at a time; read from the file for a whole mapped file (its base the mapping
+    itself, not a view of another memmap, whose ``offset`` would not be its own)."""
+    if isinstance(a, np.memmap) and isinstance(a.base, mmap.mmap) and a.filename:
+        with open(a.filename, "rb") as f:
+            f.seek(a.offset)
+            for start in range(0, a.shape[0], CHUNK):
+                yield np.fromfile(f, dtype=a.dtype, count=min(CHUNK, a.shape[0] - start))
+        return
+    for start in range(0, a.shape[0], CHUNK):
+        yield a[start:start + CHUNK]
 
 
 def _compact(keys: np.ndarray, keep: np.ndarray) -> np.ndarray:
