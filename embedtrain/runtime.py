@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import time
 from typing import Optional
@@ -147,6 +148,18 @@ def rank_memory_bytes() -> Optional[int]:
     return min(limits) // local_ranks() if limits else None
 
 
+def release_freed_memory() -> None:
+    """Hands the heap's freed pages back to the OS (glibc's ``malloc_trim``; elsewhere a no-op).
+
+    A block below glibc's (self-raising) mmap threshold is allocated on the heap; freed, its
+    pages would stay resident and add to the next, larger block's (the exporter's shards).
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.lru_cache(maxsize=1)
 def _glibc() -> Optional[ctypes.CDLL]:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -14,13 +14,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import numbers
 import os
 import re
+import signal
 import sys
 import tempfile
-from typing import Any, Optional
+import threading
+from typing import Any, Iterator, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -45,6 +49,90 @@ def partial_path(out: "os.PathLike[str]") -> Any:
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             stale.unlink(missing_ok=True)
     return out.with_name(f"{prefix}{os.getpid()}")
+
+
+class Stopped(KeyboardInterrupt):
+    """A SIGTERM or SIGINT that stopped a write (:func:`stop_on_signals`); ``path``: the output
+    left unwritten. A ``KeyboardInterrupt``, so that ``except Exception`` blocks let it by."""
+
+    def __init__(self, signum: int, path: Any = None) -> None:
+        self.signum, self.path = signum, path
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name}" + (f"; {path} not written" if path else ""))
+
+
+@contextlib.contextmanager
+def stop_on_signals(path: Any = None) -> Iterator[None]:
+    """Within it, a SIGTERM or SIGINT raises :class:`Stopped` (naming ``path``, the output
+    being written) in the main thread, so that ``finally`` blocks remove partial files before
+    the process exits; only the first signal raises (a second one does not interrupt that
+    clean-up). The previous handlers are restored on leaving. Outside the main thread: a
+    no-op (only it can handle signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise Stopped(signum, path)
+
+    signums = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.signal(s, stop) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+# errors about where bytes go, never about what is read
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """An ``OSError`` raised within, while ``path`` (a file or a directory) is written, names
+    ``path`` unless it names ``path`` or a file under it already: one that names no file (a
+    failed ``write``: a full disk, an I/O error), and a write error (no space, over quota, file
+    too large, read-only file system) that names another file (``shutil.copyfile`` names its
+    source; a partial file its hidden name). The output, not an input, is blamed."""
+    try:
+        yield
+    except OSError as e:
+        if not _names(e.filename, path) and (e.filename is None or e.errno in _WRITE_ERRNOS):
+            e.filename, e.filename2 = os.fspath(path), None
+        raise
+
+
+def _names(filename: Any, path: str | os.PathLike) -> bool:
+    """Whether ``filename`` (an ``OSError``'s) is ``path`` or lies under it."""
+    if not isinstance(filename, (str, os.PathLike)):
+        return False
+    name, top = os.path.abspath(filename), os.path.abspath(path)
+    return name == top or name.startswith(top.rstrip(os.sep) + os.sep)
+
+
+@contextlib.contextmanager
+def partial_output(out: "os.PathLike[str]") -> Iterator[Any]:
+    """Writes the file ``out`` whole or not at all: yields its :func:`partial_path`, which the
+    body writes and renames to ``out`` when complete. Whatever ends the body early -- an error,
+    a SIGTERM or SIGINT (:class:`Stopped`, :func:`stop_on_signals`) -- the partial file is
+    removed, and an ``OSError`` (a full disk) names ``out``, the file asked for, not the
+    hidden partial one (:func:`writing`)."""
+    with stop_on_signals(out):
+        partial = partial_path(out)
+        try:
+            with writing(out):
+                yield partial
+        except OSError as e:
+            if e.filename == os.fspath(partial):
+                e.filename = os.fspath(out)
+            raise
+        finally:
+            partial.unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:
@@ -80,11 +168,17 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         raise
 
 
-def check_output_file(path: str | os.PathLike, option: str, example: str = "result.json"
-                      ) -> None:
-    """An output file named by ``option`` (e.g. ``--out``): to be (re)written, so not a directory
-    and not under a file (one-line ``ValueError`` otherwise, ``example`` the file name shown)."""
+def check_output_file(path: str | os.PathLike, option: str, example: str = "result.json",
+                      inputs: Sequence[str | os.PathLike] = ()) -> None:
+    """An output file named by ``option`` (e.g. ``--out``): to be (re)written, so not a directory,
+    not under a file and none of the command's ``inputs`` (one-line ``ValueError`` otherwise,
+    ``example`` the file name shown)."""
     shown = os.fspath(path)
+    if os.path.isfile(shown):
+        same = next((f for f in inputs if os.path.isfile(f) and os.path.samefile(f, shown)), None)
+        if same is not None:
+            raise ValueError(f"{shown}: is also an input ({os.fspath(same)}), which the output "
+                             f"would replace; choose another {option}")
     if os.path.isdir(shown):
         raise ValueError(f"{shown}: is a directory; {option} names a file (e.g. "
                          f"{os.path.join(shown, example)})")

@@ -174,6 +174,25 @@ def test_a_corrupt_dense_program_is_one_line(trained, tmp_path, corruption):
     assert not marker.exists() and not out.exists()
 
 
+def test_a_corrupt_dense_program_is_one_line_in_a_process_of_its_own(trained, tmp_path):
+    # torch.export logs the archive's traceback through a handler made at import, bound to the
+    # process's stderr: only a real process shows whether it reaches the user
+    import subprocess
+    import sys
+
+    root, run = trained
+    export = tmp_path / "export"
+    assert run_cli("export", str(run), "--out", str(export)).returncode == 0
+    program = export / "dense.pt2"
+    program.write_bytes(program.read_bytes()[: program.stat().st_size // 2])
+    r = subprocess.run([sys.executable, "-m", "embedtrain", "predict", str(export), "--input",
+                        str(root / "data" / "test"), "--out", str(tmp_path / "p.parquet")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        f"embedtrain predict: error: {program}: not a loadable torch.export program: "
+        "BadZipFile: File is not a zip file"], r.stderr
+
+
 def test_predict_refuses_a_label_that_is_no_click_before_writing(trained, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -4,6 +4,9 @@ streaming scores of parquet rows with such an export (``embedtrain.export``)."""
 from __future__ import annotations
 
 import argparse
+import sys
+
+from embedtrain.utils import Stopped
 
 
 def register(sub) -> None:
@@ -55,12 +58,23 @@ def register(sub) -> None:
     p.set_defaults(func=_predict)
 
 
+def _stopped(command: str, e: Stopped) -> int:
+    """A SIGTERM or SIGINT that stopped a write (its partial output removed): one line, and
+    the shell's status for a process the signal ended (128 + its number)."""
+    print(f"embedtrain {command}: {e}", file=sys.stderr)
+    return 128 + e.signum
+
+
 def _export(args: argparse.Namespace) -> int:
     from embedtrain.export.export import export_run
 
-    result = export_run(args.run_dir, args.out, checkpoint=args.checkpoint,
-                        quantize=args.quantize, formats=args.format.split(","),
-                        overwrite=args.overwrite, progress=not args.no_progress, aot=args.aot)
+    try:
+        result = export_run(args.run_dir, args.out, checkpoint=args.checkpoint,
+                            quantize=args.quantize, formats=args.format.split(","),
+                            overwrite=args.overwrite, progress=not args.no_progress,
+                            aot=args.aot)
+    except Stopped as e:
+        return _stopped("export", e)
     m, mib = result.manifest, 2**20
     print(f"exported step {m.source.step:,} of {args.run_dir} ({m.source.world_size} rank(s), "
           f"{m.task}) to {result.out} in {result.seconds:.1f} s")
@@ -106,9 +120,12 @@ def _export(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     from embedtrain.export.predict import predict
 
-    result = predict(args.export_dir, args.inputs, args.out, batch_size=args.batch_size,
-                     top_k=args.top_k, progress=not args.no_progress, raw=args.raw,
-                     keep=args.keep, on_invalid=args.on_invalid, program=args.program)
+    try:
+        result = predict(args.export_dir, args.inputs, args.out, batch_size=args.batch_size,
+                         top_k=args.top_k, progress=not args.no_progress, raw=args.raw,
+                         keep=args.keep, on_invalid=args.on_invalid, program=args.program)
+    except Stopped as e:
+        return _stopped("predict", e)
     rate = result.rows / max(result.seconds, 1e-9)
     print(f"scored {result.rows:,} rows from {result.files} file(s) in {result.seconds:.1f} s "
           f"({rate:,.0f} rows/s)")

@@ -133,7 +133,7 @@ from embedtrain.recipes.export_parts import (
 )
 from embedtrain.train.checkpoint import CheckpointError, CheckpointManager
 from embedtrain.train.run_dir import RunDir
-from embedtrain.utils import progress_bar
+from embedtrain.utils import progress_bar, stop_on_signals, writing
 
 FORMATS = ("npy", "parquet")
 
@@ -267,12 +267,16 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list[TableSpec],
                                   f"it {list(shape)}; was it written by this run's model?")
     head_dtype = _head_dtype(ckpt, h, formats) if h else "float32"
     _prepare_out(out, overwrite)
-    try:
-        return _export(cfg.task.value, recipe.dataset_info(), parts, tables, run_dir, out, ckpt,
-                       info, quantize, formats, progress, start, aot, head_dtype)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)  # no half-written export is left behind
-        raise
+    # a SIGTERM or SIGINT raises Stopped: the export is removed as after an error
+    with stop_on_signals(out):
+        try:
+            with writing(out):  # a write error naming no file names the export
+                return _export(cfg.task.value, recipe.dataset_info(), parts, tables, run_dir,
+                               out, ckpt, info, quantize, formats, progress, start, aot,
+                               head_dtype)
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)  # no half-written export is left behind
+            raise
 
 
 def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[TableSpec],
@@ -317,8 +321,10 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
     features = _features(parts, tables, data.root, out)
     for table in entries:
         table.vocab = next((f.vocab for f in features.sparse if f.table == table.name), None)
-    shutil.copyfile(run_dir / "config.yaml", out / "config.yaml")
-    shutil.copyfile(data.root / "metadata.json", out / "dataset_metadata.json")
+    for source, target in ((run_dir / "config.yaml", out / "config.yaml"),
+                           (data.root / "metadata.json", out / "dataset_metadata.json")):
+        with writing(target):  # a full disk names the copy, not its source
+            shutil.copyfile(source, target)
     manifest = Manifest(
         format_version=FORMAT_VERSION, task=task, model=parts.model, quantize=quantize,
         features=features, tables=entries, source=Source(
@@ -326,7 +332,8 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
             step=int(info["step"]), world_size=int(info.get("world_size", 1)),
             dataset=str(data.root), dataset_name=data.name),
         dense_program=program, head=head_entry, note=parts.note, nodes=node_entry)
-    write_manifest(manifest, out)
+    with writing(out / MANIFEST_FILE):
+        write_manifest(manifest, out)
     largest = max((t.shape[0] * t.shape[1] * NPY_DTYPES[t.dtype].itemsize for t in todo),
                   default=0)
     return ExportResult(out, manifest, time.perf_counter() - start, baseline, peak, largest)
@@ -473,7 +480,8 @@ def _node_outputs(nodes: NodeOutputsExport, ckpt: Path, out: Path,
         arrays.append(NodeArray(name, f"nodes/{name}.npy", int(rows), int(dim), what))
     ids = None
     if nodes.ids is not None:
-        shutil.copyfile(nodes.ids, out / "nodes" / "ids.parquet")
+        with writing(out / "nodes" / "ids.parquet"):
+            shutil.copyfile(nodes.ids, out / "nodes" / "ids.parquet")
         ids = "nodes/ids.parquet"
     return NodeOutputs(num_nodes=arrays[0].rows, output=arrays[0].name, arrays=arrays, ids=ids)
 
@@ -585,5 +593,6 @@ def _copy_vocab(root: Path, relative: str, out: Path) -> Optional[str]:
         return None
     target = out / "vocab" / source.name
     target.parent.mkdir(exist_ok=True)
-    shutil.copyfile(source, target)
+    with writing(target):
+        shutil.copyfile(source, target)
     return f"vocab/{source.name}"

@@ -44,7 +44,7 @@ from embedtrain.data.reader import DataError
 from embedtrain.export.manifest import MANIFEST_FILE, ExportError, load_manifest
 from embedtrain.export.rows import PredictResult, input_files
 from embedtrain.export.tables import read_table
-from embedtrain.utils import check_output_file, partial_path, progress_bar
+from embedtrain.utils import check_output_file, partial_output, progress_bar
 
 NODE_COLUMN, ID_COLUMN = "node", "id"  # dense node ids; the data set's original ids
 _COLUMNS = {"scores": "scores", "embeddings": "embedding"}  # output column of each array
@@ -212,47 +212,47 @@ def predict_nodes(export_dir: str | os.PathLike, inputs: Sequence[str], out: str
     nodes = ExportedNodes(export_dir)
     files = node_input_files(inputs)
     out = Path(out)
-    check_output_file(out, "--out", example="predictions.parquet")
+    check_output_file(out, "--out", example="predictions.parquet", inputs=files)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = partial_path(out)  # renamed to ``out`` when complete
     sizes = [_rows_of(f) for f in files]
     total = None if None in sizes else sum(sizes)
-    writer: Optional[pq.ParquetWriter] = None
     rows = hits = labelled = 0
-    try:
-        with progress_bar(total, "predict", disable=not progress) as bar:
-            for path in files:
-                first = 0
-                for batch in _batches(path, batch_size):
-                    missing = [c for c in keep if c not in batch.schema.names]
-                    if missing:
-                        raise DataError(f"{path}: --keep {missing[0]}: no such column")
-                    dense = dense_node_ids(nodes, batch, path, first)
-                    columns = _node_columns(nodes, dense)
-                    if "label" in batch.schema.names:
-                        labels = batch.column("label")
-                        columns["label"] = labels
-                        if "class" in columns:
-                            hit, count = _hits(columns["class"], labels)
-                            hits, labelled = hits + hit, labelled + count
-                    columns.update({c: batch.column(c) for c in keep})
-                    table = pa.table(columns)
-                    if writer is None:
-                        writer = pq.ParquetWriter(partial, table.schema)
-                    writer.write_table(table)
-                    first += batch.num_rows
-                    rows += batch.num_rows
-                    bar.update(batch.num_rows)
-        if writer is None:
-            shown = files[0] if len(files) == 1 else f"{len(files)} input files"
-            raise ValueError(f"{shown}: no rows to score; nothing written to {out}")
-        writer.close()
-        writer = None
-        os.replace(partial, out)
-    finally:
-        if writer is not None:
+    # removed on an error, a SIGTERM or SIGINT; a full disk names ``out``
+    with partial_output(out) as partial:
+        writer: Optional[pq.ParquetWriter] = None
+        try:
+            with progress_bar(total, "predict", disable=not progress) as bar:
+                for path in files:
+                    first = 0
+                    for batch in _batches(path, batch_size):
+                        missing = [c for c in keep if c not in batch.schema.names]
+                        if missing:
+                            raise DataError(f"{path}: --keep {missing[0]}: no such column")
+                        dense = dense_node_ids(nodes, batch, path, first)
+                        columns = _node_columns(nodes, dense)
+                        if "label" in batch.schema.names:
+                            labels = batch.column("label")
+                            columns["label"] = labels
+                            if "class" in columns:
+                                hit, count = _hits(columns["class"], labels)
+                                hits, labelled = hits + hit, labelled + count
+                        columns.update({c: batch.column(c) for c in keep})
+                        table = pa.table(columns)
+                        if writer is None:
+                            writer = pq.ParquetWriter(partial, table.schema)
+                        writer.write_table(table)
+                        first += batch.num_rows
+                        rows += batch.num_rows
+                        bar.update(batch.num_rows)
+            if writer is None:
+                shown = files[0] if len(files) == 1 else f"{len(files)} input files"
+                raise ValueError(f"{shown}: no rows to score; nothing written to {out}")
             writer.close()
-        partial.unlink(missing_ok=True)
+            writer = None
+            os.replace(partial, out)
+        finally:
+            if writer is not None:
+                writer.close()
     metrics = {"accuracy": hits / labelled} if labelled else {}
     return PredictResult(out, rows, len(files), time.perf_counter() - start, metrics)
 

@@ -24,7 +24,9 @@ files): one ``--batch-size`` of rows is read, checked (types, nulls, ids in rang
 column and row of a bad value named; ids of a dynamic table's feature lie in ``[0, 2^63 - 1)``,
 of a static one in ``[0, num_embeddings)``), turned into a TorchRec batch exactly as training's
 reader does (same dense transform), scored and appended to the output parquet; memory is bounded
-by a batch and a row group, never the input. Output columns, one row per input row, in input order:
+by a batch and a row group, never the input (but for the AUC of labelled click rows: exact, it
+ranks every score, kept as float32: 4 bytes a labelled row). Output columns, one row per input
+row, in input order:
 
 * no class head (CTR): ``logit`` and ``score`` (the click probability, ``sigmoid(logit)``),
   float32;
@@ -51,6 +53,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -97,7 +100,7 @@ from embedtrain.models.dynamic import (
 from embedtrain.models.seq import first_k_outside
 from embedtrain.recipes import family_recipe
 from embedtrain.recipes.base import quiet_fx_tracing_warning
-from embedtrain.utils import check_output_file, partial_path, progress_bar
+from embedtrain.utils import check_output_file, partial_output, progress_bar
 
 _HEAD_BLOCK = 65_536  # classes scored at once (as evaluation does)
 # mix_ids maps the one id whose image is EMPTY_ID onto EMPTY_ID - 1, another id's image: in
@@ -327,11 +330,16 @@ def _load_program(path: Path, kind: str):
                               f"{_first_line(e)}") from None
         # its kernels assume the strides it was compiled with: contiguous inputs
         return lambda *inputs: package(*(x.contiguous() for x in inputs))
+    quiet = logging.getLogger("torch.export")  # it logs a corrupt archive's traceback, then
+    level = quiet.level  # tries the older format: the one line below says it all
+    quiet.setLevel(logging.ERROR)
     try:
         return torch.export.load(path).module()
     except Exception as e:  # noqa: BLE001 - truncated, a raw pickle, a torch.save zip: one line
         raise ExportError(f"{path}: not a loadable torch.export program: {_first_line(e)}") \
             from None
+    finally:
+        quiet.setLevel(level)
 
 
 def _first_line(e: BaseException) -> str:
@@ -394,48 +402,44 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         raise ValueError(f"--top-k {k}: more than the export's {head.num_classes:,} classes "
                          f"(every row would be padded, and hit rates trivially 1)")
     out = Path(out)
-    check_output_file(out, "--out", example="predictions.parquet")
+    check_output_file(out, "--out", example="predictions.parquet", inputs=source.files)
     if source.total == 0:
         files = source.files
         raise ValueError(f"{files[0] if len(files) == 1 else f'{len(files)} input files'}: no "
                          f"rows to score; nothing written to {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = partial_path(out)  # renamed to ``out`` when complete
     metrics = None
     if source.label_type is not None:
-        metrics = _TopOneMetrics() if head is not None else _ClickMetrics()
-    writer: Optional[pq.ParquetWriter] = None
+        metrics = _TopOneMetrics() if head is not None else _ClickMetrics(source.total)
     rows = 0
-    try:
-        with progress_bar(source.total, "predict", disable=not progress) as bar:
-            for path, first, table, labels, kept in source.batches(batch_size):
-                check_rows(table, spec, path, first, model.id_maps)
-                columns = _score(model, model_batch(table, spec), k)
-                if metrics is not None:
-                    columns[spec.label] = labels
-                    metrics.update(columns, labels, f"{path}: column {spec.label}", first)
-                columns.update(kept)
-                result = pa.table(columns)
-                if writer is None:
-                    writer = pq.ParquetWriter(partial, result.schema)
-                writer.write_table(result)
-                rows += result.num_rows
-                bar.update(result.num_rows)
-        if writer is None:
-            raise ValueError(f"{source.files[0] if len(source.files) == 1 else 'the inputs'}: "
-                             f"no valid row to score ({describe_invalid(source.invalid)}); nothing "
-                             f"written to {out}")
-        writer.close()
-        writer = None
-        os.replace(partial, out)
-    except OSError as e:  # a full disk: named by the file the user asked for
-        if e.filename is None or e.filename == str(partial):
-            e.filename = str(out)
-        raise
-    finally:
-        if writer is not None:
+    # removed on an error, a SIGTERM or SIGINT; a full disk names ``out``
+    with partial_output(out) as partial:
+        writer: Optional[pq.ParquetWriter] = None
+        try:
+            with progress_bar(source.total, "predict", disable=not progress) as bar:
+                for path, first, table, labels, kept in source.batches(batch_size):
+                    check_rows(table, spec, path, first, model.id_maps)
+                    columns = _score(model, model_batch(table, spec), k)
+                    if metrics is not None:
+                        columns[spec.label] = labels
+                        metrics.update(columns, labels, f"{path}: column {spec.label}", first)
+                    columns.update(kept)
+                    result = pa.table(columns)
+                    if writer is None:
+                        writer = pq.ParquetWriter(partial, result.schema)
+                    writer.write_table(result)
+                    rows += result.num_rows
+                    bar.update(result.num_rows)
+            if writer is None:
+                raise ValueError(f"{source.files[0] if len(source.files) == 1 else 'the inputs'}"
+                                 f": no valid row to score ({describe_invalid(source.invalid)}); "
+                                 f"nothing written to {out}")
             writer.close()
-        partial.unlink(missing_ok=True)
+            writer = None
+            os.replace(partial, out)
+        finally:
+            if writer is not None:
+                writer.close()
     invalid_file = write_invalid(out, source.invalid_tables)
     return PredictResult(out, rows, len(source.files), time.perf_counter() - start,
                          metrics.compute() if metrics is not None else {},
@@ -457,11 +461,22 @@ def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:
 
 
 class _ClickMetrics:
-    """The click probabilities (``score``) against the labels: AUC and log loss."""
+    """The click probabilities (``score``) against the labels: AUC and log loss, the values
+    torchmetrics' ``binary_auroc`` (exact: ties count half; a label below 1 is no click for it)
+    and ``F.binary_cross_entropy`` (float64, probabilities clamped to ``[1e-12, 1 - 1e-12]``)
+    give over all rows, in 4 bytes a labelled row: log loss is summed batch by batch; AUC needs
+    every score, kept as the float32 the output holds, clicks from the front of one array,
+    the others from its back, sorted in place at the end and counted in blocks (no per-row
+    temporaries). ``rows``: the array's size, the rows to score where known (inputs of unknown
+    size: it doubles as needed, up to twice the 4 bytes).
+    """
 
-    def __init__(self) -> None:
-        self.scores: list[np.ndarray] = []
-        self.labels: list[np.ndarray] = []
+    _BLOCK = 1 << 16  # clicks counted at once against the sorted non-clicks
+
+    def __init__(self, rows: Optional[int] = None) -> None:
+        self._scores = np.empty(max(int(rows or 0), 1024), np.float32)
+        self._clicks = self._others = self.count = 0  # at the front, at the back, all
+        self._loss = 0.0  # the sum of the rows' log losses
 
     def update(self, columns: dict[str, pa.Array], labels: pa.Array, where: str,
                first: int) -> None:
@@ -473,19 +488,46 @@ class _ClickMetrics:
                 row = first + int(np.flatnonzero(valid)[bad[0]])
                 raise ValueError(f"{where}: row {row}: label {y[bad[0]]:g} is not a click "
                                  f"(0..1); {len(bad):,} such rows in this batch")
-            self.scores.append(columns["score"].to_numpy()[valid])
-            self.labels.append(y)
+            p = columns["score"].to_numpy()[valid]
+            eps = 1e-12
+            self._loss += F.binary_cross_entropy(
+                torch.from_numpy(p).double().clamp(eps, 1 - eps), torch.from_numpy(y).double(),
+                reduction="sum").item()
+            self.count += len(y)
+            clicks = y == 1  # binary_auroc's positives: the labels whose long() is 1
+            self._keep(p[clicks], p[~clicks])
+
+    def _keep(self, clicks: np.ndarray, others: np.ndarray) -> None:
+        size = len(self._scores)
+        need = self._clicks + self._others + len(clicks) + len(others)
+        if need > size:  # more rows than announced: grown, both ends kept
+            grown = np.empty(max(need, 2 * size), np.float32)
+            grown[:self._clicks] = self._scores[:self._clicks]
+            grown[len(grown) - self._others:] = self._scores[size - self._others:]
+            self._scores, size = grown, len(grown)
+        self._scores[self._clicks:self._clicks + len(clicks)] = clicks
+        self._clicks += len(clicks)
+        self._scores[size - self._others - len(others):size - self._others] = others
+        self._others += len(others)
 
     def compute(self) -> dict[str, float]:
-        if not self.scores:
+        if not self.count:
             return {}
-        from torchmetrics.functional.classification import binary_auroc
-
-        p = torch.from_numpy(np.concatenate(self.scores)).double()
-        y = torch.from_numpy(np.concatenate(self.labels)).double()
-        eps = 1e-12
-        logloss = F.binary_cross_entropy(p.clamp(eps, 1 - eps), y).item()
-        return {"auc": float(binary_auroc(p, y.long(), thresholds=None)), "logloss": logloss}
+        size = len(self._scores)
+        clicks = self._scores[:self._clicks]
+        others = self._scores[size - self._others:]
+        clicks.sort()
+        others.sort()
+        # pairs (click, other) ranked right count 2, tied 1: the trapezoid of the ROC curve
+        twice = 0
+        for i in range(0, len(clicks), self._BLOCK):
+            block = clicks[i:i + self._BLOCK]
+            twice += int(np.searchsorted(others, block, "left").sum(dtype=np.int64))
+            twice += int(np.searchsorted(others, block, "right").sum(dtype=np.int64))
+        pairs = len(clicks) * len(others)
+        # without clicks or without others, binary_auroc's rate is 0 and so its area
+        auc = twice / (2 * pairs) if pairs else 0.0
+        return {"auc": auc, "logloss": self._loss / self.count}
 
 
 class _TopOneMetrics:

@@ -7,6 +7,7 @@ and the serving benchmark list tables with :func:`model_tables`.
 
 from __future__ import annotations
 
+import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from torch import nn
 from embedtrain.export.manifest import ExportError
 from embedtrain.models.dynamic import EmbeddingBags
 from embedtrain.models.xc import HEAD_TABLE
+from embedtrain.utils import write_atomic, writing
 
 PROGRAM_FILE, SCRIPT_FILE, AOT_FILE = "dense.pt2", "dense.ts", "dense.aoti.pt2"
 
@@ -85,19 +87,25 @@ def model_tables(model: nn.Module) -> list[TableSpec]:
 def export_program(module: nn.Module, example: tuple, out: Path) -> tuple[str, str]:
     """``module`` as a ``torch.export`` program with a dynamic batch dimension
     (``torch.export.save``), or TorchScript (``torch.jit.trace``) where export fails; checked
-    against ``module`` on ``example``. Returns (file name, format)."""
+    against ``module`` on ``example``. Returns (file name, format).
+
+    The program is saved to memory, then written with Python's file writes (:func:`_write`):
+    torch's archive writer aborts the process when the disk fills."""
     with torch.no_grad():
         expected = module(*example)
         batch = torch.export.Dim("batch")
+        data = io.BytesIO()
         try:
             program = torch.export.export(module, example,
                                           dynamic_shapes=tuple({0: batch} for _ in example))
-            torch.export.save(program, out / PROGRAM_FILE)
+            torch.export.save(program, data)
             file, kind, loaded = PROGRAM_FILE, "torch.export", program.module()
         except Exception:  # noqa: BLE001 - an op torch.export cannot trace: TorchScript
             traced = torch.jit.trace(module, example)
-            torch.jit.save(traced, str(out / SCRIPT_FILE))
+            data = io.BytesIO()
+            torch.jit.save(traced, data)
             file, kind, loaded = SCRIPT_FILE, "torchscript", traced
+        _write(out / file, data)
         got = loaded(*example)
     if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
         raise ExportError(f"{out / file}: the exported program does not reproduce the model "
@@ -116,9 +124,16 @@ def aot_package(module: nn.Module, example: tuple, out: Path, progress: bool = F
         print("compiling the dense program with AOTInductor (up to a minute)...",
               file=sys.stderr, flush=True)
     try:
-        aoti_compile_and_package(torch.export.load(out / PROGRAM_FILE), package_path=str(path))
-        package = aoti_load_package(str(path))
+        data = io.BytesIO()  # written by _write (torch's archive writer aborts on a full disk)
+        aoti_compile_and_package(torch.export.load(out / PROGRAM_FILE), package_path=data)
     except Exception as e:  # noqa: BLE001 - no C++ compiler, an op without a kernel: one line
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ExportError(f"{path}: AOTInductor could not compile the dense program: "
+                          f"{why[:300]}") from None
+    _write(path, data)
+    try:
+        package = aoti_load_package(str(path))
+    except Exception as e:  # noqa: BLE001 - a package this machine cannot load: one line
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ExportError(f"{path}: AOTInductor could not compile the dense program: "
                           f"{why[:300]}") from None
@@ -132,3 +147,9 @@ def aot_package(module: nn.Module, example: tuple, out: Path, progress: bool = F
                                   f"model on {len(inputs[0])} row(s) (max difference "
                                   f"{diff:.3g})")
     return AOT_FILE
+
+
+def _write(path: Path, data: io.BytesIO) -> None:
+    """``data`` as the file ``path``, whole or not at all; a full disk names ``path``."""
+    with writing(path):
+        write_atomic(path, data.getbuffer())

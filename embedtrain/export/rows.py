@@ -34,7 +34,7 @@ from embedtrain.data.reader import DataError, first_non_finite
 from embedtrain.export.manifest import ExportError
 from embedtrain.features import FeatureSpec
 from embedtrain.models.dynamic import EMPTY_ID
-from embedtrain.utils import natural_key, partial_path
+from embedtrain.utils import natural_key, partial_output
 
 RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)
 
@@ -172,12 +172,9 @@ def write_invalid(out: Path, tables: list) -> Optional[Path]:
         return None
     import polars as pl
 
-    partial = partial_path(path)
-    try:
+    with partial_output(path) as partial:  # removed on an error, a SIGTERM or SIGINT
         pl.concat(tables).write_parquet(partial)
         os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
     return path
 
 

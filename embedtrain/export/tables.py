@@ -33,8 +33,6 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import io
 import os
 from pathlib import Path
@@ -62,6 +60,8 @@ from torchrec.quant.embedding_modules import quantize_state_dict
 from embedtrain.export.manifest import BITS, Shard
 from embedtrain.models.dynamic import EMPTY_ID, unmix_ids
 from embedtrain.train.checkpoint import CheckpointError, SafeFileSystemReader, describe_error
+from embedtrain.runtime import release_freed_memory
+from embedtrain.utils import writing
 
 BLOCK_BYTES = 1 << 20  # rows are converted, written and quantized this many bytes at a time
 SCALE_BIAS_BYTES = 4  # fp16 scale + fp16 bias after each quantized row
@@ -126,6 +126,9 @@ class ShardReader(SafeFileSystemReader):
         self._sink = sink
         self.shards: list[Shard] = []
         self.error: Optional[str] = None  # what failed (DCP wraps the exception)
+        # an error of the sink (writing the output: a full disk) or an interruption, raised
+        # as it is by stream_tensor rather than as the checkpoint's
+        self.passed: Optional[BaseException] = None
 
     def read_data(self, plan, planner) -> Future:
         for req in sorted(plan.items, key=lambda r: tuple(r.dest_offsets)):
@@ -140,6 +143,9 @@ class ShardReader(SafeFileSystemReader):
                         stream = io.BytesIO(self.transforms.transform_load_stream(
                             req, info.transform_descriptors, stream).read())
                     tensor = torch.load(stream, map_location="cpu", weights_only=True)
+            except (KeyboardInterrupt, SystemExit) as e:  # a SIGTERM or Ctrl-C, not the file
+                self.passed = e
+                raise
             except (OSError, EOFError, RuntimeError, ValueError) as e:
                 why = ("it ends before the shard (truncated?)" if isinstance(e, EOFError)
                        else describe_error(e))
@@ -151,7 +157,11 @@ class ShardReader(SafeFileSystemReader):
             offsets = tuple(req.dest_offsets) + (0,) * (2 - len(req.dest_offsets))
             self.shards.append(Shard(int(offsets[0]), int(offsets[1]), int(tensor.shape[0]),
                                      int(tensor.shape[1]) if tensor.dim() > 1 else 1))
-            self._sink((int(offsets[0]), int(offsets[1])), tensor)
+            try:
+                self._sink((int(offsets[0]), int(offsets[1])), tensor)
+            except BaseException as e:  # noqa: BLE001 - the output's error (DCP wraps it)
+                self.passed = e
+                raise
             del tensor
         fut: Future = Future()
         fut.set_result(None)
@@ -216,8 +226,9 @@ def stream_tensor(path: str | os.PathLike, key: str, shape: Sequence[int],
     try:
         dcp.load(target, storage_reader=reader, planner=_MetaTargetPlanner(), no_dist=True)
     except BaseException as e:  # noqa: BLE001 - DCP wraps read errors in CheckpointException
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
+        if reader.passed is not None:  # the sink's (the output's) error, or an interruption
+            raise reader.passed from None
+        _raise_interruption(e)
         raise CheckpointError(reader.error or f"{path}: cannot read {key}: "
                                               f"{describe_error(e)}") from None
     finally:
@@ -225,23 +236,16 @@ def stream_tensor(path: str | os.PathLike, key: str, shape: Sequence[int],
     return reader.shards
 
 
-def release_freed_memory() -> None:
-    """Hands the heap's freed pages back to the OS (glibc's ``malloc_trim``; elsewhere a no-op).
-
-    A shard below glibc's (self-raising) mmap threshold is allocated on the heap; freed, its
-    pages would stay resident and add to the next, larger shard's.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim():
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
+def _raise_interruption(e: BaseException) -> None:
+    """Raises ``e``, or what DCP wrapped in it, where that is a ``KeyboardInterrupt`` (Ctrl-C,
+    a SIGTERM while a file is written: :class:`embedtrain.utils.Stopped`) or ``SystemExit``:
+    an interruption, not a checkpoint that cannot be read."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        raise e
+    for failure in (getattr(e, "failures", None) or {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, (KeyboardInterrupt, SystemExit)):
+            raise inner from None
 
 
 def load_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> None:
@@ -251,8 +255,7 @@ def load_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> N
                  planner=DefaultLoadPlanner(allow_partial_load=True),
                  no_dist=True)
     except BaseException as e:  # noqa: BLE001 - one line for DCP's many failure kinds
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
+        _raise_interruption(e)
         raise CheckpointError(f"{path}: cannot read the dense parameters: "
                               f"{describe_error(e)}") from None
 
@@ -285,8 +288,7 @@ def checkpoint_id_map(path: str | os.PathLike, prefix: str, rows: int
         dcp.load(tensors, storage_reader=SafeFileSystemReader(path), no_dist=True,
                  planner=DefaultLoadPlanner(allow_partial_load=True))
     except BaseException as e:  # noqa: BLE001 - one line for DCP's many failure kinds
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
+        _raise_interruption(e)
         raise CheckpointError(f"{path}: cannot read the remapping state of {prefix}: "
                               f"{describe_error(e)}") from None
     mixed, mapped, padded = tensors.values()
@@ -316,7 +318,8 @@ def write_id_map(path: str | os.PathLike, ids: torch.Tensor, rows: torch.Tensor)
     """``id`` and ``row`` (int64; ids ascending) as parquet (no dictionary: nothing repeats)."""
     table = pa.table({"id": _arrow(ids.numpy().astype(np.int64, copy=False)),
                       "row": _arrow(rows.numpy().astype(np.int64, copy=False))})
-    pq.write_table(table, path, use_dictionary=False)
+    with writing(path):  # a full disk names the file
+        pq.write_table(table, path, use_dictionary=False)
 
 
 def read_id_map(path: str | os.PathLike, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -352,8 +355,9 @@ class NpyWriter:
 
     Full-width shards are written with plain file writes straight from the shard's memory (a
     shard of another dtype is converted one row block at a time); column blocks (column-wise
-    sharding) through a memory map of one row block at a time, unmapped after each, so the
-    process never maps more than a block of the file.
+    sharding) one row block at a time: its rows read, their columns set, written back. Plain
+    writes only (no memory map, whose write to a full disk is a SIGBUS): a full disk is an
+    ``OSError`` naming the file.
     """
 
     def __init__(self, path: str | os.PathLike, shape: Sequence[int],
@@ -361,13 +365,18 @@ class NpyWriter:
         self.path = Path(path)
         self.shape = (int(shape[0]), int(shape[1]) if len(shape) > 1 else 1)
         self.dtype, self._torch_dtype = NPY_DTYPES[dtype], TORCH_DTYPES[dtype]
-        header = np.lib.format.open_memmap(self.path, mode="w+", dtype=self.dtype,
-                                           shape=self.shape)  # writes the header, sizes the file
-        self.offset = header.offset
-        del header  # nothing of the data was touched
-        self._file = open(self.path, "r+b")
+        with writing(self.path):  # a full disk names the file
+            header = np.lib.format.open_memmap(self.path, mode="w+", dtype=self.dtype,
+                                               shape=self.shape)  # the header, the file's size
+            self.offset = header.offset
+            del header  # nothing of the data was touched
+            self._file = open(self.path, "r+b")
 
     def write(self, offsets: tuple[int, int], shard: torch.Tensor) -> None:
+        with writing(self.path):  # a full disk names the file
+            self._write(offsets, shard)
+
+    def _write(self, offsets: tuple[int, int], shard: torch.Tensor) -> None:
         row0, col0 = offsets
         shard = shard.reshape(shard.shape[0], -1)
         rows, cols = shard.shape
@@ -380,17 +389,17 @@ class NpyWriter:
             if cols == width:
                 self._file.seek(self.offset + first * width * size)
                 self._file.write(memoryview(block).cast("B"))
-            else:
-                self._file.flush()
-                view = np.memmap(self._file, dtype=self.dtype, mode="r+",
-                                 offset=self.offset + first * width * size,
-                                 shape=(block.shape[0], width))
-                view[:, col0:col0 + cols] = block
-                view.flush()
-                del view
+            else:  # the block's rows read, their columns set, written back
+                rows_here = np.empty((block.shape[0], width), dtype=self.dtype)
+                self._file.seek(self.offset + first * width * size)
+                self._file.readinto(memoryview(rows_here).cast("B"))
+                rows_here[:, col0:col0 + cols] = block
+                self._file.seek(self.offset + first * width * size)
+                self._file.write(memoryview(rows_here).cast("B"))
 
     def close(self) -> None:
-        self._file.close()
+        with writing(self.path):
+            self._file.close()
 
     def __enter__(self) -> "NpyWriter":
         return self
@@ -439,20 +448,23 @@ def write_parquet(npy: str | os.PathLike, out: str | os.PathLike) -> None:
     A bfloat16 or float8 ``npy`` (uint16 or uint8 bits) is widened to float32 block by block."""
     writer = None
     try:
-        for start, block in npy_blocks(npy):
-            block = bits_to_float32(block)
-            n, dim = block.shape
-            vectors = pa.ListArray.from_arrays(
-                _arrow(np.arange(0, (n + 1) * dim, dim, dtype=np.int32)),
-                _arrow(block.reshape(-1)))
-            table = pa.table({"id": _arrow(np.arange(start, start + n, dtype=np.int64)),
-                              "vector": vectors})
-            if writer is None:
-                writer = pq.ParquetWriter(out, table.schema, use_dictionary=False)
-            writer.write_table(table)
+        with writing(out):  # a full disk names the file written
+            try:
+                for start, block in npy_blocks(npy):
+                    block = bits_to_float32(block)
+                    n, dim = block.shape
+                    vectors = pa.ListArray.from_arrays(
+                        _arrow(np.arange(0, (n + 1) * dim, dim, dtype=np.int32)),
+                        _arrow(block.reshape(-1)))
+                    table = pa.table({"id": _arrow(np.arange(start, start + n, dtype=np.int64)),
+                                      "vector": vectors})
+                    if writer is None:
+                        writer = pq.ParquetWriter(out, table.schema, use_dictionary=False)
+                    writer.write_table(table)
+            finally:
+                if writer is not None:
+                    writer.close()
     finally:
-        if writer is not None:
-            writer.close()
         pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages
         release_freed_memory()
 
@@ -490,14 +502,15 @@ def quantize_npy(npy: str | os.PathLike, out: str | os.PathLike, dtype: str) -> 
     with open(npy, "rb") as f:
         (rows, dim), _, _ = _npy_header(f)
     width = quantized_width(dim, dtype)
-    header = np.lib.format.open_memmap(out, mode="w+", dtype=np.uint8, shape=(rows, width))
-    offset = header.offset
-    del header
-    with open(out, "r+b") as f:
-        f.seek(offset)
-        for _, block in npy_blocks(npy):
-            fused = quantize_rows(torch.from_numpy(block), dtype).numpy()
-            f.write(memoryview(np.ascontiguousarray(fused)).cast("B"))
+    with writing(out):  # a full disk names the file written
+        header = np.lib.format.open_memmap(out, mode="w+", dtype=np.uint8, shape=(rows, width))
+        offset = header.offset
+        del header
+        with open(out, "r+b") as f:
+            f.seek(offset)
+            for _, block in npy_blocks(npy):
+                fused = quantize_rows(torch.from_numpy(block), dtype).numpy()
+                f.write(memoryview(np.ascontiguousarray(fused)).cast("B"))
     release_freed_memory()
     return rows * width
 
