@@ -125,7 +125,7 @@ def _train_here(args: argparse.Namespace, cfg, cluster, out: Path, resume: bool,
         print(_banner(run, trainer), file=sys.stderr)
         print(f"threads: {threads[0]} per rank ({threads[1]}); allocator: {allocator_setting()}",
               file=sys.stderr)
-    summary = trainer.fit(test_data=run.test_data)
+    summary = run.fit()
     if trainer.rank == 0:
         _print_summary(summary, out, run.recipe.summary_lines(summary))
     return 0
@@ -316,18 +316,12 @@ def _eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output_file(out, "--out")
-    cfg = load_run_config(run_dir / "config.yaml")
-    from embedtrain.recipes import build_run
+    from embedtrain.recipes import evaluate
 
     # Read-only: no plan files, no records, no result file in the run (a reader of a training
     # run must not race its writer); the result goes to stdout and, with --out, to that file.
-    run = build_run(cfg, run_dir, progress=False, record_plan=False)
-    if run.trainer.restore(args.checkpoint) is None:
-        raise UsageError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
-    data = run.eval_reader(args.split)
-    step = run.trainer.state.step
-    result = {"split": args.split, "step": step, **run.trainer.evaluate(data)}
-    if run.trainer.rank == 0:
+    result = evaluate(run_dir, args.split, args.checkpoint)
+    if _rank() == 0:
         text = json.dumps(result, indent=2) + "\n"
         if out is not None:
             write_atomic(out, text)

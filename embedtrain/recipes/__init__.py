@@ -21,9 +21,9 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from embedtrain.config import ClusterConfig, Config, ConfigError, TaskKind
+from embedtrain.config import ClusterConfig, Config, ConfigError, TaskKind, load_run_config
 from embedtrain.recipes.base import Recipe, Run
 from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.recipes.gnn import LinkPredictionRecipe, NodeClassificationRecipe
@@ -111,10 +111,39 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
     return recipe_for(cfg).build_run(out_dir, progress, cluster, record_plan)
 
 
+def fit(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None
+        ) -> dict[str, Any]:
+    """Trains ``cfg`` into run directory ``out_dir`` (``build_run(...).fit()``) and returns the
+    summary; the run is one like ``embedtrain train`` makes (``config.yaml`` recorded)."""
+    return build_run(cfg, out_dir, progress).fit()
+
+
+def evaluate(run_dir: str | os.PathLike, split: str = "test",
+             checkpoint: Optional[str] = None) -> dict[str, Any]:
+    """A run's checkpoint (default: the newest complete one) evaluated on ``split`` of its data
+    set. Read-only: no plan files, records or result file are written into the run.
+
+    Returns:
+        ``{"split", "step", <the task's metrics>}``.
+
+    Raises:
+        ValueError: not a run directory, or no complete checkpoint (one line).
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"{run_dir}: not a run directory (no config.yaml)")
+    run = build_run(load_run_config(run_dir / "config.yaml"), run_dir, progress=False,
+                    record_plan=False)
+    if run.trainer.restore(checkpoint) is None:
+        raise ValueError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
+    data = run.eval_reader(split)
+    return {"split": split, "step": run.trainer.state.step, **run.trainer.evaluate(data)}
+
+
 def plan_model(cfg: Config, cluster: ClusterConfig) -> PlanResult:
     """Dry-run plan of ``cfg``'s model on ``cluster`` (no GPU, no process group)."""
     return recipe_for(cfg).plan(cluster)
 
 
-__all__ = ["RECIPES", "Recipe", "Run", "build_run", "family_recipe", "plan_model", "recipe_class",
-           "recipe_for", "serving_refusal"]
+__all__ = ["RECIPES", "Recipe", "Run", "build_run", "evaluate", "family_recipe", "fit", "plan_model",
+           "recipe_class", "recipe_for", "serving_refusal"]

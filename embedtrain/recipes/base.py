@@ -45,6 +45,7 @@ from embedtrain.config import (
     PipelineKind,
     TableConstraint,
     check_world_size,
+    dump_config,
 )
 from embedtrain.recipes.export_parts import ExportParts
 from embedtrain.runtime import fit_allocator
@@ -82,6 +83,31 @@ class Run:
     recipe: "Recipe"
     test_data: Optional[EpochData]
     eval_reader: Callable[[str], EpochData]  # the evaluation reader of any split
+
+    def fit(self) -> dict[str, Any]:
+        """Trains to the end and returns ``summary.json``'s content, after recording the run's
+        ``config.yaml`` where it has none: a run started from Python is then evaluated,
+        exported, planned and resumed like one ``embedtrain train`` made."""
+        if self.trainer.rank == 0:
+            path = self.trainer.run_dir.root / "config.yaml"
+            if not path.is_file():
+                dump_config(recorded_config(self.recipe), path)
+        return self.trainer.fit(test_data=self.test_data)
+
+
+def recorded_config(recipe: "Recipe") -> Config:
+    """``recipe.cfg`` as a run records it: a recipe class of the user's given by import path
+    (``recipe: module:Class``), so that ``embedtrain eval``/``export`` rebuild it; one defined
+    in ``__main__`` cannot be imported again, and is said so (once, on stderr)."""
+    cfg, cls = recipe.cfg, type(recipe)
+    if cfg.recipe is not None or cls.__module__.startswith("embedtrain.recipes."):
+        return cfg  # named already, or a built-in one (the task's)
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        print(f"warning: recipe {cls.__qualname__} is defined in {cls.__module__}: the run's "
+              "config.yaml cannot name it, and `embedtrain eval/export` will use the task's "
+              "built-in recipe; define it in a module to record it", file=sys.stderr)
+        return cfg
+    return dataclasses.replace(cfg, recipe=f"{cls.__module__}:{cls.__qualname__}")
 
 
 @dataclass

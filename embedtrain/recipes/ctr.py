@@ -75,8 +75,8 @@ class CTRRecipe(TabularRecipe):
         """The data set's features and the dense program (:meth:`after_lookup`: DLRM / DCNv2's
         bottom MLP, interaction and top MLP)."""
         meta = self.dataset
-        n_dense, dim = len(meta.features.dense), self.cfg.model.embedding_dim
         n = len(tables) - self._linear_tables(tables)
+        n_dense, dim = len(meta.features.dense), tables[0][2]  # the model's, not a config key
         example = (torch.randn(4, n_dense), torch.randn(4, n, dim))
         inputs = [f"dense: float32 [B, {n_dense}] (features.dense, in order)",
                   f"pooled: float32 [B, {n}, {dim}] (the pooled embeddings of the first {n} "
