@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import re
@@ -52,6 +53,7 @@ from embedtrain.models.options import (
     Rounding,
     SeqModel,
     TableKind,
+    mlp_sizes,
 )
 from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKind: cluster files)
     ClusterConfig,
@@ -82,7 +84,7 @@ __all__ = [
     "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TableKind",
     "TableSpec", "TaskKind",
     "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
-    "load_config", "load_run_config", "parse_scalar", "to_dict",
+    "load_config", "load_run_config", "parse_scalar", "to_dict", "with_derived_sizes",
 ]
 
 
@@ -122,9 +124,13 @@ class ModelConfig:
     """DLRM / DCNv2 / DeepFM architecture; all embedding tables share ``embedding_dim``."""
 
     interaction: Interaction = Interaction.DOT
-    embedding_dim: int = config_field(16, check=POSITIVE)
-    bottom_mlp: list[int] = config_field(factory=lambda: [64, 16], check=POSITIVE)
-    top_mlp: list[int] = config_field(factory=lambda: [128, 64, 1], check=POSITIVE)
+    # FBGEMM's table-batched kernels take widths in multiples of 4
+    embedding_dim: int = config_field(16, check=(lambda v: v > 0 and v % 4 == 0,
+                                                 "must be a positive multiple of 4"))
+    # the bottom MLP ends at embedding_dim, the top one at 1 (the logit): each end is appended
+    # where the list does not end with it already (models.options.mlp_sizes)
+    bottom_mlp: list[int] = config_field(factory=lambda: [64], check=POSITIVE)
+    top_mlp: list[int] = config_field(factory=lambda: [128, 64], check=POSITIVE)
     dcn_num_layers: int = config_field(3, check=POSITIVE)
     dcn_low_rank_dim: int = config_field(64, check=POSITIVE)
     # dropout after each hidden layer of the bottom and top MLPs (0: none)
@@ -399,6 +405,15 @@ def check_world_size(cfg: Config, world_size: int, source: str = "") -> None:
         if value % world_size:
             raise ConfigError(f"{prefix}data.{key}: {value} (the global batch) does not split "
                               f"evenly over {world_size} ranks; use a multiple of {world_size}")
+
+
+def with_derived_sizes(cfg: Config) -> Config:
+    """``cfg`` with the MLPs' derived ends written out (:func:`~embedtrain.models.options.
+    mlp_sizes`): the sizes a run builds, by which two configs compare (a resume of a run whose
+    config wrote them out, with one that leaves them to be derived, changes nothing)."""
+    m = cfg.model
+    bottom, top = mlp_sizes(m.embedding_dim, m.bottom_mlp, m.top_mlp)
+    return dataclasses.replace(cfg, model=dataclasses.replace(m, bottom_mlp=bottom, top_mlp=top))
 
 
 # Config keys a resumed run may change: how long it trains and how often it evaluates and

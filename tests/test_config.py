@@ -24,7 +24,8 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 def test_shipped_configs_load(path):
     cfg = load_config(path)
     assert isinstance(cfg, Config)
-    assert cfg.model.bottom_mlp[-1] == cfg.model.embedding_dim  # the model builder requires it
+    # the MLPs list hidden layers; their ends (embedding_dim, the logit) are derived
+    assert cfg.model.bottom_mlp[-1] != cfg.model.embedding_dim and cfg.model.top_mlp[-1] != 1
 
 
 def _write(tmp_path, text):
@@ -210,7 +211,8 @@ def test_yaml_1_2_floats(tmp_path, text):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("model:\n  embedding_dim: 0\n", "model.embedding_dim: must be positive, got 0"),
+    ("model:\n  embedding_dim: 0\n", "model.embedding_dim: must be a positive multiple of 4, got 0"),
+    ("model:\n  embedding_dim: 6\n", "model.embedding_dim: must be a positive multiple of 4, got 6"),
     ("model:\n  top_mlp: [32, 0, 1]\n", "model.top_mlp[1]: must be positive, got 0"),
     ("optim:\n  dense_lr: -1e-3\n", "optim.dense_lr: must be positive, got -0.001"),
     ("optim:\n  sparse_lr: 0\n", "optim.sparse_lr: must be positive, got 0.0"),

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from embedtrain.data.reader import ParquetBatchReader
@@ -37,12 +38,20 @@ def test_forward_backward_shapes(batch_and_spec, builder):
     assert grad_rows == used
 
 
-def test_size_checks(batch_and_spec):
+def test_the_mlps_ends_are_derived(batch_and_spec):
+    # the bottom MLP ends at embedding_dim, the top one at the logit: appended where missing,
+    # a list that ends there already means what it did
     _, spec = batch_and_spec
-    with pytest.raises(ValueError, match="bottom_mlp must end with embedding_dim=8"):
-        dlrm(spec, embedding_dim=8, bottom_mlp=[16, 4], top_mlp=[1])
-    with pytest.raises(ValueError, match="top_mlp must end with 1"):
-        dlrm(spec, embedding_dim=8, bottom_mlp=[8], top_mlp=[4, 2])
+
+    def sizes(model):
+        return ([m.out_features for m in model.dense_arch.modules() if isinstance(m, nn.Linear)],
+                [m.out_features for m in model.over_arch.modules() if isinstance(m, nn.Linear)])
+
+    assert sizes(dlrm(spec, embedding_dim=8, bottom_mlp=[16, 4], top_mlp=[4, 2])) == (
+        [16, 4, 8], [4, 2, 1])
+    assert sizes(dlrm(spec, embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[4, 1])) == (
+        [16, 8], [4, 1])
+    assert sizes(dlrm(spec, embedding_dim=8, bottom_mlp=[], top_mlp=[4])) == ([8], [4, 1])
 
 
 def test_dmp_one_rank_matches_unsharded(batch_and_spec):

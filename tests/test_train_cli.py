@@ -160,3 +160,27 @@ def test_missing_dataset_is_one_line(tiny, tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"embedtrain train: error: {tmp_path}/none/metadata.json: data set metadata not found "
         "(generate one with: embedtrain datagen ctr|xc --out DIR)"]
+
+
+def test_a_run_that_wrote_the_mlps_ends_resumes_with_a_config_that_derives_them(tiny, tmp_path):
+    # a run directory from before the ends were derived lists them ([16, 8], [32, 1]); the same
+    # model from a config of hidden layers ([16], [32]) is no change, another model is
+    root, _ = tiny
+    data = root / "data"
+    run = tmp_path / "run"
+    old = tmp_path / "old.yaml"
+    old.write_text(f"data: {{path: {data}, batch_size: 256}}\nmodel: {{embedding_dim: 8, "
+                   "bottom_mlp: [16, 8], top_mlp: [32, 1]}\ntrain: {max_steps: 4, eval_every: 0, "
+                   "checkpoint_every: 2, progress: false}\n")
+    assert embedtrain("train", str(old), "--out", str(run)).returncode == 0
+    new = tmp_path / "new.yaml"
+    new.write_text(old.read_text().replace("[16, 8]", "[16]").replace("[32, 1]", "[32]"))
+    saved = (run / "config.yaml").read_bytes()
+    r = embedtrain("train", str(new), "--out", str(run), "--resume", "--set", "train.max_steps=6")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == 6
+    assert (run / "config.yaml").read_bytes() != saved  # max_steps recorded
+    other = new.read_text().replace("[16]", "[24]")
+    new.write_text(other)
+    r = embedtrain("train", str(new), "--out", str(run), "--resume", "--set", "train.max_steps=8")
+    assert r.returncode == 2 and "model.bottom_mlp: [16, 8] -> [24, 8]" in r.stderr, r.stderr

@@ -39,7 +39,7 @@ train: {{epochs: 4, max_steps: 40, eval_every: 10, checkpoint_every: 10, eval_ma
 SPACE = """
 optim.sparse_lr: {loguniform: [0.001, 0.5]}
 optim.dense_lr: {loguniform: [0.0001, 0.01]}
-model.embedding_dim: {choice: [8, 6]}   # 6: the model refuses it (bottom_mlp ends with 8)
+data.batch_size: {choice: [256, 8192]}  # 8192: more than the train split: the trial fails
 train.keep_checkpoints: 1               # fixed for every trial
 """
 TRIALS = 5
@@ -133,7 +133,7 @@ def test_a_bad_space_file_is_one_line_naming_file_and_key(tmp_path, text, messag
     ("optim.sparse_lrr: {loguniform: [0.01, 0.1]}",
      "optim.sparse_lrr: unknown key (did you mean 'sparse_lr'?) (from loguniform [0.01, 0.1])"),
     ("model.embedding_dim: {choice: [8, 0]}",
-     "model.embedding_dim: must be positive, got 0 (from choice [8, 0])"),
+     "model.embedding_dim: must be a positive multiple of 4, got 0 (from choice [8, 0])"),
     ("model.embedding_dim: {uniform: [4, 8]}",
      "model.embedding_dim: expected an integer, got float 4.0 (from uniform [4, 8]); uniform "
      "draws floats: use randint or choice"),
@@ -160,7 +160,7 @@ def test_the_cli_refuses_a_bad_space_before_starting_anything(tiny, tmp_path):
     r = run_cli("tune", str(config), "--space", str(path), "--out", str(out))
     assert r.returncode == 2
     assert r.stderr.strip() == (f"embedtrain tune: error: {path}: model.embedding_dim: must be "
-                                f"positive, got -1 (from choice [8, -1])"), r.stderr
+                                f"a positive multiple of 4, got -1 (from choice [8, -1])"), r.stderr
     assert not out.exists()
     r = run_cli("tune", str(config), "--space", str(tmp_path / "none.yaml"), "--out", str(out))
     assert r.returncode == 2 and "none.yaml: search space file not found" in r.stderr
@@ -202,8 +202,8 @@ def test_a_crashing_trial_is_the_last_line_of_its_traceback(tiny, tmp_path, monk
     monkeypatch.undo()
     with trial._trial_output(tmp_path / "log") as log:
         error = trial._train(setup, {"model.embedding_dim": 0}, run, reporter, log)
-    assert error == (f"embedtrain train: error: {config}: model.embedding_dim: must be positive, "
-                     "got 0")
+    assert error == (f"embedtrain train: error: {config}: model.embedding_dim: must be a positive "
+                     "multiple of 4, got 0")
 
 
 def test_a_search_directory_is_resumed_only_with_the_same_settings(tiny, tmp_path):
@@ -391,7 +391,7 @@ def test_the_search_writes_consistent_results(search, tiny):
     cfg = load_config(out / "best.yaml")
     assert cfg.optim.sparse_lr == winner["config"]["optim.sparse_lr"]
     assert cfg.optim.dense_lr == winner["config"]["optim.dense_lr"]
-    assert cfg.model.embedding_dim == winner["config"]["model.embedding_dim"]
+    assert cfg.data.batch_size == winner["config"]["data.batch_size"]
     assert cfg.train.select.value == "best" and cfg.train.keep_checkpoints == 1
     assert cfg == load_config(Path(winner["run_dir"]) / "config.yaml")
     # best.json's test metrics: the winner's selected checkpoint's
@@ -416,10 +416,11 @@ def test_a_failing_trial_is_one_line_and_the_search_goes_on(search):
     out, _, _, resumed = search
     trials = json.loads((out / "trials.json").read_text())
     failed = [t for t in trials if t["status"] == "error"]
-    assert failed and all(t["config"]["model.embedding_dim"] == 6 for t in failed)
+    assert failed and all(t["config"]["data.batch_size"] == 8192 for t in failed)
     for t in failed:
-        assert t["error"] == ("embedtrain train: error: model.bottom_mlp must end with "
-                              "embedding_dim=6, got [16, 8]"), t["error"]
+        assert t["error"].startswith("embedtrain train: error: data.batch_size: 8,192 (the "
+                                     "global batch) is larger than the train split"), t["error"]
+        assert "\n" not in t["error"]
         assert t["best_value"] is None
     ok = [t for t in trials if t["status"] in ("done", "stopped")]
     assert len(ok) + len(failed) == TRIALS and any(t["status"] == "done" for t in ok)

@@ -26,6 +26,7 @@ from embedtrain.config import (
     load_cluster,
     load_config,
     load_run_config,
+    with_derived_sizes,
 )
 from embedtrain.runtime import allocator_setting, mark, threads_per_rank, usable_cores
 from embedtrain.train.run_dir import LOCK_FILE, RunDir
@@ -246,7 +247,7 @@ def _check_run_dir(cfg, out: Path, resume: bool, overwrite: bool,
     if not saved_file.is_file():
         return {}
     saved = load_run_config(saved_file)
-    changes = changed_keys(saved, cfg)
+    changes = changed_keys(with_derived_sizes(saved), with_derived_sizes(cfg))
     unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE_KEYS}
     if unsafe:
         shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(unsafe.items())[:4])

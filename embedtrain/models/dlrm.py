@@ -27,7 +27,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.features import FeatureSpec
 from embedtrain.models.dynamic import feature_tables
-from embedtrain.models.options import DynamicTable, Interaction
+from embedtrain.models.options import DynamicTable, Interaction, mlp_sizes
 
 
 def embedding_bag_collection(
@@ -65,9 +65,10 @@ def dlrm(
 
     Args:
         spec: the feature spec (dense columns feed the bottom MLP, sparse ones the tables).
-        embedding_dim: table dimension; must equal ``bottom_mlp[-1]``.
+        embedding_dim: table dimension; the bottom MLP's output (appended to ``bottom_mlp``
+            unless it ends with it, :func:`mlp_sizes`).
         bottom_mlp: layer sizes of the dense arch.
-        top_mlp: layer sizes of the over arch; the last must be 1 (the logit).
+        top_mlp: layer sizes of the over arch; its last, 1 (the logit), appended if missing.
         device: device of the embedding tables (``meta`` for planning).
         dropout: probability of dropping each hidden unit of the bottom and top MLPs in
             training (after each layer's activation; not after the bottom MLP's output or the
@@ -145,7 +146,7 @@ def ctr_model(
         ValueError: layer sizes that do not fit, a negative ``embedding_l2``, or ``linear``
             with dynamic tables.
     """
-    _check_sizes(embedding_dim, bottom_mlp, top_mlp)
+    bottom_mlp, top_mlp = mlp_sizes(embedding_dim, bottom_mlp, top_mlp)
     if embedding_l2 < 0:
         raise ValueError(f"optim.embedding_l2: must be >= 0, got {embedding_l2}")
     linear_tables = None
@@ -324,12 +325,3 @@ def add_dropout(model: nn.Module, p: float) -> nn.Module:
     for perceptron in bottom + top:
         perceptron._activation_fn = _ActivationDropout(perceptron._activation_fn, p)
     return model
-
-
-def _check_sizes(embedding_dim: int, bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> None:
-    if not bottom_mlp or bottom_mlp[-1] != embedding_dim:
-        raise ValueError(
-            f"model.bottom_mlp must end with embedding_dim={embedding_dim}, got {list(bottom_mlp)}"
-        )
-    if not top_mlp or top_mlp[-1] != 1:
-        raise ValueError(f"model.top_mlp must end with 1 (the logit), got {list(top_mlp)}")

@@ -6,6 +6,7 @@ No torch import: the config loads these without building anything.
 from __future__ import annotations
 
 import enum
+from typing import Sequence
 from dataclasses import dataclass
 
 
@@ -126,3 +127,18 @@ class DynamicTable:
     eviction: Eviction = Eviction.LRU
     eviction_interval: int = 1
     ttl_steps: int = 0
+
+
+def mlp_sizes(embedding_dim: int, bottom_mlp: Sequence[int], top_mlp: Sequence[int]
+              ) -> tuple[list[int], list[int]]:
+    """The MLPs' layers with their derived ends: the bottom MLP's output meets the embeddings
+    (``embedding_dim``), the top MLP's is the logit (1). Each is appended where the list does
+    not end with it already, so a list written with its end means what it always did, and one
+    of hidden layers only follows ``embedding_dim`` wherever it is set (a search over it)."""
+    bottom = list(bottom_mlp)
+    if not bottom or bottom[-1] != embedding_dim:
+        bottom.append(embedding_dim)
+    top = list(top_mlp)
+    if not top or top[-1] != 1:
+        top.append(1)
+    return bottom, top
