@@ -35,6 +35,8 @@ _EXPORTS = {
     # data sets
     "DatasetMeta": "embedtrain.features", "FeatureSpec": "embedtrain.features",
     "SparseFeature": "embedtrain.features", "load_dataset_meta": "embedtrain.features",
+    # models: the tables for a data set's features (a model of one's own builds them)
+    "embedding_bag_collection": "embedtrain.models.dlrm",
     # runs
     "Recipe": "embedtrain.recipes", "Run": "embedtrain.recipes",
     "build_run": "embedtrain.recipes", "fit": "embedtrain.recipes",
@@ -47,6 +49,7 @@ _EXPORTS = {
 __all__ = [
     "__version__", "Config", "ClusterConfig", "load_config", "load_cluster", "ConfigError",
     "from_dict", "dump_config", "DatasetMeta", "FeatureSpec", "SparseFeature", "load_dataset_meta",
+    "embedding_bag_collection",
     "Recipe", "Run", "build_run", "fit", "evaluate", "plan_model", "Trainer", "Task",
     "export_run", "predict",
 ]
@@ -58,6 +61,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from embedtrain.export.export import export_run
     from embedtrain.export.predict import predict
     from embedtrain.features import DatasetMeta, FeatureSpec, SparseFeature, load_dataset_meta
+    from embedtrain.models.dlrm import embedding_bag_collection
     from embedtrain.recipes import Recipe, Run, build_run, evaluate, fit, plan_model
     from embedtrain.train.task import Task
     from embedtrain.train.trainer import Trainer

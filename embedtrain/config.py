@@ -334,7 +334,9 @@ class Config:
 
     task: TaskKind = TaskKind.CTR
     data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # the CTR model: the built-in DLRM / DCNv2 / DeepFM's keys, or a model of one's own by
+    # import path with its keys ({_component_: package.module:Name, ...}: its signature's)
+    model: ModelConfig = config_field(factory=ModelConfig, component=True)
     xc: XCConfig = field(default_factory=XCConfig)
     gnn: GNNConfig = field(default_factory=GNNConfig)
     seq: SeqConfig = field(default_factory=SeqConfig)
@@ -412,6 +414,8 @@ def with_derived_sizes(cfg: Config) -> Config:
     mlp_sizes`): the sizes a run builds, by which two configs compare (a resume of a run whose
     config wrote them out, with one that leaves them to be derived, changes nothing)."""
     m = cfg.model
+    if not isinstance(m, ModelConfig):  # a component: its own keys, nothing derived here
+        return cfg
     bottom, top = mlp_sizes(m.embedding_dim, m.bottom_mlp, m.top_mlp)
     return dataclasses.replace(cfg, model=dataclasses.replace(m, bottom_mlp=bottom, top_mlp=top))
 

@@ -37,7 +37,7 @@ import reprlib
 import sys
 import types
 import typing
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar, Union
 
@@ -62,17 +62,56 @@ FANOUT = (lambda v: v > 0 or v == -1, "must be positive, or -1 for all neighbour
 
 def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
                  check: Optional[tuple[Callable[[Any], bool], str]] = None,
-                 path: bool = False, text: bool = False) -> Any:
+                 path: bool = False, text: bool = False, component: bool = False) -> Any:
     """A config field; ``check`` applies to the value (each element of a list), ``path`` marks
     a file path resolved against the config file's directory. ``text``: the field's strings
     also accept YAML numbers and booleans, as their text (``0`` -> ``"0"``, ``true`` ->
     ``"true"``), and a single value where a list of them is expected (values compared with a
-    data column's text, e.g. a split column's)."""
-    metadata = {"check": check, "path": path, "text": text}
+    data column's text, e.g. a split column's). ``component``: the section may instead be a
+    :class:`Component` (``{_component_: package.module:Name, ...its keys}``)."""
+    metadata = {"check": check, "path": path, "text": text, "component": component}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
 
+
+
+COMPONENT_KEY = "_component_"
+COMPONENT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass
+class Component:
+    """A section given as a callable by import path and its own keys (``{_component_:
+    package.module:Name, key: value, ...}``); the keys are checked against the callable's
+    signature when it is built (:func:`embedtrain.components.build`), not by a schema."""
+
+    path: str
+    keys: dict[str, Any] = field(default_factory=dict)
+
+
+def _component(value: dict, source: str, key_path: str) -> Component:
+    path = value[COMPONENT_KEY]
+    if not isinstance(path, str) or not COMPONENT_PATH.match(path):
+        raise ConfigError(f"{source}: {key_path}.{COMPONENT_KEY}: expected an import path "
+                          f"package.module:Name, got {_describe(path)}")
+    keys = {k: v for k, v in value.items() if k != COMPONENT_KEY}
+    bad = next((k for k in keys if not isinstance(k, str) or not k.isidentifier()), None)
+    if bad is not None:
+        raise ConfigError(f"{source}: {key_path}: {bad!r} is not a keyword argument name")
+    return Component(path, keys)
+
+
+def convert(tp: Any, value: Any, key_path: str) -> Any:
+    """``value`` checked and converted to type ``tp`` as a config field of that type would be.
+
+    Raises:
+        ConfigError: ``<key_path>: expected ...`` in one line.
+    """
+    try:
+        return _convert(tp, value, "", key_path)
+    except ConfigError as e:
+        raise ConfigError(str(e).removeprefix(": ")) from None
 
 
 def read_yaml(path: Path, what: str = "config file") -> Any:
@@ -243,6 +282,12 @@ def _absolute(value: str, base: Path) -> str:
 def changed_keys(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     """``{key path: (old value, new value)}`` of every field that differs between two configs."""
     out: dict[str, tuple[Any, Any]] = {}
+    if isinstance(old, Component) and isinstance(new, Component):  # key by key, as a section
+        old, new = to_dict(old), to_dict(new)
+        for key in dict.fromkeys([*old, *new]):
+            if old.get(key) != new.get(key):
+                out[f"{prefix}{key}"] = (old.get(key), new.get(key))
+        return out
     if dataclasses.is_dataclass(old) and type(old) is type(new):
         for f in dataclasses.fields(old):
             out.update(changed_keys(getattr(old, f.name), getattr(new, f.name),
@@ -275,6 +320,10 @@ def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "",
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(fields)})"
             raise ConfigError(f"{source}: {key_path}: unknown key{hint}")
+        if (fields[key].metadata.get("component") and isinstance(value, dict)
+                and COMPONENT_KEY in value):
+            kwargs[key] = _component(value, source, key_path)
+            continue
         kwargs[key] = _convert(hints[key], value, source, key_path,
                                text=fields[key].metadata.get("text", False))
         check = fields[key].metadata.get("check")
@@ -300,6 +349,8 @@ def _check(value: Any, check: tuple[Callable[[Any], bool], str], source: str,
 
 def to_dict(obj: Any) -> Any:
     """Plain-data view of a config (enums as their values), suitable for YAML/JSON."""
+    if isinstance(obj, Component):
+        return {COMPONENT_KEY: obj.path, **to_dict(obj.keys)}
     if dataclasses.is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, enum.Enum):

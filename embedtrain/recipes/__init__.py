@@ -16,13 +16,11 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
-import traceback
 from pathlib import Path
 from typing import Any, Optional
 
+from embedtrain.components import resolve
 from embedtrain.config import ClusterConfig, Config, ConfigError, TaskKind, load_run_config
 from embedtrain.recipes.base import Recipe, Run
 from embedtrain.recipes.ctr import CTRRecipe
@@ -55,32 +53,10 @@ def recipe_class(cfg: Config) -> type[Recipe]:
     """
     if cfg.recipe is None:
         return RECIPES[cfg.task]
-    module_name, _, class_name = cfg.recipe.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # after everything installed: it cannot shadow a package
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"recipe: {cfg.recipe}: cannot import {module_name} ({e}); is its "
-                          "folder on PYTHONPATH or the current directory?") from None
-    except Exception as e:  # noqa: BLE001 - the user's module failed while importing: one line
-        where = (f"{e.filename}, line {e.lineno}" if isinstance(e, SyntaxError)
-                 else _raised_where(e, module_name))
-        raise ConfigError(f"recipe: {cfg.recipe}: importing {module_name} raised "
-                          f"{type(e).__name__}: {e} ({where})") from None
-    cls = getattr(module, class_name, None)
+    cls = resolve(cfg.recipe, "recipe")
     if not (isinstance(cls, type) and issubclass(cls, Recipe)):
-        what = "no such name" if cls is None else f"{type(cls).__name__}, not a Recipe subclass"
-        raise ConfigError(f"recipe: {cfg.recipe}: {what} in {module.__file__}")
+        raise ConfigError(f"recipe: {cfg.recipe}: {type(cls).__name__}, not a Recipe subclass")
     return cls
-
-
-def _raised_where(e: BaseException, module_name: str) -> str:
-    """``file, line N`` of the deepest frame of ``e``'s traceback in the module's file."""
-    frames = traceback.extract_tb(e.__traceback__)
-    top = module_name.split(".")[-1]
-    ours = [f for f in frames if Path(f.filename).stem == top] or frames[-1:]
-    return f"{ours[-1].filename}, line {ours[-1].lineno}" if ours else module_name
 
 
 def family_recipe(cfg: Config) -> Recipe:

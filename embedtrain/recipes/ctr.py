@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from embedtrain.config import Interaction
+from embedtrain.components import Component, build
+from embedtrain.config import ConfigError, Interaction
 from embedtrain.models.dlrm import ctr_model, embedding_penalty
 from embedtrain.recipes.base import Oracle, oracle_of
 from embedtrain.recipes.export_parts import DenseExport, ExportParts
@@ -28,8 +29,18 @@ class CTRRecipe(TabularRecipe):
     printed_metrics = ("auc", "ne", "logloss", "calibration")
 
     def planning_model(self) -> nn.Module:
-        """``model``'s DLRM (``interaction: dot``) or DCNv2 (``dcn``) on ``meta``, tables fused."""
+        """``model``'s DLRM (``interaction: dot``) or DCNv2 (``dcn``) on ``meta``, tables fused;
+        or the model ``model: {_component_: ...}`` names, built with the data set's
+        ``features``, ``device`` (``meta``) and its own keys: ``(dense, KeyedJaggedTensor) ->
+        logit``, its tables TorchRec modules (:func:`embedtrain.models.dlrm.
+        embedding_bag_collection` makes the data set's)."""
         m, features = self.cfg.model, self.dataset.features
+        if isinstance(m, Component):
+            if self.feature_dynamic_tables():
+                raise ConfigError("tables: dynamic tables are built by the built-in CTR model; "
+                                  f"model: {m.path} builds its own tables")
+            return self.fuse_sparse(build(m, "model", features=features,
+                                          device=torch.device("meta")))
         model = ctr_model(features, m.interaction, m.embedding_dim, m.bottom_mlp, m.top_mlp,
                           m.dcn_num_layers, m.dcn_low_rank_dim, torch.device("meta"), m.dropout,
                           self.feature_dynamic_tables(), self.linear,
@@ -55,7 +66,17 @@ class CTRRecipe(TabularRecipe):
     def linear(self) -> bool:
         """Whether the model has the first-order term (``model.linear``; unset: with ``fm``)."""
         m = self.cfg.model
+        if isinstance(m, Component):
+            return False  # a model of one's own has the terms it builds
         return m.linear if m.linear is not None else m.interaction is Interaction.FM
+
+    def export_refusal(self) -> Optional[str]:
+        """A model given by import path: not exported yet (export writes the built-in models'
+        dense program, from their layers)."""
+        if isinstance(self.cfg.model, Component):
+            return (f"model: {self.cfg.model.path}: a model given by import path is not "
+                    "exported yet (export writes DLRM / DCNv2 / DeepFM's dense program)")
+        return super().export_refusal()
 
     def task(self) -> CTRTask:
         """Binary cross-entropy (plus the model's embedding penalty); AUC, NE, log loss,
