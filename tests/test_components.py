@@ -4,6 +4,9 @@ by DMP, fused sparse optimizer, DCP checkpoints, the run directory), its keys ch
 signature before anything is built, each mistake one line naming the key."""
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -15,7 +18,7 @@ from embedtrain.config_io import Component, ConfigError
 from embedtrain.testing import tiny_ctr_dataset
 
 GATED = textwrap.dedent('''
-    """A DLRM whose interaction is a gate: the user's model, 20-odd lines."""
+    """A DLRM whose interaction is a gate: the user's model."""
     from typing import Sequence
 
     import torch
@@ -31,16 +34,19 @@ GATED = textwrap.dedent('''
             self.tables = et.embedding_bag_collection(features, embedding_dim, device)
             self.keys = [f.name for f in features.sparse]
             width = len(features.dense) + embedding_dim * len(self.keys)
-            self.gate = nn.Linear(width, width, device=device)
+            self.gate = nn.Linear(width, width)
             layers, last = [], width
             for size in hidden:
-                layers += [nn.Linear(last, size, device=device), nn.ReLU()]
+                layers += [nn.Linear(last, size), nn.ReLU()]
                 last = size
-            self.top = nn.Sequential(*layers, nn.Linear(last, 1, device=device))
+            self.top = nn.Sequential(*layers, nn.Linear(last, 1))
 
         def forward(self, dense, sparse):
             pooled = self.tables(sparse)
-            x = torch.cat([dense, *(pooled[k] for k in self.keys)], dim=1)
+            return self.forward_pooled(dense, torch.stack([pooled[k] for k in self.keys], 1))
+
+        def forward_pooled(self, dense, pooled):  # after the lookups: what export writes
+            x = torch.cat([dense, pooled.flatten(1)], dim=1)
             return self.top(x * torch.sigmoid(self.gate(x))).squeeze(-1)
 ''')
 
@@ -78,11 +84,33 @@ def test_a_model_by_import_path_trains_evaluates_and_resumes(user, tmp_path):
     r = run_cli("train", str(config), "--out", str(run), "--resume", "--set", "model.hidden=[16]",
                 "--set", "train.max_steps=9", cwd=root)
     assert r.returncode == 2 and "in model.hidden: [8, 8] -> [16];" in r.stderr, r.stderr
-    # not exported yet: one line, before anything is written
+    # exported (its forward_pooled the dense program) and served without its code: predict
+    # scores the test split with the AUC evaluation gave
     r = run_cli("export", str(run), "--out", str(tmp_path / "export"), cwd=root)
+    assert r.returncode == 0, r.stderr
+    data = load_run_config(run / "config.yaml").data.path
+    r = subprocess.run([sys.executable, "-m", "embedtrain", "predict", str(tmp_path / "export"),
+                        "--input", f"{data}/test", "--out", str(tmp_path / "p.parquet")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode == 0, r.stderr  # gated_user.py is not importable from tmp_path
+    auc = float(next(line.split()[-1] for line in r.stdout.splitlines() + r.stderr.splitlines()
+                     if line.strip().startswith("auc")))
+    assert auc == pytest.approx(summary["auc"], abs=1e-4)
+
+
+def test_a_component_without_forward_pooled_is_refused_at_export(user, tmp_path):
+    root, config = user
+    (tmp_path / "plain_user.py").write_text(GATED.replace("def forward_pooled", "def _pooled")
+                                            .replace("self.forward_pooled(", "self._pooled("))
+    cfg = tmp_path / "plain.yaml"
+    cfg.write_text(config.read_text().replace("gated_user:", "plain_user:"))
+    run = tmp_path / "run"
+    assert run_cli("train", str(cfg), "--out", str(run), cwd=tmp_path).returncode == 0
+    r = run_cli("export", str(run), "--out", str(tmp_path / "export"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().endswith(
-        "model: gated_user:GatedDLRM: a model given by import path is not exported yet (export "
-        "writes DLRM / DCNv2 / DeepFM's dense program)"), r.stderr
+        "model: plain_user:GatedDLRM: has no forward_pooled(dense, pooled) (the model after "
+        "its tables' lookups), which export writes as the dense program"), r.stderr
     assert not (tmp_path / "export").exists()
 
 

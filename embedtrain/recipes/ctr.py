@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from embedtrain.components import Component, build
 from embedtrain.config import ConfigError, Interaction
@@ -71,11 +72,14 @@ class CTRRecipe(TabularRecipe):
         return m.linear if m.linear is not None else m.interaction is Interaction.FM
 
     def export_refusal(self) -> Optional[str]:
-        """A model given by import path: not exported yet (export writes the built-in models'
-        dense program, from their layers)."""
-        if isinstance(self.cfg.model, Component):
-            return (f"model: {self.cfg.model.path}: a model given by import path is not "
-                    "exported yet (export writes DLRM / DCNv2 / DeepFM's dense program)")
+        """A model given by import path exports when it says what follows its tables'
+        lookups: ``forward_pooled(dense [B, n_dense], pooled [B, tables, D]) -> logit [B]``
+        (its tables in their order), which export writes as the dense program."""
+        m = self.cfg.model
+        if isinstance(m, Component) and not callable(
+                getattr(type(self.planning_model()), "forward_pooled", None)):
+            return (f"model: {m.path}: has no forward_pooled(dense, pooled) (the model after its "
+                    "tables' lookups), which export writes as the dense program")
         return super().export_refusal()
 
     def task(self) -> CTRTask:
@@ -126,6 +130,8 @@ class CTRRecipe(TabularRecipe):
         [B]`` (what export writes as the dense program), and what the checkpoint's keys of its
         parameters start with: :class:`DLRMDense` of DLRM / DCNv2. A recipe with another model
         overrides this alone to export and predict."""
+        if isinstance(self.cfg.model, Component):
+            return AfterLookup(model), "model."
         return DLRMDense(model), "model."
 
     def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor | tuple:
@@ -152,6 +158,28 @@ class DLRMDense(nn.Module):
         features = self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=pooled)
         logit = self.over_arch(features).squeeze(-1)
         return logit if linear is None else logit + linear.sum(dim=1)
+
+
+class AfterLookup(nn.Module):
+    """A model of one's own without its tables: its ``forward_pooled(dense, pooled)`` over its
+    other layers (on CPU, filled from the checkpoint) and plain attributes (feature names,
+    sizes), the tables' modules left out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        for name, value in vars(model).items():
+            if not name.startswith("_") and name != "training":
+                setattr(self, name, value)
+        for name, child in model.named_children():
+            if any(isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+                   for m in child.modules()):
+                continue
+            meta = any(t.is_meta for t in [*child.parameters(), *child.buffers()])
+            setattr(self, name, child.to_empty(device="cpu") if meta else child)
+        self._pooled = type(model).forward_pooled
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return self._pooled(self, dense, pooled)
 
 
 def _dlrm_args(batch: Any) -> tuple:
