@@ -274,6 +274,15 @@ def _resolve_paths(cls: type, raw: Any, base: Path) -> None:
             _resolve_paths(hints[key], value, base)
 
 
+def with_absolute_paths(cfg: T, base: Optional[str | os.PathLike] = None) -> T:
+    """``cfg`` with its relative paths (fields marked ``path``) made absolute against ``base``
+    (default: the working directory), as a config file's are when it is loaded: what a run
+    records, so that its ``config.yaml`` names the same files from anywhere."""
+    raw = to_dict(cfg)
+    _resolve_paths(type(cfg), raw, Path(base) if base is not None else Path.cwd())
+    return from_dict(type(cfg), raw)
+
+
 def _absolute(value: str, base: Path) -> str:
     expanded = Path(os.path.expanduser(value))
     return str(expanded if expanded.is_absolute() else Path(os.path.normpath(base / expanded)))

@@ -48,6 +48,7 @@ from embedtrain.config import (
     dump_config,
 )
 from embedtrain.recipes.export_parts import ExportParts
+from embedtrain.config_io import with_absolute_paths
 from embedtrain.runtime import fit_allocator
 from embedtrain.models.dynamic import managed_tables, table_stats
 from embedtrain.sharding.measure import (
@@ -91,7 +92,7 @@ class Run:
         if self.trainer.rank == 0:
             path = self.trainer.run_dir.root / "config.yaml"
             if not path.is_file():
-                dump_config(recorded_config(self.recipe), path)
+                dump_config(with_absolute_paths(recorded_config(self.recipe)), path)
         return self.trainer.fit(test_data=self.test_data)
 
 
