@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from embedtrain.config_io import (  # noqa: F401  (ConfigError ... to_dict: the CLI's imports)
+    Component,
     FANOUT,
     NON_NEGATIVE,
     POSITIVE,
@@ -348,6 +349,9 @@ class Config:
     # CTRRecipe): it replaces the task's built-in recipe (embedtrain.recipes.recipe_for) and is
     # imported only from a config (never from a data file); None: the built-in recipe.
     recipe: Optional[str] = None
+    # metric loggers, each a component with its own keys (embedtrain.train.loggers:TensorBoard,
+    # :MLflow, or one's own), built on rank 0 with the run directory
+    loggers: list[Component] = field(default_factory=list)
 
 
 def dynamic_tables(cfg: Config, names: list[str]) -> dict[str, DynamicTable]:
@@ -427,7 +431,7 @@ RESUME_SAFE_KEYS = frozenset({
     "train.epochs", "train.max_steps", "train.eval_every", "train.eval_max_batches",
     "train.checkpoint_every", "train.keep_checkpoints", "train.progress", "train.pipeline",
     "train.threads_per_rank",
-    "data.num_workers", "data.prefetch_batches", "data.eval_batch_size",
+    "data.num_workers", "data.prefetch_batches", "data.eval_batch_size", "loggers",
 })
 
 

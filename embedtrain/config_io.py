@@ -385,6 +385,10 @@ def _convert(tp: Any, value: Any, source: str, key_path: str, text: bool = False
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _convert(inner, value, source, key_path, text)
+    if tp is Component:
+        if not isinstance(value, dict) or COMPONENT_KEY not in value:
+            raise _type_error(source, key_path, f"a mapping with {COMPONENT_KEY}", value)
+        return _component(value, source, key_path)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, source, prefix=f"{key_path}.")
     if origin is dict:

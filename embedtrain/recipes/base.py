@@ -48,7 +48,7 @@ from embedtrain.config import (
     dump_config,
 )
 from embedtrain.recipes.export_parts import ExportParts
-from embedtrain.config_io import with_absolute_paths
+from embedtrain.config_io import to_dict, with_absolute_paths
 from embedtrain.runtime import fit_allocator
 from embedtrain.models.dynamic import managed_tables, table_stats
 from embedtrain.sharding.measure import (
@@ -69,6 +69,7 @@ from embedtrain.train.optim import (
     fuse_sparse_optimizer,
     register_dense_allreduce,
 )
+from embedtrain.train.loggers import build_loggers, check_loggers
 from embedtrain.train.run_dir import RunDir
 from embedtrain.utils import write_atomic
 from embedtrain.train.options import Selection
@@ -93,6 +94,9 @@ class Run:
             path = self.trainer.run_dir.root / "config.yaml"
             if not path.is_file():
                 dump_config(with_absolute_paths(recorded_config(self.recipe)), path)
+            cfg = self.recipe.cfg
+            self.trainer.loggers = build_loggers(cfg.loggers, self.trainer.run_dir.root,
+                                                 to_dict(cfg))
         return self.trainer.fit(test_data=self.test_data)
 
 
@@ -315,6 +319,7 @@ class Recipe:
         cfg, d, t = self.cfg, self.cfg.data, self.cfg.train
         quiet_fx_tracing_warning()
         self.check_pipeline()
+        check_loggers(cfg.loggers)  # before anything is built or written
         rank, world, device = init_process_group()
         check_world_size(cfg, world)
         if t.grad_accumulation < 1:

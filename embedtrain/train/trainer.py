@@ -18,9 +18,9 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Optional, Protocol
+from typing import Any, Callable, Generator, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,78 +31,14 @@ from tqdm import tqdm
 from embedtrain.runtime import peak_rss_gb_per_rank, startup_record
 from embedtrain.train.checkpoint import (
     CheckpointError, CheckpointManager, CheckpointMismatch, all_ranks_ok, init_optimizer_state)
+from embedtrain.train.loggers import Logger
 from embedtrain.train.run_dir import RunDir
+from embedtrain.train.state import EpochData, TrainerOptions, TrainState  # noqa: F401 (public here)
 from embedtrain.train.status import progress_display
 from embedtrain.train.options import PipelineKind, Selection
 from embedtrain.train.pipeline import BatchArgs, PipelinedSteps
 from embedtrain.train.steps import closing_iterator, train_steps
 from embedtrain.train.task import StepOutput, Task, higher_is_better
-
-
-class EpochData(Protocol):
-    """A source of batches that can restart at any batch of any epoch.
-
-    ``len()`` is the number of batches per epoch, the same on every rank (the ranks step
-    together). ``step_rows(i)`` is ``(examples, padding rows)`` of batch ``i`` summed over all
-    ranks: the trainer counts examples with it, so an epoch counts every row of the split once
-    and padding (equal batch sizes in an epoch's last step) never.
-
-    Attributes:
-        unit: what a row is (``"rows"``, ``"nodes"``, ``"edges"``), for messages.
-        total_rows: rows of the split over all ranks.
-        rank_rows: each rank's share of them.
-        dropped_rows: rows left out per epoch (``drop_last``), counted in the summary.
-    """
-
-    unit: str
-    total_rows: int
-    rank_rows: list[int]
-    dropped_rows: int
-
-    def __len__(self) -> int: ...
-
-    def iter_epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]: ...
-
-    def step_rows(self, index: int) -> tuple[int, int]: ...
-
-
-@dataclass
-class TrainerOptions:
-    """How long to train and how often to evaluate and checkpoint (0: only at the end)."""
-
-    epochs: int = 1
-    max_steps: Optional[int] = None
-    eval_every: int = 500
-    eval_max_batches: Optional[int] = None
-    checkpoint_every: int = 1000
-    keep_checkpoints: int = 2
-    progress: bool = True
-    grad_accumulation: int = 1  # micro-batches per dense optimizer step
-    pipeline: PipelineKind = PipelineKind.NONE  # a TorchRec train pipeline drives the steps
-    bf16_dense: bool = False  # forward under bfloat16 autocast (TorchRec's kernels stay fp32)
-    select: Selection = Selection.LAST  # the checkpoint the final (test) metrics come from
-    select_metric: Optional[str] = None  # validation metric of BEST (None: the task's main one)
-    early_stopping_patience: int = 0  # stop after this many evaluations without a better one
-    status_every_s: float = 30.0  # without a bar: seconds between status lines (0: none)
-
-
-@dataclass
-class TrainState:
-    """Where training stands; saved with every checkpoint as ``trainer_state.json``."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of ``epoch`` already consumed: the loader position
-    examples: int = 0  # global (all ranks), padding rows excluded
-    padded_rows: int = 0  # global padding rows trained on (equal batches in an epoch's last step)
-    train_time_s: float = 0.0  # time spent in training steps only
-    loss_sum: float = 0.0  # training loss summed since the last evaluation
-    loss_steps: int = 0
-    best_step: Optional[int] = None  # the evaluation with the best selected metric so far
-    best_value: Optional[float] = None
-    best_valid: dict[str, float] = field(default_factory=dict)  # its validation metrics
-    evals_since_best: int = 0
-    stopped_early: bool = False
 
 
 class Trainer:
@@ -130,6 +66,8 @@ class Trainer:
         before_checkpoint: called with the model on every rank before each checkpoint is
             taken (e.g. dynamic tables admit their pending ids, so a checkpoint falls on an
             admission boundary and a resume replays the run exactly).
+        loggers: metric loggers (:mod:`embedtrain.train.loggers`), on rank 0: the training
+            loss of every step (each keeps every n-th), every evaluation, the summary.
         on_evaluation: called on rank 0 as ``on_evaluation(trainer, record)`` after each
             validation evaluation, with the record logged to ``metrics.jsonl``: a periodic one
             once the checkpoints it brings (the best so far, one due at that step) are written,
@@ -160,6 +98,7 @@ class Trainer:
         model_stats: Optional[Callable[[nn.Module], dict[str, Any]]] = None,
         before_checkpoint: Optional[Callable[[nn.Module], None]] = None,
         on_evaluation: Optional[Callable[["Trainer", dict[str, Any]], None]] = None,
+        loggers: Sequence[Logger] = (),
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
@@ -170,6 +109,7 @@ class Trainer:
         self.model_stats = model_stats
         self.before_checkpoint = before_checkpoint
         self.on_evaluation = on_evaluation
+        self.loggers = list(loggers)  # rank 0's: told every step, evaluation and the summary
         self._logged: Optional[dict[str, Any]] = None  # the evaluation record not yet handed on
         self.checkpoints = CheckpointManager(run_dir.checkpoints, keep=options.keep_checkpoints)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -246,6 +186,8 @@ class Trainer:
                        else (valid, "valid"))
         summary = self._write_summary(test, valid, split, time.perf_counter() - started,
                                       selected)
+        for logger in self.loggers:
+            logger.log_summary(summary)
         self._hand_on_evaluation()  # the final evaluation's, if it ran: the run is complete
         return summary
 
@@ -357,11 +299,14 @@ class Trainer:
         if (self.state.step + 1) % self.options.grad_accumulation == 0:
             self._optimizer_step()
         st = self.state
-        if out.num_examples:  # a rank with only padding in this step has no loss to report
-            st.loss_sum += out.loss.item()
+        loss = out.loss.item() if out.num_examples else None  # a padding-only step: none
+        if loss is not None:
+            st.loss_sum += loss
             st.loss_steps += 1
         examples, padding = self.train_data.step_rows(st.batch_in_epoch)
         st.step += 1
+        for logger in self.loggers if loss is not None else ():
+            logger.log_train(st.step, {"loss": loss})
         st.batch_in_epoch += 1
         st.examples += examples
         st.padded_rows += padding
@@ -421,6 +366,8 @@ class Trainer:
             if stats:
                 record["tables"] = stats
             self.run_dir.log_metrics(record)
+            for logger in self.loggers:
+                logger.log_eval(st.step, "valid", {"train_loss": train_loss, **result})
             self._logged = record
             main = result.get(self.task.main_metric, math.nan)
             tqdm.write(f"step {st.step}: valid loss {result['loss']:.4f} "
