@@ -70,6 +70,8 @@ def test_mlflow_run_holds_params_metrics_summary_and_artifacts(run):
     assert found.data.metrics["final_auc"] == pytest.approx(summary["auc"])
     artifacts = {a.path for a in client.list_artifacts(found.info.run_id)}
     assert {"summary.json", "curves.png"} <= artifacts
+    stored = {p.name for p in (out / "mlflow-artifacts").rglob("*") if p.is_file()}
+    assert {"summary.json", "curves.png"} <= stored  # in the run, not the working directory
 
 
 def test_a_missing_package_or_a_wrong_key_is_one_line_before_anything_is_built(

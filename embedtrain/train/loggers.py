@@ -118,7 +118,8 @@ class MLflow:
     """An MLflow run: the hyperparameters as params, the training loss every ``every_n_steps``
     steps and every evaluation as metrics, the summary's numbers, and the run's plots and
     ``summary.json`` as artifacts. ``tracking_uri`` default: an SQLite store in the run directory
-    (``sqlite:///RUN/mlflow.db``); any MLflow URI (a server) works."""
+    (``sqlite:///RUN/mlflow.db``, artifacts in ``RUN/mlflow-artifacts``); any MLflow URI (a
+    server) works."""
 
     requires = (("mlflow", "mlflow-skinny"), ("sqlalchemy", "sqlalchemy"), ("alembic", "alembic"))
 
@@ -134,8 +135,10 @@ class MLflow:
         self.uri = tracking_uri or f"sqlite:///{self.run_dir.resolve() / 'mlflow.db'}"
         self.client = mlflow.MlflowClient(tracking_uri=self.uri)
         found = self.client.get_experiment_by_name(experiment)
+        # the default store's artifacts beside it, in the run (MLflow's own default: ./mlruns)
+        where = None if tracking_uri else (self.run_dir.resolve() / "mlflow-artifacts").as_uri()
         experiment_id = (found.experiment_id if found is not None
-                         else self.client.create_experiment(experiment))
+                         else self.client.create_experiment(experiment, artifact_location=where))
         self.run_id = self.client.create_run(
             experiment_id, run_name=run_name or self.run_dir.name).info.run_id
 
