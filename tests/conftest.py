@@ -44,6 +44,28 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                                        err.getvalue())
 
 
+def train_tiny_ctr(root: Path) -> tuple[Path, Path]:
+    """A tiny CTR data set under ``root/data`` and a 6-step run of it at ``root/run``
+    (checkpoints at steps 3 and 6); ``(data, run)``."""
+    from embedtrain.testing import tiny_ctr_dataset
+
+    data = tiny_ctr_dataset(root / "data", rows=2000)
+    config = root / "tiny.yaml"
+    config.write_text(f"""
+data: {{path: {data}, batch_size: 256, eval_batch_size: 1024, num_workers: 0}}
+model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [16, 1]}}
+train: {{max_steps: 6, eval_every: 0, checkpoint_every: 3, progress: false}}
+""")
+    r = run_cli("train", str(config), "--out", str(root / "run"))
+    assert r.returncode == 0, r.stderr
+    return data, root / "run"
+
+
+def file_bytes(top: Path) -> dict[str, bytes]:
+    """Every file under ``top`` (relative path -> content): to show a command changed none."""
+    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*")) if p.is_file()}
+
+
 def run_ranks(fn, world_size: int, *args, **kwargs) -> list:
     """:func:`embedtrain.processes.spawn` (``fn(rank, world_size, *args)`` on gloo ranks), but a
     world of one runs in this process, in its world-of-one group (as ``build_run`` joins one):

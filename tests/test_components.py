@@ -7,48 +7,17 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from embedtrain.components import build, check_keys
 from embedtrain.config import load_config, load_run_config
 from embedtrain.config_io import Component, ConfigError
 from embedtrain.testing import tiny_ctr_dataset
 
-GATED = textwrap.dedent('''
-    """A DLRM whose interaction is a gate: the user's model."""
-    from typing import Sequence
-
-    import torch
-    from torch import nn
-
-    import embedtrain as et
-
-
-    class GatedDLRM(nn.Module):
-        def __init__(self, features, embedding_dim: int = 8, hidden: Sequence[int] = (16,),
-                     device=None):
-            super().__init__()
-            self.tables = et.embedding_bag_collection(features, embedding_dim, device)
-            self.keys = [f.name for f in features.sparse]
-            width = len(features.dense) + embedding_dim * len(self.keys)
-            self.gate = nn.Linear(width, width)
-            layers, last = [], width
-            for size in hidden:
-                layers += [nn.Linear(last, size), nn.ReLU()]
-                last = size
-            self.top = nn.Sequential(*layers, nn.Linear(last, 1))
-
-        def forward(self, dense, sparse):
-            pooled = self.tables(sparse)
-            return self.forward_pooled(dense, torch.stack([pooled[k] for k in self.keys], 1))
-
-        def forward_pooled(self, dense, pooled):  # after the lookups: what export writes
-            x = torch.cat([dense, pooled.flatten(1)], dim=1)
-            return self.top(x * torch.sigmoid(self.gate(x))).squeeze(-1)
-''')
+# the user's model: examples/custom_interaction's, as a module of the user's own folder
+GATED = (ROOT / "examples" / "custom_interaction" / "gated.py").read_text()
 
 
 @pytest.fixture(scope="module")

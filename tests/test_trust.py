@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
-from embedtrain.testing import tiny_ctr_dataset
+from conftest import file_bytes, run_cli, train_tiny_ctr
 from embedtrain.train.checkpoint import CheckpointError, SafeFileSystemReader
 
 
@@ -28,17 +27,7 @@ class _Payload:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("trust")
-    data = tiny_ctr_dataset(root / "data", rows=2000)
-    config = root / "tiny.yaml"
-    config.write_text(f"""
-data: {{path: {data}, batch_size: 256, eval_batch_size: 1024, num_workers: 0}}
-model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [16, 1]}}
-train: {{max_steps: 6, eval_every: 0, checkpoint_every: 3, progress: false}}
-""")
-    run = root / "run"
-    r = run_cli("train", str(config), "--out", str(run))
-    assert r.returncode == 0, r.stderr
-    return root, run
+    return root, train_tiny_ctr(root)[1]
 
 
 def _poisoned(run: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -50,8 +39,7 @@ def _poisoned(run: Path, tmp_path: Path) -> tuple[Path, Path]:
     return copy, marker
 
 
-def _files(run: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+_files = file_bytes
 
 
 def test_the_payload_really_runs_under_plain_pickle(tmp_path):

@@ -18,31 +18,20 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
-from embedtrain.testing import tiny_ctr_dataset
+from conftest import ROOT, file_bytes, run_cli, train_tiny_ctr
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("trust_predict")
-    data = tiny_ctr_dataset(root / "data", rows=2000)
-    config = root / "tiny.yaml"
-    config.write_text(f"""
-data: {{path: {data}, batch_size: 256, eval_batch_size: 1024, num_workers: 0}}
-model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [16, 1]}}
-train: {{max_steps: 6, eval_every: 0, checkpoint_every: 3, progress: false}}
-""")
-    run = root / "run"
-    r = run_cli("train", str(config), "--out", str(run))
-    assert r.returncode == 0, r.stderr
+    _, run = train_tiny_ctr(root)
     export = root / "export"
     r = run_cli("export", str(run), "--out", str(export), "--no-progress")
     assert r.returncode == 0, r.stderr
     return root, run, export
 
 
-def _files(top: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*")) if p.is_file()}
+_files = file_bytes
 
 
 class _FullDisk:
