@@ -10,7 +10,7 @@ layer over it, and a run started here is a run like one ``embedtrain train`` mak
     import embedtrain as et
 
     cfg = et.load_config("configs/dlrm_synthetic.yaml", ["train.max_steps=100"])
-    summary = et.fit(cfg, "runs/demo")                  # train; the test split's metrics
+    summary = et.fit(cfg, "runs/demo")                  # train (resume=True continues it)
     metrics = et.evaluate("runs/demo", split="valid")   # a checkpoint, read-only
     et.export_run("runs/demo", "exports/demo")          # tables + torch.export program
     et.predict("exports/demo", ["data/synthetic_ctr/test"], "preds.parquet")
@@ -42,6 +42,10 @@ _EXPORTS = {
     "build_run": "embedtrain.recipes", "fit": "embedtrain.recipes",
     "evaluate": "embedtrain.recipes", "plan_model": "embedtrain.recipes",
     "Trainer": "embedtrain.train.trainer", "Task": "embedtrain.train.task",
+    "StepOutput": "embedtrain.train.task", "num_padding": "embedtrain.data.batching",
+    "RunDir": "embedtrain.train.run_dir", "RunDirError": "embedtrain.train.run_dir",
+    # tasks (each a component: task: {_component_: embedtrain.tasks:Regression})
+    "BinaryClassification": "embedtrain.tasks", "Regression": "embedtrain.tasks",
     # serving
     "export_run": "embedtrain.export.export", "predict": "embedtrain.export.predict",
 }
@@ -50,7 +54,8 @@ __all__ = [
     "__version__", "Config", "ClusterConfig", "load_config", "load_cluster", "ConfigError",
     "from_dict", "dump_config", "DatasetMeta", "FeatureSpec", "SparseFeature", "load_dataset_meta",
     "embedding_bag_collection",
-    "Recipe", "Run", "build_run", "fit", "evaluate", "plan_model", "Trainer", "Task",
+    "Recipe", "Run", "build_run", "fit", "evaluate", "plan_model", "Trainer", "Task", "RunDir",
+    "RunDirError", "StepOutput", "num_padding", "BinaryClassification", "Regression",
     "export_run", "predict",
 ]
 assert set(__all__) == {"__version__", *_EXPORTS}
@@ -63,7 +68,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from embedtrain.features import DatasetMeta, FeatureSpec, SparseFeature, load_dataset_meta
     from embedtrain.models.dlrm import embedding_bag_collection
     from embedtrain.recipes import Recipe, Run, build_run, evaluate, fit, plan_model
-    from embedtrain.train.task import Task
+    from embedtrain.tasks import BinaryClassification, Regression
+    from embedtrain.train.run_dir import RunDir, RunDirError
+    from embedtrain.data.batching import num_padding
+    from embedtrain.train.task import StepOutput, Task
     from embedtrain.train.trainer import Trainer
 
 

@@ -333,7 +333,10 @@ ShardingConfig = PlannerOptions
 class Config:
     """The whole training config: one section per concern."""
 
-    task: TaskKind = TaskKind.CTR
+    # the task family, or a task by import path with its own keys ({_component_:
+    # embedtrain.tasks:Regression}, or one's own): it runs in the family its class's ``family``
+    # attribute names (default ctr; task_family)
+    task: TaskKind = config_field(TaskKind.CTR, component=True)
     data: DataConfig = field(default_factory=DataConfig)
     # the CTR model: the built-in DLRM / DCNv2 / DeepFM's keys, or a model of one's own by
     # import path with its keys ({_component_: package.module:Name, ...}: its signature's)
@@ -352,6 +355,25 @@ class Config:
     # metric loggers, each a component with its own keys (embedtrain.train.loggers:TensorBoard,
     # :MLflow, or one's own), built on rank 0 with the run directory
     loggers: list[Component] = field(default_factory=list)
+
+
+def task_family(cfg: Config) -> TaskKind:
+    """The family ``cfg.task`` runs in: the kind given, or a task component's class's
+    ``family`` attribute (``"ctr"`` where it has none).
+
+    Raises:
+        ConfigError: the component does not import, or names no family (one line).
+    """
+    if not isinstance(cfg.task, Component):
+        return cfg.task
+    from embedtrain.components import resolve
+
+    family = getattr(resolve(cfg.task.path, "task"), "family", "ctr")
+    try:
+        return TaskKind(family)
+    except ValueError:
+        raise ConfigError(f"task: {cfg.task.path}: family {family!r} is not one of "
+                          f"{', '.join(k.value for k in TaskKind)}") from None
 
 
 def dynamic_tables(cfg: Config, names: list[str]) -> dict[str, DynamicTable]:

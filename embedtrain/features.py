@@ -53,8 +53,9 @@ class SparseFeature:
 class FeatureSpec:
     """The columns a model consumes: one label, dense floats, sparse id features.
 
-    ``num_classes=None``: the label is a number (read as float32). An int: the label column holds
-    class ids in ``[0, num_classes)`` (read as int64), one per row, or, in a list column, at most
+    ``num_classes=None``: the label is a number (read as float32) in ``label_range`` (a click
+    in [0, 1] by default; None: any finite number). An int: the label column holds class ids in
+    ``[0, num_classes)`` (read as int64), one per row, or, in a list column, at most
     ``max_labels`` per row (multi-label).
     """
 
@@ -64,6 +65,7 @@ class FeatureSpec:
     dense_transform: DenseTransform = DenseTransform.NONE
     num_classes: Optional[int] = None
     max_labels: int = 1
+    label_range: Optional[tuple[float, float]] = (0.0, 1.0)
 
     @property
     def sparse_names(self) -> list[str]:
@@ -138,6 +140,7 @@ class _MetadataFile:
                                                           "expected an integer >= 1"))
     labels_per_row: Optional[list[int]] = config_field(
         None, check=(lambda v: v >= 1, "expected [lo, hi] with 1 <= lo <= hi"))
+    label_range: Optional[list[float]] = config_field(factory=lambda: [0.0, 1.0])
 
 
 def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
@@ -183,11 +186,13 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
         label=m.label, dense=tuple(m.dense), sparse=tuple(sparse),
         dense_transform=m.dense_transform, num_classes=m.num_classes,
         max_labels=max_labels or 1,
+        label_range=tuple(m.label_range) if m.label_range is not None else None,
     )
     split_files = {split: tuple(root / f for f in e.files) for split, e in m.splits.items()}
     split_rows = {split: e.rows for split, e in m.splits.items()}
     # num_classes, max_labels and labels_per_row stay in `extra` too: code reads them from there.
-    known = {"format_version", "name", "label", "dense", "dense_transform", "sparse", "splits"}
+    known = {"format_version", "name", "label", "dense", "dense_transform", "sparse", "splits",
+             "label_range"}
     return DatasetMeta(
         root=root,
         name=m.name if m.name is not None else root.name,

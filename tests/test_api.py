@@ -78,7 +78,7 @@ def test_a_users_recipe_is_recorded_by_import_path(tmp_path, monkeypatch, capsys
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     import my_recipes
-    from embedtrain.recipes.base import recorded_config
+    from embedtrain.recipes.run import recorded_config
 
     cfg = et.Config()
     assert recorded_config(my_recipes.Mine(cfg)).recipe == "my_recipes:Mine"
@@ -108,3 +108,32 @@ def test_export_takes_the_dense_shapes_from_the_model_not_the_config(python_run)
     recipe.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, embedding_dim=16))
     parts = recipe.export_parts(model, tables)
     assert parts.dense.example[1].shape[1:] == (len(tables), 4)
+
+
+def test_a_run_from_python_has_the_cli_runs_life(tmp_path, capsys):
+    # et.fit owns the run directory as `embedtrain train` does: an earlier run is refused
+    # unless resumed or overwritten, a resume continues from the checkpoint, a finished one
+    # says so, and a resume may not change the model
+    import dataclasses
+
+    data = tiny_ctr_dataset(tmp_path / "data", rows=1000)
+    cfg = et.from_dict(et.Config, {
+        "data": {"path": str(data), "batch_size": 200, "num_workers": 0},
+        "model": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [8, 1]},
+        "train": {"max_steps": 3, "eval_every": 0, "checkpoint_every": 3, "progress": False},
+    })
+    run = tmp_path / "run"
+    assert et.fit(cfg, run)["steps"] == 3
+    with pytest.raises(et.RunDirError, match="holds an earlier run; pass --resume"):
+        et.fit(cfg, run)
+    assert et.fit(cfg, run, resume=True) is None
+    assert "finished at step 3 of 3; nothing to resume" in capsys.readouterr().err
+    wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, embedding_dim=8))
+    with pytest.raises(et.RunDirError, match="model.embedding_dim: 4 -> 8"):
+        et.fit(wider, run, resume=True)
+    longer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=5))
+    assert et.fit(longer, run, resume=True)["steps"] == 5
+    events = [r for r in et.RunDir(run, create=False).read_records() if r.get("event")]
+    assert [e["step"] for e in events] == [3]
+    assert et.load_config(run / "config.yaml").train.max_steps == 5  # what the run now is
+    assert et.fit(cfg, run, overwrite=True)["steps"] == 3

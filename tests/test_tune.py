@@ -181,7 +181,7 @@ def test_a_trial_gets_the_cpus_ray_gives_it_as_torch_threads():
 def test_a_crashing_trial_is_the_last_line_of_its_traceback(tiny, tmp_path, monkeypatch):
     """A trial's failure is one line: the CLI's error line, or a bug's last traceback line (the
     traceback goes to the trial's log)."""
-    import embedtrain.cli.train as train_command
+    import embedtrain.recipes
     from embedtrain.cli.tune import trial
 
     _, config, _ = tiny
@@ -190,10 +190,10 @@ def test_a_crashing_trial_is_the_last_line_of_its_traceback(tiny, tmp_path, monk
     run.parent.mkdir()
     reporter = trial.EvaluationReporter(run)
 
-    def crash(args, on_evaluation=None):
+    def crash(*args, **kwargs):
         raise KeyError("no such table")
 
-    monkeypatch.setattr(train_command, "_train", crash)
+    monkeypatch.setattr(embedtrain.recipes, "fit", crash)  # what a trial trains with
     with trial._trial_output(tmp_path / "log") as log:
         error = trial._train(setup, {"optim.sparse_lr": 0.1}, run, reporter, log)
     assert error == "KeyError: 'no such table'"

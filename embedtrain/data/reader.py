@@ -433,7 +433,7 @@ def _validate(table: pa.Table, unit: RowGroup, features: FeatureSpec) -> None:
         if name != features.label:  # a label's own check names what a click is
             _check_finite(column, name, unit)
     if features.num_classes is None:
-        _check_click_labels(table.column(features.label), features.label, unit)
+        _check_number_labels(table.column(features.label), features, unit)
     for feat in features.sparse:
         # raw ids (encoding: raw) lie anywhere in [0, 2^63 - 1): the int64 range but the top
         # value, which the dynamic tables keep for their empty rows
@@ -488,21 +488,29 @@ def _check_list_lengths(column: pa.ChunkedArray, feat: SparseFeature, unit: RowG
                     f"{counts[row - unit.first_row].as_py()} ids, but metadata.json says {said}")
 
 
-def _check_click_labels(column: pa.ChunkedArray, name: str, unit: RowGroup) -> None:
-    """CTR labels are clicks, 0 or 1, or click probabilities in [0, 1]: nothing else trains."""
+def _check_number_labels(column: pa.ChunkedArray, features: FeatureSpec, unit: RowGroup) -> None:
+    """Number labels lie in the data set's ``label_range``: clicks, 0 or 1, or click
+    probabilities in [0, 1] by default; finite numbers where metadata.json says null."""
+    name = features.label
     if pa.types.is_boolean(column.type) or not len(column):
         return
+    low, high = features.label_range or (-math.inf, math.inf)
     floating = pa.types.is_floating(column.type)
     bounds = pc.min_max(column)  # NaN is not a min or max: looked for apart
     lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-    if lo is not None and lo >= 0 and hi <= 1 and not (floating and pc.any(pc.is_nan(column)).as_py()):
+    if lo is not None and lo >= low and hi <= high and not (
+            floating and not pc.all(pc.is_finite(column)).as_py()):
         return
     values = pc.cast(column, pa.float64())
-    bad = pc.or_(pc.or_(pc.less(values, 0), pc.greater(values, 1)), pc.is_nan(values))
+    bad = pc.or_(pc.or_(pc.less(values, low), pc.greater(values, high)),
+                 pc.invert(pc.is_finite(values)))
     row = _first_row(column, bad, False, unit)
     value = values[row - unit.first_row].as_py()
-    raise DataError(f"{unit.file}: column {name}: label {value:g} at row {row} is not a click "
-                    f"(CTR labels are 0 or 1, or a probability in [0, 1])")
+    if features.label_range == (0.0, 1.0):
+        raise DataError(f"{unit.file}: column {name}: label {value:g} at row {row} is not a "
+                        f"click (CTR labels are 0 or 1, or a probability in [0, 1])")
+    raise DataError(f"{unit.file}: column {name}: label {value:g} at row {row} is outside "
+                    f"metadata.json's label_range {list(features.label_range or ())}")
 
 
 def _check_class_labels(column: pa.ChunkedArray, features: FeatureSpec, unit: RowGroup) -> None:

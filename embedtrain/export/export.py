@@ -79,7 +79,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from embedtrain.config import load_run_config
+from embedtrain.config import load_run_config, task_family
 from embedtrain.export.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -271,7 +271,7 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list[TableSpec],
     with stop_on_signals(out):
         try:
             with writing(out):  # a write error naming no file names the export
-                return _export(cfg.task.value, recipe.dataset_info(), parts, tables, run_dir,
+                return _export(task_family(cfg).value, recipe.dataset_info(), parts, tables, run_dir,
                                out, ckpt, info, quantize, formats, progress, start, aot,
                                head_dtype)
         except BaseException:
@@ -331,7 +331,8 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
             run_dir=str(run_dir.resolve()), checkpoint=str(Path(ckpt).resolve()),
             step=int(info["step"]), world_size=int(info.get("world_size", 1)),
             dataset=str(data.root), dataset_name=data.name),
-        dense_program=program, head=head_entry, note=parts.note, nodes=node_entry)
+        dense_program=program, head=head_entry, note=parts.note, nodes=node_entry,
+        score=parts.score)
     with writing(out / MANIFEST_FILE):
         write_manifest(manifest, out)
     largest = max((t.shape[0] * t.shape[1] * NPY_DTYPES[t.dtype].itemsize for t in todo),

@@ -289,6 +289,9 @@ class Manifest:
     head: Optional[Head] = None
     note: Optional[str] = None
     nodes: Optional[NodeOutputs] = None  # GNN: every node's outputs (nodes/*.npy)
+    # no class head: a row's score from the dense program's output, sigmoid (the click
+    # probability) or identity (a regression's value)
+    score: str = "sigmoid"
 
     @property
     def table_bytes(self) -> int:

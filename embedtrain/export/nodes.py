@@ -307,7 +307,7 @@ def load_graph_model(run_dir: str | os.PathLike, checkpoint: Optional[str] = Non
     """
     import torch
 
-    from embedtrain.config import load_run_config
+    from embedtrain.config import load_run_config, task_family
     from embedtrain.export.programs import model_tables
     from embedtrain.export.tables import NpyWriter, load_tensors, stream_tensor
     from embedtrain.recipes import recipe_for
@@ -317,8 +317,9 @@ def load_graph_model(run_dir: str | os.PathLike, checkpoint: Optional[str] = Non
     if not (run_dir / "config.yaml").is_file():
         raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
     cfg = load_run_config(run_dir / "config.yaml")
-    if not cfg.task.value.startswith("gnn"):
-        raise ExportError(f"{run_dir / 'config.yaml'}: task {cfg.task.value} is not a GNN task")
+    if not task_family(cfg).value.startswith("gnn"):
+        raise ExportError(f"{run_dir / 'config.yaml'}: task {task_family(cfg).value} is not a "
+                          "GNN task")
     recipe = recipe_for(cfg)
     model = recipe.planning_model()
     tables = model_tables(model) if table_dir is not None else []

@@ -161,7 +161,7 @@ class ExportedModel:
                               f"xc exports ({what})")
         try:
             # the built-in recipe of the run's task: an export never makes predict import code
-            self.recipe = family_recipe(load_run_config(self.root / m.source.config))
+            self.recipe = family_recipe(load_run_config(self.root / m.source.config), m.task)
         except ConfigError as e:
             raise ExportError(str(e)) from None
         f = m.features
@@ -410,7 +410,8 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
     out.parent.mkdir(parents=True, exist_ok=True)
     metrics = None
     if source.label_type is not None:
-        metrics = _TopOneMetrics() if head is not None else _ClickMetrics(source.total)
+        metrics = (_TopOneMetrics() if head is not None else _ClickMetrics(source.total)
+                   if model.manifest.score == "sigmoid" else None)
     rows = 0
     # removed on an error, a SIGTERM or SIGINT; a full disk names ``out``
     with partial_output(out) as partial:
@@ -451,7 +452,8 @@ def _score(model: ExportedModel, batch, k: int) -> dict[str, pa.Array]:
     and its probability."""
     if model.manifest.head is None:
         logits = model.outputs(batch.dense_features, batch.sparse_features).float()
-        return {"logit": pa.array(logits.numpy()), "score": pa.array(torch.sigmoid(logits).numpy())}
+        scores = torch.sigmoid(logits) if model.manifest.score == "sigmoid" else logits
+        return {"logit": pa.array(logits.numpy()), "score": pa.array(scores.numpy())}
     scores, ids = model.topk(batch.dense_features, batch.sparse_features, k)
     n = ids.shape[0]
     offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32))

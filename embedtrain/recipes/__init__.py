@@ -17,17 +17,25 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import torch
 
 from embedtrain.components import resolve
-from embedtrain.config import ClusterConfig, Config, ConfigError, TaskKind, load_run_config
-from embedtrain.recipes.base import Recipe, Run
+from embedtrain.config import (ClusterConfig, Config, ConfigError, TaskKind, load_run_config,
+                               task_family)
+from embedtrain.recipes.base import Recipe
+from embedtrain.recipes.run import Run
 from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.recipes.gnn import LinkPredictionRecipe, NodeClassificationRecipe
 from embedtrain.recipes.seq import SeqRecipe
 from embedtrain.recipes.xc import XCRecipe
+from embedtrain.lifecycle import check_start
+from embedtrain.runtime import allocator_setting, mark, threads_per_rank
 from embedtrain.sharding.planner import PlanResult
+from embedtrain.train.run_dir import RunDir, RunDirError, env_rank
 
 RECIPES: dict[TaskKind, type[Recipe]] = {
     TaskKind.CTR: CTRRecipe,
@@ -52,17 +60,18 @@ def recipe_class(cfg: Config) -> type[Recipe]:
             :class:`Recipe` subclass (the ``recipe`` key named).
     """
     if cfg.recipe is None:
-        return RECIPES[cfg.task]
+        return RECIPES[task_family(cfg)]
     cls = resolve(cfg.recipe, "recipe")
     if not (isinstance(cls, type) and issubclass(cls, Recipe)):
         raise ConfigError(f"recipe: {cfg.recipe}: {type(cls).__name__}, not a Recipe subclass")
     return cls
 
 
-def family_recipe(cfg: Config) -> Recipe:
-    """The built-in recipe of ``cfg.task`` on ``cfg``, whatever ``cfg.recipe`` names: what
-    ``embedtrain predict`` scores with, so that an export never makes it import code."""
-    return RECIPES[cfg.task](cfg)
+def family_recipe(cfg: Config, family: str) -> Recipe:
+    """The built-in recipe of ``family`` (an export's ``task``) on ``cfg``, whatever
+    ``cfg.recipe`` and ``cfg.task`` name: what ``embedtrain predict`` scores with, so that an
+    export never makes it import code."""
+    return RECIPES[TaskKind(family)](cfg)
 
 
 def serving_refusal(recipe: Recipe) -> Optional[str]:
@@ -72,7 +81,7 @@ def serving_refusal(recipe: Recipe) -> Optional[str]:
     (:func:`family_recipe`); a user's recipe that changes how they are built
     (``predict_pooled``, ``predict_excluded``) would need its own code imported there.
     """
-    family = RECIPES[recipe.cfg.task]
+    family = RECIPES[task_family(recipe.cfg)]
     changed = [name for name in ("predict_pooled", "predict_excluded")
                if getattr(type(recipe), name) is not getattr(family, name)]
     if not changed:
@@ -87,11 +96,79 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
     return recipe_for(cfg).build_run(out_dir, progress, cluster, record_plan)
 
 
-def fit(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None
-        ) -> dict[str, Any]:
-    """Trains ``cfg`` into run directory ``out_dir`` (``build_run(...).fit()``) and returns the
-    summary; the run is one like ``embedtrain train`` makes (``config.yaml`` recorded)."""
-    return build_run(cfg, out_dir, progress).fit()
+def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
+        overwrite: bool = False, progress: Optional[bool] = None,
+        cluster: Optional[ClusterConfig] = None,
+        on_evaluation: Optional[Callable[[Any, dict], None]] = None) -> Optional[dict[str, Any]]:
+    """Trains ``cfg`` into the run directory ``out_dir``: the run ``embedtrain train`` makes
+    (which calls this on each rank).
+
+    The directory's life is :class:`~embedtrain.train.run_dir.RunDir`'s: one writer at a time
+    (its lock held while this runs); an earlier run there is refused unless ``resume`` (continue
+    from its newest checkpoint, changing only ``RESUME_SAFE_KEYS``) or ``overwrite`` (replace
+    it); ``config.yaml`` records the run (components with their keys), so ``embedtrain eval``,
+    ``export``, ``plan`` and ``--resume`` work on it. Sets torch's threads for the run
+    (``train.threads_per_rank``, else ``EMBEDTRAIN_THREADS``, else the cores over the local
+    ranks: :func:`embedtrain.runtime.threads_per_rank`).
+
+    Args:
+        progress: overrides ``train.progress``.
+        cluster: the cluster whose plan to train with (default: this machine).
+        on_evaluation: ``Trainer.on_evaluation``, called with each validation record.
+
+    Returns:
+        ``summary.json``'s content, or None where ``resume`` found the run finished (said on
+        stderr).
+
+    Raises:
+        RunDirError: the directory cannot hold this run (one line).
+    """
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite exclude each other")
+    run_dir = RunDir(out_dir, create=False)
+    RunDir.check_out(run_dir.root)
+    if check_start(run_dir, cfg, resume, overwrite) is None:  # refusals first, touching nothing
+        return None
+    with run_dir.writer():  # ... then again as the one writer
+        changes = check_start(run_dir, cfg, resume, overwrite, quiet=True)
+        if changes is None:
+            return None
+        threads, source = threads_per_rank(cfg.train.threads_per_rank)
+        torch.set_num_threads(threads)
+        if not resume and run_dir.has_run() and env_rank() == 0:
+            run_dir.clear()  # overwrite (checked above)
+        # a resume writes its plan only once its checkpoint is read: a refused one changes nothing
+        run = build_run(cfg, out_dir, progress, cluster, record_plan=not resume)
+        mark("build")  # the model, its plan, sharding, optimizers, readers
+        trainer = run.trainer
+        trainer.on_evaluation = on_evaluation
+        if changes:
+            trainer.resume_note = {"config_changes": {k: list(v) for k, v in changes.items()}}
+        if resume:
+            trainer.resume()  # before any record changes: an unreadable run fails here, untouched
+            run.recipe.write_plan(out_dir)
+        if trainer.rank == 0:
+            if changes:
+                run.record_config()
+            print(f"threads: {threads} per rank ({source}); allocator: {allocator_setting()}\n"
+                  f"{_banner(run)}", file=sys.stderr)
+        return run.fit()
+
+
+def _banner(run: Run) -> str:
+    """The run's data in one line: rows over all ranks, each rank's share, steps."""
+    trainer = run.trainer
+    data, info = trainer.train_data, run.recipe.dataset_info()
+    shares = data.rank_rows
+    split = f" over {len(shares)} ranks ({' + '.join(f'{n:,}' for n in shares)})" \
+        if len(shares) > 1 else ""
+    per_epoch = len(data)
+    padding = sum(data.step_rows(i)[1] for i in range(max(per_epoch - 1, 0), per_epoch))
+    extra = f", {padding} padding row(s) in each epoch's last step" if padding else ""
+    dropped = data.dropped_rows
+    extra += f", {dropped:,} rows dropped per epoch (data.drop_last)" if dropped else ""
+    return (f"data: {info.name} ({info.root}), train {data.unit}: {data.total_rows:,}{split}; "
+            f"{per_epoch:,} steps per epoch{extra}; steps: {trainer.total_steps:,}")
 
 
 def evaluate(run_dir: str | os.PathLike, split: str = "test",

@@ -44,11 +44,12 @@ from embedtrain.config import (
     DeviceKind,
     PipelineKind,
     TableConstraint,
+    ConfigError,
     check_world_size,
-    dump_config,
+    task_family,
 )
+from embedtrain.components import Component, build
 from embedtrain.recipes.export_parts import ExportParts
-from embedtrain.config_io import to_dict, with_absolute_paths
 from embedtrain.runtime import fit_allocator
 from embedtrain.models.dynamic import managed_tables, table_stats
 from embedtrain.sharding.measure import (
@@ -69,50 +70,13 @@ from embedtrain.train.optim import (
     fuse_sparse_optimizer,
     register_dense_allreduce,
 )
-from embedtrain.train.loggers import build_loggers, check_loggers
+from embedtrain.train.loggers import check_loggers
 from embedtrain.train.run_dir import RunDir
 from embedtrain.utils import write_atomic
 from embedtrain.train.options import Selection
 from embedtrain.train.task import Task, higher_is_better
+from embedtrain.recipes.run import Run
 from embedtrain.train.trainer import EpochData, Trainer, TrainerOptions
-
-
-@dataclass
-class Run:
-    """Everything a run needs, built and connected."""
-
-    trainer: Trainer
-    recipe: "Recipe"
-    test_data: Optional[EpochData]
-    eval_reader: Callable[[str], EpochData]  # the evaluation reader of any split
-
-    def fit(self) -> dict[str, Any]:
-        """Trains to the end and returns ``summary.json``'s content, after recording the run's
-        ``config.yaml`` where it has none: a run started from Python is then evaluated,
-        exported, planned and resumed like one ``embedtrain train`` made."""
-        if self.trainer.rank == 0:
-            path = self.trainer.run_dir.root / "config.yaml"
-            if not path.is_file():
-                dump_config(with_absolute_paths(recorded_config(self.recipe)), path)
-            cfg = self.recipe.cfg
-            self.trainer.loggers = build_loggers(cfg.loggers, self.trainer.run_dir.root,
-                                                 to_dict(cfg))
-        return self.trainer.fit(test_data=self.test_data)
-
-
-def recorded_config(recipe: "Recipe") -> Config:
-    """``recipe.cfg`` as a run records it: a recipe class of the user's given by import path
-    (``recipe: module:Class``), so that ``embedtrain eval``/``export`` rebuild it; one defined
-    in ``__main__`` cannot be imported again, and is said so (once, on stderr)."""
-    cfg, cls = recipe.cfg, type(recipe)
-    if cfg.recipe is not None or cls.__module__.startswith("embedtrain.recipes."):
-        return cfg  # named already, or a built-in one (the task's)
-    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
-        print(f"warning: recipe {cls.__qualname__} is defined in {cls.__module__}: the run's "
-              "config.yaml cannot name it, and `embedtrain eval/export` will use the task's "
-              "built-in recipe; define it in a module to record it", file=sys.stderr)
-        return cfg
-    return dataclasses.replace(cfg, recipe=f"{cls.__module__}:{cls.__qualname__}")
 
 
 @dataclass
@@ -204,6 +168,28 @@ class Recipe:
         """The task the trainer runs (loss, predictions, metrics)."""
         raise NotImplementedError
 
+    def make_task(self) -> Task:
+        """The run's task: ``task: {_component_: ...}`` built with its keys and what the family
+        supplies (:meth:`task_supplies`) where its signature takes them, else :meth:`task`.
+
+        Raises:
+            ConfigError: the component is not a task (one line).
+        """
+        spec = self.cfg.task
+        if not isinstance(spec, Component):
+            return self.task()
+        task = build(spec, "task", **self.task_supplies())
+        missing = [a for a in ("name", "main_metric", "forward", "new_metrics")
+                   if not hasattr(task, a)]
+        if missing:
+            raise ConfigError(f"task: {spec.path}: has no {', '.join(missing)} (a task has "
+                              "name, main_metric, forward(model, batch) and new_metrics())")
+        return task
+
+    def task_supplies(self) -> dict[str, Any]:
+        """What the family gives a task component whose signature takes it (by name)."""
+        return {}
+
     def summary_extra(self) -> dict[str, Any]:
         """More fields for ``summary.json`` (e.g. the data set's oracle metric)."""
         return {}
@@ -226,7 +212,7 @@ class Recipe:
             raise ValueError(
                 f"train.pipeline: {kind.value} runs task ctr only (TorchRec's pipelines trace "
                 f"the model with torch.fx to find its sharded tables' inputs; the "
-                f"{self.cfg.task.value} model's forward cannot be traced); use "
+                f"{task_family(self.cfg).value} model's forward cannot be traced); use "
                 f"train.pipeline: none")
 
     def planning_constraints(self) -> list[TableConstraint]:
@@ -249,7 +235,7 @@ class Recipe:
         can); asked before anything is read or written. Default: refused where the recipe has
         no :meth:`export_parts`."""
         if type(self).export_parts is Recipe.export_parts:
-            return (f"task {self.cfg.task.value}: {type(self).__name__} does not say what to "
+            return (f"task {task_family(self.cfg).value}: {type(self).__name__} does not say what to "
                     f"export (it has no export_parts)")
         return None
 
@@ -291,7 +277,7 @@ class Recipe:
                                pooling_factors=self.pooling_factors(),
                                dense_optimizer_slots=dense_optimizer_slots(cfg.optim.dense),
                                extra_reservations=self.extra_reservations(cluster))
-        result.report.model = {"task": cfg.task.value, "dataset": info.name,
+        result.report.model = {"task": task_family(cfg).value, "dataset": info.name,
                                "dataset_path": str(info.root),
                                "pooling_factors": self.pooling_note()}
         self.describe_plan(result)
@@ -320,6 +306,8 @@ class Recipe:
         quiet_fx_tracing_warning()
         self.check_pipeline()
         check_loggers(cfg.loggers)  # before anything is built or written
+        task = self.make_task()
+        self.check_selection(task)
         rank, world, device = init_process_group()
         check_world_size(cfg, world)
         if t.grad_accumulation < 1:
@@ -358,8 +346,6 @@ class Recipe:
                   "evaluation and no best-checkpoint selection (train.select: best falls back "
                   "to the last step); ingest with a validation split (e.g. "
                   "split.valid_fraction: 0.1) to have them", file=sys.stderr)
-        task = self.task()
-        self.check_selection(task)
         dynamic = any(True for _ in managed_tables(dmp))
         extra_summary = self.summary_extra()
         trainer = Trainer(
@@ -491,6 +477,8 @@ class Recipe:
         keys = [k for k in self.printed_metrics if k in summary]
         keys += sorted((k for k in summary if "@" in k),
                        key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+        if not keys:  # a task of one's own: its metrics, as its evaluations gave them
+            keys = [k for k in summary.get("valid", {}) if k != "loss" and k in summary]
         keys += ["loss"] if "loss" in summary else []
         lines = [f"  {k:<12} {summary[k]:.4f}" for k in keys]
         if self.oracle and self.oracle.key in summary:

@@ -87,6 +87,10 @@ class CTRRecipe(TabularRecipe):
         calibration."""
         return CTRTask(penalty=embedding_penalty)
 
+    def task_supplies(self) -> dict[str, Any]:
+        """``penalty``: the model's embedding penalty (``optim.embedding_l2``)."""
+        return {"penalty": embedding_penalty}
+
     def summary_extra(self) -> dict[str, Any]:
         """The data set's oracle AUC on the test split, if it has one (synthetic data)."""
         return oracle_of(self.dataset.extra, "oracle_auc")
@@ -111,13 +115,14 @@ class CTRRecipe(TabularRecipe):
             inputs.append(f"linear: float32 [B, {len(tables) - n}] (column 0 of the pooled "
                           f"first-order tables l_*, the last {len(tables) - n} of tables)")
         module, prefix = self.after_lookup(model)
-        dense = DenseExport(module, prefix, example, inputs,
-                            "logit: float32 [B] (click probability = sigmoid(logit))")
+        score = getattr(self.make_task(), "score", "sigmoid")
+        dense = DenseExport(module, prefix, example, inputs, "logit: float32 [B] (" + (
+            "click probability = sigmoid(logit))" if score == "sigmoid" else "the prediction)"))
         name = type(model).__name__  # a user recipe's model: its class
         if isinstance(module, DLRMDense):
             name = self.cfg.model.interaction.value
             name = {"dot": "dlrm", "fm": "deepfm"}.get(name, name)
-        return ExportParts(name, meta.features, meta.extra, dense)
+        return ExportParts(name, meta.features, meta.extra, dense, score=score)
 
     @staticmethod
     def _linear_tables(tables: Sequence[tuple[str, int, int]]) -> int:

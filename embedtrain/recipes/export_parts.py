@@ -94,6 +94,8 @@ class ExportParts:
         head: a class head; None: none.
         note: a line for ``model.json`` on what the export leaves out.
         nodes: per-node outputs to compute and write (GNN); None: none.
+        score: how predict scores a row from the dense program's output: ``sigmoid`` (a click
+            probability) or ``identity`` (the task's :attr:`score`).
     """
 
     model: str
@@ -103,3 +105,4 @@ class ExportParts:
     head: Optional[HeadExport] = None
     note: Optional[str] = None
     nodes: Optional[NodeOutputsExport] = None
+    score: str = "sigmoid"

@@ -312,9 +312,3 @@ def calibrate(
                        measured_at=when, machine=_machine(),
                        software=f"torch {torch.__version__}, fbgemm_gpu {fbgemm_gpu.__version__}",
                        steps=steps)
-
-
-def calibrate_cluster(base: ClusterConfig, **kwargs: Any) -> ClusterConfig:
-    """``base`` with its bandwidths measured on this machine: :func:`calibrate`'s cluster
-    (same keyword arguments)."""
-    return calibrate(base, **kwargs).cluster

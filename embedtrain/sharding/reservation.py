@@ -103,4 +103,5 @@ class ExplicitStorageReservation(StorageReservation):
         return left
 
     def last_reserved_topology(self) -> Optional[Topology]:
+        """The topology the last :meth:`reserve` left (TorchRec's ``StorageReservation``)."""
         return self._last

@@ -69,10 +69,18 @@ class CTRMetrics:
 
 
 class CTRTask:
-    """Binary click prediction on models mapping ``(dense, KeyedJaggedTensor)`` to one logit."""
+    """Binary click prediction on models mapping ``(dense, KeyedJaggedTensor)`` to one logit.
+
+    Attributes:
+        family: the family whose data and model it runs on (``task: {_component_: ...}``).
+        score: how a served row's score follows from the model's output (``sigmoid``: the
+            click probability; ``identity``): recorded in an export, applied by predict.
+    """
 
     name = "ctr"
     main_metric = "auc"
+    family = "ctr"
+    score = "sigmoid"
 
     def __init__(self, penalty: Optional[Callable[[nn.Module], Optional[torch.Tensor]]] = None
                  ) -> None:
@@ -97,3 +105,44 @@ class CTRTask:
     def new_metrics(self) -> CTRMetrics:
         """A fresh AUC / NE / log-loss / calibration accumulator."""
         return CTRMetrics()
+
+
+class RegressionMetrics:
+    """MSE, RMSE and MAE (torchmetrics states: ``compute()`` syncs across ranks)."""
+
+    def __init__(self) -> None:
+        from torchmetrics import MeanAbsoluteError, MeanSquaredError
+
+        self.mse, self.mae = MeanSquaredError(), MeanAbsoluteError()
+
+    def update(self, output: StepOutput, batch: Batch) -> None:
+        """Adds the batch's predictions against its labels (padding rows left out)."""
+        y = batch.labels[: output.num_examples].double()
+        self.mse.update(output.predictions.detach().double(), y)
+        self.mae.update(output.predictions.detach().double(), y)
+
+    def compute(self) -> dict[str, float]:
+        """``mse``, ``rmse``, ``mae`` over all ranks' batches (``{}`` with none)."""
+        mse, mae = float(self.mse.compute()), float(self.mae.compute())
+        return {} if math.isnan(mse) else {"mse": mse, "rmse": math.sqrt(mse), "mae": mae}
+
+
+class Regression:
+    """A number per row (the data set's label) from a CTR-family model's one output: mean
+    squared error; MSE, RMSE and MAE. ``task: {_component_: embedtrain.tasks:Regression}``."""
+
+    name = "regression"
+    main_metric = "rmse"
+    family = "ctr"
+    score = "identity"
+
+    def forward(self, model: nn.Module, batch: Batch) -> StepOutput:
+        """Mean squared error of the real rows; predictions: the model's outputs."""
+        out = model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        n = out.numel() - num_padding(batch)
+        loss = F.mse_loss(out[:n], batch.labels[:n]) if n else out.sum() * 0.0
+        return StepOutput(loss=loss, predictions=out[:n], num_examples=n)
+
+    def new_metrics(self) -> RegressionMetrics:
+        """A fresh MSE / RMSE / MAE accumulator."""
+        return RegressionMetrics()

@@ -89,6 +89,7 @@ class NodeClassificationTask:
     """Softmax cross-entropy on the seeds' labels."""
 
     name = "gnn_node"
+    family = "gnn_node"
     main_metric = "accuracy"
 
     def __init__(self, num_classes: int) -> None:
@@ -139,6 +140,7 @@ class LinkPredictionTask:
     """Binary cross-entropy of dot-product scores: positives vs sampled negatives."""
 
     name = "gnn_link"
+    family = "gnn_link"
     main_metric = "mrr"
 
     def __init__(self, ks: Sequence[int] = (1, 3, 10)) -> None:

@@ -17,13 +17,14 @@ writes a run directory at a time: ``train`` holds an OS lock on ``.lock`` for it
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from embedtrain.dependencies import import_optional
 from embedtrain.utils import append_line, write_atomic
@@ -36,6 +37,7 @@ LOCK_FILE = ".lock"
 # holds none of these is a user's folder, refused unless empty.
 RUN_FILES = ("config.yaml", METRICS_FILE, SUMMARY_FILE, "checkpoints", "plan.json", LOCK_FILE)
 _HELD: dict[str, int] = {}  # run directory -> the descriptor of its lock (held for the process)
+LOCKED_ENV = "EMBEDTRAIN_RUN_LOCKED"  # set for the ranks of a run whose launcher holds the lock
 
 
 class RunDirError(ValueError):
@@ -43,7 +45,8 @@ class RunDirError(ValueError):
 
 
 class RunDir:
-    """Writes a run's records; only the rank that owns it (rank 0) should write."""
+    """A run directory's life: its writer lock, what a new run or a resume may do with it
+    (:meth:`check_start`), its records. Only the rank that owns it (rank 0) writes."""
 
     def __init__(self, root: str | os.PathLike, create: bool = True) -> None:
         self.root = Path(root)
@@ -92,6 +95,31 @@ class RunDir:
         who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
         raise RunDirError(f"{self.root}: another embedtrain train is writing this run "
                           f"({who}); wait for it to end, or choose another --out")
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[None]:
+        """One writer per run directory: this process (or the launcher above it) holds ``.lock``.
+
+        ``embedtrain train --nproc N`` takes it before launching and keeps it while torchrun and
+        its ranks run (they skip it); a rank started by a user's own torchrun takes it on rank 0.
+        A run directory this created and that holds nothing else when the block ends (it failed
+        before writing anything) is removed.
+        """
+        key = str(self.root.resolve())
+        if os.environ.get(LOCKED_ENV) == key or env_rank() != 0:
+            yield
+            return
+        created = not self.root.exists()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.lock()
+        os.environ[LOCKED_ENV] = key  # inherited by the ranks a launcher starts
+        try:
+            yield
+        finally:
+            os.environ.pop(LOCKED_ENV, None)
+            self.unlock()
+            if created and [p.name for p in self.root.iterdir()] == [LOCK_FILE]:
+                shutil.rmtree(self.root, ignore_errors=True)
 
     def unlock(self) -> None:
         """Releases :meth:`lock` (the file stays: removing it would race a new writer)."""
@@ -252,3 +280,9 @@ class RunDir:
         plt.close(fig)
         write_atomic(path, buffer.getvalue())
         return path
+
+
+def env_rank() -> int:
+    """This process's rank as torchrun set it (0 outside a launch)."""
+    return int(os.environ.get("RANK", "0"))
+

@@ -71,6 +71,7 @@ class SeqTask(XCTask):
     ranks)``."""
 
     name = "seq"
+    family = "seq"
 
     def __init__(self, ks: Sequence[int] = (10,)) -> None:
         super().__init__(ks)

@@ -42,6 +42,11 @@ class Task(Protocol):
     Attributes:
         name: short name, recorded in the run's summary.
         main_metric: the metric plotted and reported first (e.g. ``"auc"``).
+
+    A task given by import path (``task: {_component_: ...}``) may also say, as class
+    attributes, ``family`` (the data and model it runs on: ``"ctr"``, the default, ``"xc"``,
+    ``"seq"``, ...) and, in the CTR family, ``score`` (``"sigmoid"``, the default, or
+    ``"identity"``: how predict turns the exported model's output into a row's score).
     """
 
     name: str
@@ -58,7 +63,7 @@ class Task(Protocol):
 
 # Metrics where lower is better; the others named here are better higher. A metric in neither
 # (e.g. ``calibration``, best at 1) cannot select a checkpoint.
-LOWER_IS_BETTER = frozenset({"loss", "ne", "logloss"})
+LOWER_IS_BETTER = frozenset({"loss", "ne", "logloss", "mse", "rmse", "mae"})
 HIGHER_IS_BETTER = frozenset({"auc", "accuracy", "macro_f1", "mrr"})
 _HIGHER_PREFIXES = ("p@", "psp@", "ndcg@", "recall@", "hits@", "hr@")
 

@@ -44,6 +44,7 @@ class XCTask:
 
     name = "xc"
     main_metric = "p@1"
+    family = "xc"
 
     def __init__(self, ks: Sequence[int] = (1, 5),
                  inv_propensity: Optional[torch.Tensor] = None) -> None:

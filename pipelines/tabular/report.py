@@ -143,6 +143,7 @@ def build_metadata(spec: IngestSpec, files: Sequence[Path], stats: PassStats,
         "format_version": FORMAT_VERSION,
         "name": spec.name,
         "label": spec.label,
+        "label_range": spec.label_range,
         "dense": [d.name for d in spec.dense],
         "dense_transform": "none",
         "sparse": sparse,
@@ -316,7 +317,10 @@ def _drop_detail(stats: PassStats, spec: IngestSpec,
     if seen:
         text += ", values seen: " + ", ".join(repr(v) for v in seen)
     if column == spec.label and reason in ("unparsable_value", "label_out_of_range"):
-        text += "; the label must be a number in [0, 1] (map text labels such as yes/no to 1/0)"
+        low, high = spec.label_range or ("-inf", "inf")
+        text += (f"; the label must be a number in [{low:g}, {high:g}] (label_range; map text "
+                 "labels such as yes/no to 1/0)") if spec.label_range else \
+            "; the label must be a finite number"
     return text
 
 

@@ -13,7 +13,7 @@ only what it has no use for:
 
 - no split: every row is scored;
 - no label needed: a label column, where the input has one, is carried along (parsed as
-  ingestion parses it, null where it is not a click in [0, 1]) for metrics, never a reason to
+  ingestion parses it, null where it is outside ``label_range``) for metrics, never a reason to
   skip a row;
 - a row ingestion would drop (a Criteo line without 40 fields, an unparsable number, a raw id
   out of range, ...; :class:`~pipelines.tabular.transforms.DropReason`) or stop the job on (a
@@ -52,7 +52,8 @@ from pipelines.core.report import DROP
 from pipelines.core.serve import InvalidRows, valid_batches
 from pipelines.tabular.read import check_inputs, describe_row, reading, scan_inputs
 from pipelines.tabular.spec import IngestSpec, OnInvalid, SplitSpec
-from pipelines.tabular.transforms import DropReason, feature_columns, number, parse
+from pipelines.tabular.transforms import (DropReason, feature_columns, label_in_range, number,
+                                          parse)
 
 NON_FINITE = "non_finite_value"
 
@@ -136,7 +137,7 @@ class RawRows:
         columns = feature_columns(spec, self.vocabs, self.dense_stats, self.boundaries)
         if self.label:
             y = number(spec.label, spec.is_text)
-            columns.insert(0, pl.when((y >= 0) & (y <= 1)).then(y).cast(pl.Float32)
+            columns.insert(0, pl.when(label_in_range(spec, y)).then(y).cast(pl.Float32)
                            .alias(spec.label))
         return frame.select(ROW, DROP, *columns, *(KEEP_PREFIX + c for c in self.keep)), reasons
 

@@ -100,6 +100,9 @@ class IngestSpec:
     name: str = "dataset"
     input: InputSpec = field(default_factory=InputSpec)
     label: str = "label"
+    # the label's allowed values, rows outside dropped (label_out_of_range): [0, 1] for clicks,
+    # e.g. [1, 5] for ratings; null: any finite number
+    label_range: Optional[list[float]] = field(default_factory=lambda: [0.0, 1.0])
     dense: list[DenseSpec] = field(default_factory=list)
     sparse: list[SparseSpec] = field(default_factory=list)
     split: SplitSpec = field(default_factory=SplitSpec)
@@ -157,6 +160,10 @@ def validate_spec(spec: IngestSpec, source: str = "<spec>") -> None:
     def fail(key: str, message: str) -> None:
         raise ConfigError(f"{source}: {key}: {message}")
 
+    if spec.label_range is not None and (len(spec.label_range) != 2
+                                         or spec.label_range[0] > spec.label_range[1]):
+        fail("label_range", f"[low, high] with low <= high (or null: any finite number), got "
+                            f"{spec.label_range}")
     seen: dict[str, str] = {}
     keys = [("label", spec.label)]
     keys += [(f"dense[{i}].name", d.name) for i, d in enumerate(spec.dense)]

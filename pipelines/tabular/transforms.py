@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -40,7 +41,7 @@ class DropReason:
     """Why a row was dropped (its code is the value of ``__drop``) and the column that said so.
 
     Reasons: ``wrong_field_count`` (a Criteo TSV line without its 40 tab-separated fields),
-    ``null_label``, ``label_out_of_range`` (not in [0, 1]), ``null_split_key`` (no time or key to
+    ``null_label``, ``label_out_of_range`` (not in ``label_range``, [0, 1] by default), ``null_split_key`` (no time or key to
     split by), ``split_value_not_listed`` (a column split's value in none of its lists),
     ``unparsable_value`` (text that is not a number/integer; dense features with ``cast`` and
     bucketized features are repaired instead), ``null_id`` and ``id_out_of_range`` (pre-encoded
@@ -56,6 +57,12 @@ class DropReason:
 
     reason: str
     column: str
+
+
+def label_in_range(spec: IngestSpec, y: pl.Expr) -> pl.Expr:
+    """Whether the parsed label ``y`` is finite and within ``spec.label_range``."""
+    low, high = spec.label_range or (-math.inf, math.inf)
+    return y.is_finite() & (y >= low) & (y <= high)
 
 
 def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True, label: bool = True
@@ -121,8 +128,7 @@ def parse(frame: pl.LazyFrame, spec: IngestSpec, checks: bool = True, label: boo
         if text:
             conditions.append((unparsable(spec.label),
                                DropReason("unparsable_value", spec.label)))
-        y = p(spec.label)
-        conditions.append((y.is_nan() | (y < 0) | (y > 1),
+        conditions.append((~label_in_range(spec, p(spec.label)),
                            DropReason("label_out_of_range", spec.label)))
     if spec.split.column is not None:
         conditions.append((pl.col(spec.split.column).is_null(),

@@ -1,8 +1,8 @@
 """One trial of ``embedtrain tune``: a normal ``embedtrain train`` run inside a Ray Tune trainable.
 
 :func:`run_trial` is the function trainable. It runs in a Ray worker (an actor reused from trial
-to trial), trains ``DIR/trials/<trial>/`` in-process through the train command's own path
-(:func:`embedtrain.cli.train._train`: the config loaded and checked, the run directory's lock,
+to trial), trains ``DIR/trials/<trial>/`` in-process as ``embedtrain train`` does
+(:func:`embedtrain.recipes.fit`: the config loaded and checked, the run directory's lock,
 resume, the summary) and reports every validation evaluation to Ray Tune as the trainer logs it
 (``Trainer.on_evaluation``), so that ASHA can stop the trial between two evaluations. A report
 carries ``step``, the selection metric's name (``metric``), ``value`` and ``score`` (the value,
@@ -126,28 +126,25 @@ def _mark_ended(path: Path, mark: dict[str, Any]) -> None:
 
 def _train(setup: TrialSetup, config: dict[str, Any], run_dir: Path,
            reporter: "EvaluationReporter", log: "_LogStream") -> Optional[str]:
-    """Trains the trial's run; None, or the one-line error (what the CLI would print)."""
-    import embedtrain.cli.train as train_command
+    """Trains the trial's run (:func:`embedtrain.recipes.fit`, as ``embedtrain train`` does);
+    None, or the one-line error (what the CLI would print)."""
     from embedtrain.cli.errors import quiet_libraries, run_command
+    from embedtrain.config import load_config
     from embedtrain.processes import destroy_process_group
 
     quiet_libraries()
-    overrides = as_overrides(config)
-    resume = RunDir(run_dir, create=False).has_run()
-    args = argparse.Namespace(
-        command="train", config=setup.base_config, overrides=overrides, out=str(run_dir),
-        resume=resume, overwrite=False, no_progress=True, cluster=None, nproc=None,
-        max_restarts=0,
-        argv=["train", setup.base_config, "--out", str(run_dir), "--no-progress",
-              *(["--resume"] if resume else []), *[a for o in overrides for a in ("--set", o)]])
 
     def train(args: argparse.Namespace) -> int:
-        _wait_unlocked(run_dir, setup.lock_wait_s)
-        return train_command._train(args, on_evaluation=reporter)
+        from embedtrain.recipes import fit
 
-    args.func = train
-    try:
-        code = run_command(args)  # SystemExit (the scheduler stopping the trial) goes through
+        cfg = load_config(setup.base_config, as_overrides(config))
+        _wait_unlocked(run_dir, setup.lock_wait_s)
+        fit(cfg, run_dir, resume=RunDir(run_dir, create=False).has_run(), progress=False,
+            on_evaluation=reporter)
+        return 0
+
+    try:  # SystemExit (the scheduler stopping the trial) goes through
+        code = run_command(argparse.Namespace(command="train", func=train))
     except Exception as e:  # noqa: BLE001 - a bug: its last line, the traceback in the log
         traceback.print_exc()
         return f"{type(e).__name__}: {first_line(e)}"
@@ -224,7 +221,7 @@ def _run_metric(run_dir: Path) -> tuple[Optional[str], bool]:
             from embedtrain.recipes import recipe_for
 
             cfg = load_run_config(run_dir / "config.yaml")
-            metric = cfg.train.select_metric or recipe_for(cfg).task().main_metric
+            metric = cfg.train.select_metric or recipe_for(cfg).make_task().main_metric
         if metric is None:
             return None, True
         from embedtrain.train.task import higher_is_better
