@@ -240,3 +240,30 @@ def test_an_import_cycle_is_found(monkeypatch):
     cycles = [c for c in import_cycles(import_graph("pipelines")) if {name_a, name_b} <= set(c)]
     assert cycles, import_graph("pipelines")
     assert cycles[0] in ([name_a, name_b, name_a], [name_b, name_a, name_b]), cycles
+
+
+def _recipe_chains(source_dir: Path) -> list[str]:
+    """``module: Class(Base)`` of every class in ``source_dir`` that derives from a recipe
+    other than ``Recipe`` itself (a family subclassing another family)."""
+    classes: dict[str, tuple[str, list[str]]] = {}
+    for path in sorted(source_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                         for b in node.bases]
+                classes[node.name] = (path.name, bases)
+
+    def is_recipe(name: str) -> bool:
+        return name == "Recipe" or any(is_recipe(b) for b in classes.get(name, ("", []))[1])
+
+    return [f"{module}: {name}({', '.join(bases)})" for name, (module, bases) in classes.items()
+            if any(b != "Recipe" and is_recipe(b) for b in bases)]
+
+
+def test_families_are_composed_not_inherited(tmp_path):
+    # every built-in recipe subclasses Recipe directly; what families share are parts
+    # (TabularData, ClassHeads, graph targets), not base classes
+    assert _recipe_chains(ROOT / "embedtrain" / "recipes") == []
+    (tmp_path / "a.py").write_text("class Recipe: pass\nclass XC(Recipe): pass\n")
+    (tmp_path / "b.py").write_text("from a import XC\nclass Seq(XC): pass\n")
+    assert _recipe_chains(tmp_path) == ["b.py: Seq(XC)"]

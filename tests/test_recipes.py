@@ -37,11 +37,14 @@ def test_each_recipe_prints_its_metrics(task, summary, expected):
 
 def test_a_recipe_that_says_nothing_of_export_is_refused_in_one_line():
     """Export asks the recipe what it cannot export: the built-in ones say, a recipe without
-    ``export_parts`` (a user's TabularRecipe subclass) is refused before anything is read."""
-    from embedtrain.recipes.tabular import TabularRecipe
+    ``export_parts`` (a user's Recipe on the tabular data) is refused before anything is read."""
+    from embedtrain.recipes.base import Recipe
+    from embedtrain.recipes.tabular import TabularData
 
-    class RatingRecipe(TabularRecipe):
-        pass
+    class RatingRecipe(Recipe):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.data = TabularData(cfg)
 
     assert recipe_for(Config(task=TaskKind.CTR)).export_refusal() is None
     assert recipe_for(Config(task=TaskKind.XC)).export_refusal() is None  # a full head

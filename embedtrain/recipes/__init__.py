@@ -2,8 +2,8 @@
 
 :data:`RECIPES` maps each ``task`` of the config to its recipe class: it is the only switch on
 the task below the CLI. A new family is one recipe (a :class:`~embedtrain.recipes.base.Recipe`
-subclass) plus one task (:class:`~embedtrain.train.task.Task`) and a line here; see the project's
-``ARCHITECTURE.md`` for a worked example. A user's own recipe needs no line here: the config
+subclass composing its parts: the tabular data, a class head) plus one task
+(:class:`~embedtrain.train.task.Task`) and a line here; see the project's ``ARCHITECTURE.md``. A user's own recipe needs no line here: the config
 names it by import path (``recipe: mypkg.towers:TwoTowerRecipe``, see :func:`recipe_class`) and
 its runs get the same run directory, ``eval``, ``plan`` and ``export`` as a built-in one.
 
@@ -29,7 +29,7 @@ from embedtrain.config import (ClusterConfig, Config, ConfigError, TaskKind, loa
 from embedtrain.recipes.base import Recipe
 from embedtrain.recipes.run import Run
 from embedtrain.recipes.ctr import CTRRecipe
-from embedtrain.recipes.gnn import LinkPredictionRecipe, NodeClassificationRecipe
+from embedtrain.recipes.gnn import GraphRecipe
 from embedtrain.recipes.seq import SeqRecipe
 from embedtrain.recipes.xc import XCRecipe
 from embedtrain.lifecycle import check_start
@@ -40,8 +40,8 @@ from embedtrain.train.run_dir import RunDir, RunDirError, env_rank
 RECIPES: dict[TaskKind, type[Recipe]] = {
     TaskKind.CTR: CTRRecipe,
     TaskKind.XC: XCRecipe,
-    TaskKind.GNN_NODE: NodeClassificationRecipe,
-    TaskKind.GNN_LINK: LinkPredictionRecipe,
+    TaskKind.GNN_NODE: GraphRecipe,
+    TaskKind.GNN_LINK: GraphRecipe,
     TaskKind.SEQ: SeqRecipe,
 }
 

@@ -139,16 +139,23 @@ class Recipe:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self._dataset: Any = None
+        # the family's data builder (e.g. recipes.tabular.TabularData: load, info, reader,
+        # pooling_factors, pooling_note), which the data hooks below ask; None: the family
+        # implements them itself
+        self.data: Any = None
+        # a class head part (recipes.heads.ClassHeads), whose planning, reservations, plan
+        # notes, export refusal and summary join the hooks' below; None: none
+        self.heads: Any = None
 
     # -- what a family says ------------------------------------------------------------------
 
     def load_dataset(self) -> Any:
         """Reads the data set's metadata (called once; the result is :attr:`dataset`)."""
-        raise NotImplementedError
+        return self.data.load()
 
     def dataset_info(self) -> DatasetInfo:
         """Name, directory and splits of :attr:`dataset`."""
-        raise NotImplementedError
+        return self.data.info(self.dataset)
 
     def planning_model(self) -> nn.Module:
         """The model on ``meta`` with its sparse optimizers marked: what ``embedtrain plan``
@@ -162,7 +169,7 @@ class Recipe:
     def reader(self, split: str, train: bool, batch_size: int, rank: int,
                world_size: int) -> EpochData:
         """This rank's batches of ``split`` (``batch_size`` per rank)."""
-        raise NotImplementedError
+        return self.data.reader(self.dataset, split, train, batch_size, rank, world_size)
 
     def task(self) -> Task:
         """The task the trainer runs (loss, predictions, metrics)."""
@@ -217,23 +224,28 @@ class Recipe:
 
     def planning_constraints(self) -> list[TableConstraint]:
         """Constraints the family adds to ``sharding.tables`` (e.g. the class head row-wise)."""
-        return []
+        return self.heads.planning_constraints(self.cfg.sharding.tables) if self.heads else []
 
     def pooling_factors(self) -> dict[str, float]:
         """Mean ids per example per table, for the planner (default: 1 for every table)."""
-        return {}
+        return self.data.pooling_factors(self.dataset) if self.data is not None else {}
 
     def extra_reservations(self, cluster: ClusterConfig) -> dict[str, int]:
-        """More per-rank memory the planner sets aside, by name, in bytes."""
-        return {}
+        """More per-rank memory the planner sets aside, by name, in bytes (a sharded head's
+        logits)."""
+        return self.heads.reservations(cluster) if self.heads else {}
 
     def describe_plan(self, result: PlanResult) -> None:
         """Adds the family's notes (model section, warnings) to the plan's report."""
+        if self.heads is not None:
+            self.heads.describe_plan(result)
 
     def export_refusal(self) -> Optional[str]:
         """Why ``embedtrain export`` cannot export this config's model, in one line (None: it
         can); asked before anything is read or written. Default: refused where the recipe has
-        no :meth:`export_parts`."""
+        no :meth:`export_parts`, or whose head is not exported."""
+        if self.heads is not None and self.heads.export_refusal():
+            return self.heads.export_refusal()
         if type(self).export_parts is Recipe.export_parts:
             return (f"task {task_family(self.cfg).value}: {type(self).__name__} does not say what to "
                     f"export (it has no export_parts)")
@@ -285,7 +297,7 @@ class Recipe:
 
     def pooling_note(self) -> str:
         """How the plan's pooling factors were found (shown in the report)."""
-        return "1.0 (no data)"
+        return self.data.pooling_note(self.dataset) if self.data is not None else "1.0 (no data)"
 
     def build_run(self, out_dir: str | os.PathLike, progress: Optional[bool] = None,
                   cluster: Optional[ClusterConfig] = None, record_plan: bool = True) -> Run:
@@ -347,7 +359,8 @@ class Recipe:
                   "to the last step); ingest with a validation split (e.g. "
                   "split.valid_fraction: 0.1) to have them", file=sys.stderr)
         dynamic = any(True for _ in managed_tables(dmp))
-        extra_summary = self.summary_extra()
+        extra_summary = {**self.summary_extra(),
+                         **(self.heads.summary_extra() if self.heads else {})}
         trainer = Trainer(
             task, dmp, optimizer, train_data, valid_data, RunDir(out_dir),
             self.trainer_options(progress), dataset_name=info.name, extra_summary=extra_summary,
@@ -489,7 +502,7 @@ class Recipe:
                          f"({t['occupancy']:.0%}), {t['ids_admitted']:,} ids admitted, "
                          f"{t['evictions']:,} evicted; default row: {t['default_row_share']:.1%} "
                          f"of training lookups, {t['eval_default_row_share']:.1%} of the test's")
-        return lines
+        return lines + (self.heads.summary_lines(summary) if self.heads else [])
 
     def reference(self, summary: dict[str, Any], main_metric: str) -> Optional[float]:
         """The oracle's value when it bounds ``main_metric`` (the line in ``curves.png``)."""

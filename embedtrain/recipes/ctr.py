@@ -16,18 +16,27 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from embedtrain.components import Component, build
 from embedtrain.config import ConfigError, Interaction
 from embedtrain.models.dlrm import ctr_model, embedding_penalty
-from embedtrain.recipes.base import Oracle, oracle_of
+from embedtrain.models.options import DynamicTable
+from embedtrain.recipes.base import Oracle, Recipe, oracle_of
 from embedtrain.recipes.export_parts import DenseExport, ExportParts
-from embedtrain.recipes.tabular import TabularRecipe
+from embedtrain.recipes.tabular import TabularData
 from embedtrain.train.ctr import CTRTask
 from embedtrain.train.optim import fuse_sparse_optimizer
 
 
-class CTRRecipe(TabularRecipe):
+class CTRRecipe(Recipe):
     """``task: ctr``: DLRM (``model.interaction: dot``) or DCNv2 (``dcn``), binary cross-entropy."""
 
     oracle = Oracle("oracle_auc", "auc", "AUC of the true click probability")
     printed_metrics = ("auc", "ne", "logloss", "calibration")
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.data = TabularData(cfg)
+
+    def feature_dynamic_tables(self) -> dict[str, DynamicTable]:
+        """The ``tables`` entries' dynamic tables among the features' (``t_<feature>``)."""
+        return self.data.dynamic_tables(self.dataset)
 
     def planning_model(self) -> nn.Module:
         """``model``'s DLRM (``interaction: dot``) or DCNv2 (``dcn``) on ``meta``, tables fused;

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from embedtrain.config import GNNModel, dynamic_tables
+from embedtrain.config import Config, GNNModel, TaskKind, dynamic_tables, task_family
 from embedtrain.features import FeatureSpec, SparseFeature
 from embedtrain.models.layerwise import layerwise_inference
 from embedtrain.graph.loader import SeedBatches, link_loader, node_loader
@@ -36,25 +36,29 @@ from embedtrain.train.gnn import LinkPredictionTask, NodeClassificationTask
 
 
 class GraphRecipe(Recipe):
-    """What both graph families share: the graph data set, GraphSAGE, the seed loader's knobs."""
+    """``task: gnn_node`` and ``gnn_link``: the graph data set, GraphSAGE, the seed loader's
+    knobs, and what is the task's (:class:`NodeTarget` or :class:`LinkTarget`: the output, the
+    seeds each step reads, the loss and metrics)."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        link = task_family(cfg) is TaskKind.GNN_LINK
+        self.target = LinkTarget(self) if link else NodeTarget(self)
+        self.printed_metrics = self.target.printed_metrics
 
     def load_dataset(self) -> GraphData:
         """``data.path``'s graph, memory-mapped."""
         return load_graph(self.cfg.data.path, mmap=True, check_ranges=False)
 
     def dataset_info(self) -> DatasetInfo:
-        """The graph's node splits that hold nodes (an empty one is as good as none)."""
+        """The target's splits (:meth:`NodeTarget.splits`, :meth:`LinkTarget.splits`)."""
         g = self.dataset
-        return DatasetInfo(g.name, g.root, [s for s, ids in g.splits.items() if len(ids)])
-
-    def out_dim(self) -> int:
-        """Width of the model's output per node."""
-        raise NotImplementedError
+        return DatasetInfo(g.name, g.root, self.target.splits())
 
     def planning_model(self) -> nn.Module:
         """``gnn``'s GraphSAGE on ``meta`` (node-id table fused), one layer per hop."""
         g, graph = self.cfg.gnn, self.dataset
-        out = self.out_dim()
+        out = self.target.out_dim()
         if len(g.fanouts) != len(g.hidden):
             raise ValueError(f"gnn.fanouts ({len(g.fanouts)} hops) and gnn.hidden "
                              f"({len(g.hidden)} layers) must have the same length")
@@ -77,7 +81,7 @@ class GraphRecipe(Recipe):
         spec = FeatureSpec("label", (), sparse, num_classes=self.dataset.num_classes or None)
         model.convs.to_empty(device="cpu")  # the layers run at export; the table stays on meta
         model.out.to_empty(device="cpu")
-        arrays = self.node_arrays()
+        arrays = self.target.node_arrays()
         nodes = NodeOutputsExport(model, "model.", NODE_TABLE if tables else None,
                                   {name: what for name, (_, what) in arrays.items()},
                                   self._write_node_outputs, self.dataset.id_map)
@@ -86,14 +90,9 @@ class GraphRecipe(Recipe):
             f"node's {' and '.join(arrays)} by layer-wise full-graph inference, nodes/*.npy "
             f"(row = node id)"))
 
-    def node_arrays(self) -> dict[str, tuple[str, str]]:
-        """``{name: (role, what it is)}`` of the per-node arrays an export writes, the model's
-        output first; role ``outputs`` (``model.out``) or ``embeddings`` (its input)."""
-        raise NotImplementedError
-
     def _write_node_outputs(self, model: nn.Module, node_embeddings, files: dict[str, Path],
                             progress: bool) -> None:
-        role = {r: files[name] for name, (r, _) in self.node_arrays().items()}
+        role = {r: files[name] for name, (r, _) in self.target.node_arrays().items()}
         layerwise_inference(model, self.dataset, node_embeddings=node_embeddings,
                             outputs_file=role["outputs"], embeddings_file=role.get("embeddings"),
                             keep_embeddings="embeddings" in role,
@@ -132,6 +131,16 @@ class GraphRecipe(Recipe):
     def pooling_note(self) -> str:
         return "1 id per node"
 
+    def reader(self, split: str, train: bool, batch_size: int, rank: int,
+               world_size: int) -> SeedBatches:
+        """This rank's share of the target's seeds with their sampled neighbourhoods."""
+        return self.target.reader(split, train, batch_size,
+                                  self.loader_arguments(train, rank, world_size))
+
+    def task(self) -> Any:
+        """The target's task."""
+        return self.target.task()
+
     def summary_extra(self) -> dict[str, Any]:
         """The synthetic graph's homophily and Bayes accuracies, if it has them."""
         gen = self.dataset.meta.get("generator") or {}
@@ -139,10 +148,30 @@ class GraphRecipe(Recipe):
                                     "homophily") if k in gen}
 
 
-class NodeClassificationRecipe(GraphRecipe):
+class GraphTarget:
+    """What a graph task says to its :class:`GraphRecipe`: ``splits()``, ``out_dim()``,
+    ``node_arrays()`` (``{name: (role, what it is)}`` of the per-node arrays an export writes,
+    the model's output first; role ``outputs``, ``model.out``, or ``embeddings``, its input),
+    ``reader(split, train, batch_size, loader arguments)`` and ``task()``."""
+
+    printed_metrics: tuple[str, ...] = ()
+
+    def __init__(self, recipe: GraphRecipe) -> None:
+        self.recipe = recipe
+
+    @property
+    def dataset(self) -> GraphData:
+        return self.recipe.dataset
+
+
+class NodeTarget(GraphTarget):
     """``task: gnn_node``: the classes of a split's nodes, cross-entropy, accuracy and macro-F1."""
 
     printed_metrics = ("accuracy", "macro_f1")
+
+    def splits(self) -> list[str]:
+        """The graph's node splits that hold nodes (an empty one is as good as none)."""
+        return [s for s, ids in self.dataset.splits.items() if len(ids)]
 
     def out_dim(self) -> int:
         """The data set's number of classes (it must have node labels)."""
@@ -153,19 +182,18 @@ class NodeClassificationRecipe(GraphRecipe):
 
     def node_arrays(self) -> dict[str, tuple[str, str]]:
         """Class logits, and the last SAGE layer's output they are computed from."""
-        k, width = self.dataset.num_classes, self.cfg.gnn.hidden[-1]
+        k, width = self.dataset.num_classes, self.recipe.cfg.gnn.hidden[-1]
         return {"scores": ("outputs", f"float32 [N, {k}]: class logits (predicted class: the "
                                       f"arg-max)"),
                 "embeddings": ("embeddings", f"float32 [N, {width}]: the last SAGE layer's "
                                              f"output, which the class layer scores")}
 
-    def reader(self, split: str, train: bool, batch_size: int, rank: int,
-               world_size: int) -> SeedBatches:
-        """The split's nodes with their sampled neighbourhoods (this rank's share)."""
+    def reader(self, split: str, train: bool, batch_size: int, args: dict[str, Any]
+               ) -> SeedBatches:
+        """The split's nodes with their sampled neighbourhoods (``args``: the loader's)."""
         graph = self.dataset
         if split not in graph.splits:
             raise ValueError(f"{graph.root / 'metadata.json'}: no {split} split")
-        args = self.loader_arguments(train, rank, world_size)
         return node_loader(graph, graph.splits[split], batch_size, args.pop("fanouts"), **args)
 
     def task(self) -> NodeClassificationTask:
@@ -173,40 +201,39 @@ class NodeClassificationRecipe(GraphRecipe):
         return NodeClassificationTask(self.dataset.num_classes)
 
 
-class LinkPredictionRecipe(GraphRecipe):
+class LinkTarget(GraphTarget):
     """``task: gnn_link``: edges against sampled negatives, dot-product scores, MRR and Hits@K."""
 
     printed_metrics = ("mrr",)
 
-    def dataset_info(self) -> DatasetInfo:
+    def splits(self) -> list[str]:
         """Training on every CSR edge; valid and test where the graph holds out edges."""
         g = self.dataset
-        held = [s for s in ("valid", "test") if s in g.edge_splits and g.edge_splits[s].shape[1]]
-        return DatasetInfo(g.name, g.root, ["train", *held])
+        return ["train", *(s for s in ("valid", "test")
+                           if s in g.edge_splits and g.edge_splits[s].shape[1])]
 
     def out_dim(self) -> int:
         """``gnn.out_dim``: the node embedding size scored by dot products."""
-        return self.cfg.gnn.out_dim
+        return self.recipe.cfg.gnn.out_dim
 
     def node_arrays(self) -> dict[str, tuple[str, str]]:
         """The node embeddings whose dot products score a link."""
-        return {"embeddings": ("outputs", f"float32 [N, {self.cfg.gnn.out_dim}]: node "
+        return {"embeddings": ("outputs", f"float32 [N, {self.out_dim()}]: node "
                                           f"embeddings; a link (u, v) scores "
                                           f"embeddings[u] @ embeddings[v]")}
 
-    def reader(self, split: str, train: bool, batch_size: int, rank: int,
-               world_size: int) -> SeedBatches:
+    def reader(self, split: str, train: bool, batch_size: int, args: dict[str, Any]
+               ) -> SeedBatches:
         """Every CSR edge for training, the held-out positive edges (``edge_splits``) for
-        evaluation, each with ``gnn.negatives`` sampled negatives (this rank's share)."""
-        graph, g = self.dataset, self.cfg.gnn
+        evaluation, each with ``gnn.negatives`` sampled negatives (``args``: the loader's)."""
+        graph, g = self.dataset, self.recipe.cfg.gnn
         pairs = None if train else graph.edge_splits.get(split)
         if not train and pairs is None:
             raise ValueError(f"{graph.root / 'metadata.json'}: no held-out {split} edges for link "
                              f"prediction (embedtrain datagen graph --link-fraction 0.1)")
-        args = self.loader_arguments(train, rank, world_size)
         return link_loader(graph, batch_size, args.pop("fanouts"), edges=pairs,
                            num_negatives=g.negatives, negative=g.negative_sampling, **args)
 
     def task(self) -> LinkPredictionTask:
         """Binary cross-entropy of positives against negatives; MRR and Hits@K."""
-        return LinkPredictionTask(self.cfg.gnn.link_ks)
+        return LinkPredictionTask(self.recipe.cfg.gnn.link_ks)

@@ -1,17 +1,16 @@
 """Sequential recommendation (``task: seq``): a user's item history -> SASRec -> the next item,
 ranked over the whole corpus by an XC head (``datagen seq`` or ``ingest`` ``kind: sequence``).
 
-Next-item prediction is extreme classification over the items, so this recipe is the XC
-recipe's (:class:`~embedtrain.recipes.xc.XCRecipe`: the ``xc.head`` section's head, sharded or
-replicated, its optimizer, plan and reservations) with the ``seq`` section's encoder
-(:class:`~embedtrain.models.seq.SeqModel`) in place of the bag-of-ids one, and HR@k / NDCG@k
-(:class:`~embedtrain.train.seq.SeqTask`). The data set's rows are ``items`` (the history, a
+Next-item prediction is extreme classification over the items: the recipe composes the tabular
+data (:class:`~embedtrain.recipes.tabular.TabularData`), the ``seq`` section's encoder
+(:class:`~embedtrain.models.seq.SeqModel`), a class head over the items
+(:class:`~embedtrain.recipes.heads.ClassHeads`, the ``xc.head`` section: sharded or replicated,
+its optimizer, plan and reservations) and HR@k / NDCG@k (:class:`~embedtrain.train.seq.SeqTask`). The data set's rows are ``items`` (the history, a
 multi-hot id feature of at most ``max_length`` ids) and ``target`` (the next item: the label).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Optional, Sequence
 
@@ -22,21 +21,24 @@ from embedtrain.config import ClusterConfig
 from embedtrain.data.stats import class_counts
 from embedtrain.features import DatasetMeta
 from embedtrain.models.seq import ITEM_TABLE, SeqDense, SeqModel, excluded_items, pad_history
-from embedtrain.recipes.base import Oracle, oracle_of
+from embedtrain.recipes.base import ModelParts, Oracle, Recipe, oracle_of
 from embedtrain.recipes.export_parts import DenseExport, ExportParts
-from embedtrain.recipes.xc import XCRecipe
+from embedtrain.recipes.heads import ClassHeads
+from embedtrain.recipes.tabular import TabularData
 from embedtrain.train.seq import SeqTask
 
 
-class SeqRecipe(XCRecipe):
+class SeqRecipe(Recipe):
     """``task: seq``: the ``seq`` section's encoder, the ``xc`` section's head and ``top_k``."""
 
     oracle = Oracle("oracle_hr_at_10", "hr@10", "HR@10 of the Bayes-optimal ranking")
     printed_metrics = ("mrr",)
 
-    @property
-    def feature_dim(self) -> int:
-        return self.cfg.seq.dim
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.data = TabularData(cfg)
+        self.heads = ClassHeads(cfg.xc.head, lambda: self.dataset.features.num_classes,
+                                cfg.seq.dim)
 
     @property
     def max_length(self) -> int:
@@ -53,13 +55,14 @@ class SeqRecipe(XCRecipe):
 
     def load_dataset(self) -> DatasetMeta:
         """The data set's metadata, checked to be a sequence one (``task: seq``)."""
-        meta = super().load_dataset()
+        meta = self.data.load()
         where = meta.root / "metadata.json"
         sparse = meta.features.sparse
         if meta.extra.get("task") != "seq" or len(sparse) != 1 or not sparse[0].max_length:
             raise ValueError(f"{where}: task seq needs a sequence data set (one item-history "
                              f"feature and a target; make one with embedtrain datagen seq or "
                              f"embedtrain ingest with kind: sequence)")
+        self.heads.check()
         return meta
 
     def _model(self, head: Optional[nn.Module]) -> SeqModel:
@@ -70,6 +73,15 @@ class SeqRecipe(XCRecipe):
                          exclude_history=s.exclude_history, model=s.model.value)
         self.fuse_sparse(model.encoder)
         return model
+
+    def planning_model(self) -> nn.Module:
+        """The encoder and the head over the items as the planner sees it."""
+        return self.heads.planning_model(self._model)
+
+    def model_parts(self, device: torch.device) -> ModelParts:
+        """Encoder on ``meta`` and the head over the items (:meth:`ClassHeads.model_parts`)."""
+        return self.heads.model_parts(self._model, device, lambda: self.class_counts,
+                                      self.cfg.train.seed)
 
     def task(self) -> SeqTask:
         """HR@k and NDCG@k for ``xc.top_k`` over every item."""
@@ -82,10 +94,9 @@ class SeqRecipe(XCRecipe):
                 for value in oracle_of(extra, f"oracle_{name}@10").values()}
 
     def extra_reservations(self, cluster: ClusterConfig) -> dict[str, int]:
-        """The XC head's logits, for every position of a history: ``max_length`` rows an
+        """The head's logits, for every position of a history: ``max_length`` rows an
         example (hard_negatives' selected columns grow with the rows too; not counted)."""
-        return {key: value * self.max_length
-                for key, value in super().extra_reservations(cluster).items()}
+        return self.heads.reservations(cluster, rows_per_example=self.max_length)
 
     def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
                      ) -> ExportParts:
@@ -111,7 +122,7 @@ class SeqRecipe(XCRecipe):
         if item:
             files[spec.sparse[0].name] = files[spec.label] = item
         ingest["vocab_files"] = files
-        head = dataclasses.replace(self.head_export(), vocab=item)
+        head = self.heads.export(self.cfg.xc.top_k, item)
         return ExportParts(self.cfg.seq.model.value, spec, ingest, dense, head, note)
 
     def predict_pooled(self, pooled: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
