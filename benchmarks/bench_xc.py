@@ -1,7 +1,7 @@
 """Extreme-classification heads: training-step time at 1M classes, and P@1 at equal examples.
 
 Part 1, step time (``--classes`` x ``--dim``, batch ``--batch``, one process, 2 intra-op threads).
-Every head is built by :func:`embedtrain.models.xc.build_head` (what training builds) and stepped
+Every head is built by :func:`embedtrain.heads.build.build_head` (what training builds) and stepped
 as training steps it: forward, backward, then the optimizer step and ``zero_grad``:
 
 - ``full`` (exact softmax), ``partial_fc`` (``--rate``), ``hard_negatives`` (10 nearest classes
@@ -73,7 +73,7 @@ import torch
 from torch import Tensor, nn
 
 from embedtrain.config import HeadConfig, HeadKind, NegativeIndex, OptimConfig, load_config
-from embedtrain.models.xc import SHARDED_HEADS, build_head
+from embedtrain.heads.build import SHARDED_HEADS, build_head
 from embedtrain.recipes.xc import head_arguments
 from embedtrain.train.optim import dense_optimizer_factory, sharded_head_optimizer
 

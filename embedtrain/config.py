@@ -296,7 +296,7 @@ class TableSpec:
     """How the embedding tables named by ``tables`` (names or globs, e.g. ``t_C*`` or ``t_node``;
     later entries win) map ids to rows: ``static`` (the data set's ids are the rows) or
     ``dynamic`` (raw ids remapped collision-free to ``capacity`` rows, with eviction; see
-    :mod:`embedtrain.models.dynamic`). Tables no entry names are static.
+    :mod:`embedtrain.tables.dynamic`). Tables no entry names are static.
     """
 
     tables: list[str] = field(default_factory=list)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embedtrain.models.class_head import (
+from embedtrain.heads.sharded import (
     HardNegativeHead,
     HeadLoss,
     Margin,
@@ -16,8 +16,8 @@ from embedtrain.models.class_head import (
     ShardedSoftmaxHead,
     shard_range,
 )
-from embedtrain.models.class_index import ClusteredIndex
-from embedtrain.models.topk import blocked_topk
+from embedtrain.heads.index import ClusteredIndex
+from embedtrain.heads.topk import blocked_topk
 from embedtrain.processes import spawn
 
 C, D, B = 37, 8, 6  # an odd class count: uneven slices
@@ -328,7 +328,7 @@ def _planted_classes(n_classes=600, dim=16, topics=12, seed=0):
 
 
 def test_clustered_index_probing_every_cluster_is_the_exact_search():
-    from embedtrain.models.class_index import ClusteredIndex, recall_at_k
+    from embedtrain.heads.index import ClusteredIndex, recall_at_k
 
     weight, queries, _ = _planted_classes()
     index = ClusteredIndex(weight, clusters=12, probe=12,
@@ -461,7 +461,7 @@ def test_fused_row_adagrad_is_torch_adagrad_on_the_sampled_rows(lr_decay):
 def test_partial_fc_small_samples_are_drawn_uniformly_without_a_permutation():
     """Below 1/16 of the slice the negatives are drawn (no randperm of the slice): exactly the
     size wanted, distinct, never a positive, each other class equally likely (binomial counts)."""
-    from embedtrain.models.class_head import partial_fc_sample
+    from embedtrain.heads.sharded import partial_fc_sample
 
     positives, n, rate, trials = torch.tensor([3, 7, 7]), 1000, 0.05, 2000
     counts = torch.zeros(n)

@@ -3,7 +3,7 @@
 Two copies of one model, sharded alike (``DistributedModelParallel`` on 1 and on 2 gloo ranks):
 one remaps its tables together (:class:`embedtrain.sharding.dynamic.ShardedDynamicCollection`,
 the default), the other table by table (``set_fused_remap(model, False)``: TorchRec's loop over
-each table's :class:`~embedtrain.models.dynamic.ManagedTable`). They train on the same batches;
+each table's :class:`~embedtrain.tables.dynamic.ManagedTable`). They train on the same batches;
 after every step the remapped rows, the loss, every remapper buffer (ids, rows, the policies'
 counters, the statistics, the step), the embedding rows and their optimizer state must be
 identical, bit for bit: through tables that fill up and evict (LRU, LFU, TTL), admission every
@@ -44,7 +44,7 @@ def _pool(i: int) -> torch.Tensor:
     """Table ``i``'s raw ids: random (some shared with another table), or (table g) ids whose
     mixed values are runs of neighbours (the fused search's key holds only an id's top bits:
     these tie on it), some next to the empty-row marker 2^63 - 1."""
-    from embedtrain.models.dynamic import unmix_ids
+    from embedtrain.tables.dynamic import unmix_ids
 
     feature, size = TABLES[i][0], TABLES[i][5]
     if feature in ("b", "i"):  # the same raw ids as another table (a, d), and more
@@ -90,7 +90,7 @@ def _build(world: int, fused: bool, schedule: str, layout: str = "one dim"):
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-    from embedtrain.models.dynamic import embedding_bags
+    from embedtrain.tables.dynamic import embedding_bags
     from embedtrain.sharding.dynamic import set_fused_remap
     from embedtrain.sharding.planner import plan_sharding
     from embedtrain.sharding.sharders import embedding_sharders
@@ -136,7 +136,7 @@ def _state(dmp, layout: bool = False) -> dict[str, torch.Tensor]:
     every table's rows and optimizer state, of this rank. The held ids (and their rows and
     counters) in id order, unless ``layout``: the fused path merges new ids into the sorted
     ones later (the free rows after them, which decide where an id goes, are the same)."""
-    from embedtrain.models.dynamic import EMPTY_ID, managed_tables
+    from embedtrain.tables.dynamic import EMPTY_ID, managed_tables
     from embedtrain.sharding.dynamic import ShardedDynamicTables
 
     out = {}

@@ -1,7 +1,7 @@
 """Dynamic tables: collision-free remapping, eviction policies, the default row, sharding,
 checkpoints and the planner's count of the remapping state.
 
-The remapper (:class:`embedtrain.models.dynamic.ManagedTable`, TorchRec's MCH) is checked
+The remapper (:class:`embedtrain.tables.dynamic.ManagedTable`, TorchRec's MCH) is checked
 against a plain-Python reference of what each policy must keep; the sharded tables through
 ``DistributedModelParallel`` on 1 and 2 gloo ranks; a run through the CLI for resume and
 reshard-to-one-rank evaluation.
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from embedtrain.config import ConfigError, dynamic_tables, load_config
-from embedtrain.models.dynamic import EMPTY_ID, ManagedTable, managed_table, mix_ids, unmix_ids
+from embedtrain.tables.dynamic import EMPTY_ID, ManagedTable, managed_table, mix_ids, unmix_ids
 from embedtrain.models.options import DynamicTable, Eviction
 from conftest import run_ranks
 from embedtrain.processes import spawn
@@ -218,7 +218,7 @@ def _sharded_run(rank: int, world: int) -> dict:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from embedtrain.models.dynamic import embedding_bags, managed_tables
+    from embedtrain.tables.dynamic import embedding_bags, managed_tables
     from embedtrain.sharding.planner import plan_sharding
     from embedtrain.sharding.sharders import embedding_sharders
     from embedtrain.sharding.types import ClusterConfig, DeviceKind
@@ -306,7 +306,7 @@ def _evicting_run(rank: int, world: int) -> dict:
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from embedtrain.models.dynamic import embedding_bags, managed_tables
+    from embedtrain.tables.dynamic import embedding_bags, managed_tables
     from embedtrain.sharding.planner import plan_sharding
     from embedtrain.sharding.sharders import embedding_sharders
     from embedtrain.sharding.types import ClusterConfig, DeviceKind

@@ -5,7 +5,7 @@ never admitted, so scoring it is right only if every id reaches the row training
 looks up -- its own row where it holds one, else the default row of its shard. The references
 are ``embedtrain eval``'s metrics (through the CLI) and the per-row logits of the model ``eval``
 builds (``test_export._eval_outputs``); the id maps are checked against the remapper's own
-:meth:`~embedtrain.models.dynamic.ManagedTable.id_map` of the checkpointed state.
+:meth:`~embedtrain.tables.dynamic.ManagedTable.id_map` of the checkpointed state.
 """
 
 import json
@@ -22,7 +22,7 @@ from embedtrain.cli import main
 from embedtrain.export.export import export_run
 from embedtrain.export.manifest import ExportError, Shard, load_manifest
 from embedtrain.export.predict import ExportedModel, predict
-from embedtrain.models.dynamic import EMPTY_ID, managed_table, mix_ids
+from embedtrain.tables.dynamic import EMPTY_ID, managed_table, mix_ids
 from embedtrain.models.options import DynamicTable
 
 from conftest import run_cli

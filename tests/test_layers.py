@@ -267,3 +267,30 @@ def test_families_are_composed_not_inherited(tmp_path):
     (tmp_path / "a.py").write_text("class Recipe: pass\nclass XC(Recipe): pass\n")
     (tmp_path / "b.py").write_text("from a import XC\nclass Seq(XC): pass\n")
     assert _recipe_chains(tmp_path) == ["b.py: Seq(XC)"]
+
+
+def _collective_imports(source_dir: Path) -> list[str]:
+    """``file:line: module`` of every import in ``source_dir``'s modules of ``torch.distributed``
+    or of a class head's or dynamic table's internals (their collectives and autograd): an
+    architecture reaches a head only through ``embedtrain.heads.build``."""
+    found = []
+    for path in sorted(source_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                if name.startswith("torch.distributed") or (
+                        name.startswith("embedtrain.heads.") and name != "embedtrain.heads.build"):
+                    found.append(f"{path.name}:{node.lineno}: {name}")
+    return found
+
+
+def test_architectures_hold_no_collective(tmp_path):
+    # models/ is plain modules (TorchRec's modules/); the sharded heads' collectives live in
+    # heads/, the dynamic tables' in tables/ (TorchRec's distributed/)
+    assert _collective_imports(ROOT / "embedtrain" / "models") == []
+    (tmp_path / "m.py").write_text("import torch.distributed as dist\n"
+                                   "from embedtrain.heads.ops import gather\n"
+                                   "from embedtrain.heads.build import build_head\n")
+    assert _collective_imports(tmp_path) == ["m.py:1: torch.distributed",
+                                             "m.py:2: embedtrain.heads.ops"]

@@ -5,10 +5,10 @@ head split over 2 ranks rounds and updates every row as 1 rank does."""
 import pytest
 import torch
 
-from embedtrain.models.class_head import PartialFCHead, ShardedSoftmaxHead
-from embedtrain.models.low_precision import random_bits16, round_rows
+from embedtrain.heads.sharded import PartialFCHead, ShardedSoftmaxHead
+from embedtrain.heads.low_precision import random_bits16, round_rows
 from embedtrain.models.options import HeadLoss, Margin, Rounding
-from embedtrain.models.topk import blocked_topk
+from embedtrain.heads.topk import blocked_topk
 from embedtrain.processes import spawn
 from embedtrain.train.optim import (HeadFactoredAdagrad, HeadRowWiseAdagrad, RowSparseAdagrad,
                                     column_profile_, rowwise_adagrad_rows_)

@@ -5,8 +5,8 @@ corrected loss against the sampled softmax computed by hand."""
 import pytest
 import torch
 
-from embedtrain.models.class_head import PartialFCHead
-from embedtrain.models.class_sample import partial_fc_sample, sample_log_q
+from embedtrain.heads.sharded import PartialFCHead
+from embedtrain.heads.sample import partial_fc_sample, sample_log_q
 
 C, D = 400, 8
 
@@ -75,7 +75,7 @@ def test_at_rate_one_the_correction_is_nothing():
 
 def test_correction_needs_partial_fc_with_softmax():
     from embedtrain.models.options import HeadKind, HeadLoss
-    from embedtrain.models.xc import build_head
+    from embedtrain.heads.build import build_head
 
     for kind, loss in ((HeadKind.FULL, HeadLoss.SOFTMAX), (HeadKind.PARTIAL_FC, HeadLoss.BCE)):
         with pytest.raises(ValueError, match="sample_correction: needs kind partial_fc with "

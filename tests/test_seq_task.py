@@ -65,8 +65,8 @@ def test_each_position_predicts_the_next_item_and_the_last_the_target():
 def test_target_rank_is_the_brute_force_rank(margin):
     """A sharded head's rank of each target among all items (ties: smaller id first), against
     sorting every item's score; a tied pair and evaluation blocks smaller than the head."""
-    from embedtrain.models import class_head
-    from embedtrain.models.class_head import ShardedSoftmaxHead
+    from embedtrain.heads import sharded as class_head
+    from embedtrain.heads.sharded import ShardedSoftmaxHead
     from embedtrain.models.options import Margin
 
     head = ShardedSoftmaxHead(37, 8, margin=Margin(margin), scale=4.0)
@@ -95,7 +95,7 @@ def test_excluded_history_leaves_the_ranking_and_the_top_k():
     """``exclude_history``: the top-k are the best items outside each history (and never the
     padding id 0), the rank counts only those (repeats once), and a target in its own history is
     a miss (rank 0)."""
-    from embedtrain.models.class_head import ShardedSoftmaxHead
+    from embedtrain.heads.sharded import ShardedSoftmaxHead
 
     torch.manual_seed(0)
     head = ShardedSoftmaxHead(30, 16)

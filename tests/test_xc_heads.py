@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embedtrain.models.xc_heads import (AdaptiveSoftmaxHead, MACHHead, default_cutoffs,
+from embedtrain.heads.replicated import (AdaptiveSoftmaxHead, MACHHead, default_cutoffs,
                                         frequency_order)
 from embedtrain.train.xc_metrics import pad_targets, precision_at_k
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from embedtrain.models.topk import blocked_topk, distributed_topk, merge_topk
+from embedtrain.heads.topk import blocked_topk, distributed_topk, merge_topk
 from embedtrain.processes import spawn
 from embedtrain.train.xc_metrics import (XCMetrics, ndcg_at_k, pad_targets, precision_at_k,
                                          recall_at_k)

@@ -30,13 +30,13 @@ program, a class head, a note). How:
    shard, never widened to float32 (a 50M x 128 head is 12.8 GB, not 25.6); its parquet copy
    (``npy,parquet``) is float32 lists, widened one row block at a time. ``--quantize`` applies
    to the tables only: the head stays as it was trained.
-4. Dynamic tables (:mod:`embedtrain.models.dynamic`: raw int64 ids remapped to rows) also get
+4. Dynamic tables (:mod:`embedtrain.tables.dynamic`: raw int64 ids remapped to rows) also get
    their id -> row map, ``tables/<table>.ids.parquet`` (``id``: the raw id, ``row``: its row,
    int64, sorted by id; only ids that own a row), read whole from the remapper's checkpointed
    buffers (16 bytes a row: the sorted mixed ids, their rows; and the run's row-wise shard
    starts, from which the manifest's ``segments`` and ``default_rows`` come). Serving maps an
    id by binary search in ``id``, falling back to ``default_rows[shard of mix_ids(id)]``
-   (:func:`embedtrain.models.dynamic.mix_ids`, :func:`embedtrain.models.dynamic.
+   (:func:`embedtrain.tables.dynamic.mix_ids`, :func:`embedtrain.tables.dynamic.
    checkpoint_default_rows`): what training's evaluation looks up. The manifest's
    ``features.sparse[i].encoding`` is ``raw`` for raw features (details:
    :mod:`embedtrain.export.manifest`).
@@ -121,8 +121,8 @@ from embedtrain.export.programs import (
     export_program,
     model_tables,
 )
-from embedtrain.models.dynamic import MIX_VERSION
-from embedtrain.models.low_precision import DTYPES
+from embedtrain.tables.dynamic import MIX_VERSION
+from embedtrain.heads.low_precision import DTYPES
 from embedtrain.recipes import recipe_for, serving_refusal
 from embedtrain.recipes.base import DatasetInfo
 from embedtrain.recipes.export_parts import (

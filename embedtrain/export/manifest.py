@@ -44,20 +44,20 @@ null/unknown bucket of ingested features; ``raw``: raw int64 ids in ``[0, 2^63 -
 through a dynamic table's id map).
 
 Dynamic tables (``tables: [{tables: [...], capacity: N}]`` in the training config,
-:mod:`embedtrain.models.dynamic`) are not indexed by id: their ``rows`` (the capacity) are owned
+:mod:`embedtrain.tables.dynamic`) are not indexed by id: their ``rows`` (the capacity) are owned
 by the ids training admitted and kept. Such a table's entry has ``id_map``, the file
 ``tables/<table>.ids.parquet`` with columns ``id`` (int64, the raw id as the data holds it) and
 ``row`` (int64, its row of the table), sorted by ``id``, one entry per id that owns a row
 (``ids_held`` of them; distinct ids, distinct rows, never a default row), read from the
 checkpoint's remapping state (the remapper keeps ids mixed by
-:func:`embedtrain.models.dynamic.mix_ids`; the file holds them unmixed). An id without a row
+:func:`embedtrain.tables.dynamic.mix_ids`; the file holds them unmixed). An id without a row
 -- never seen in training, or evicted -- looks up a default row, one per row-wise shard of the
 run: ``segments`` are the shards' first rows followed by the table's rows (``[0, rows]`` for a
 1-rank run), ``default_rows[i] = segments[i + 1] - 1`` (the last row of each shard). Serving
 maps an id exactly as training's evaluation did: binary search for it in ``id`` (found: its
 ``row``), else ``default_rows[shard]`` with ``shard = mix_ids(id) // ceil((2^63 - 1) /
 len(default_rows))``, the shard whose block of the mixed id range holds it
-(:func:`embedtrain.models.dynamic.checkpoint_default_rows`, which :mod:`embedtrain.export.
+(:func:`embedtrain.tables.dynamic.checkpoint_default_rows`, which :mod:`embedtrain.export.
 predict` calls). A dynamic table over a feature that is not raw (say, ``pre_encoded`` ids) keeps
 that feature's ``encoding`` and is mapped the same way.
 

@@ -5,7 +5,7 @@ into TorchRec's ``EmbeddingBagCollection`` (float32 ``.npy`` files memory-mapped
 ``int8``/``int4`` exports, into TorchRec's quantized inference ``EmbeddingBagCollection``
 (FBGEMM's n-bit kernels); the dense program with ``torch.export.load`` (``program="aot"``: its
 AOTInductor package ``dense.aoti.pt2``, ``torch._inductor.aoti_load_package``); an XC class head
-scored in blocks of classes (:func:`embedtrain.models.topk.blocked_topk`, the kernel evaluation
+scored in blocks of classes (:func:`embedtrain.heads.topk.blocked_topk`, the kernel evaluation
 uses), its ``.npy`` memory-mapped, never copied whole: float32, or bfloat16 bits viewed as
 ``torch.bfloat16``; each block is widened to the features' dtype and, when ``normalised``,
 L2-normalised as it is scored, as evaluation does; a dynamic table's id -> row map
@@ -15,8 +15,8 @@ Dynamic tables take the data's ids (raw int64 ids, ``encoding: raw``), not rows:
 lookup, :meth:`ExportedModel.rows` maps each batch's ids of such a feature exactly as training's
 evaluation does -- a binary search in the map (``torch.searchsorted``); an id found gets its
 row, any other id the default row of the shard its mixed id falls in
-(:func:`embedtrain.models.dynamic.checkpoint_default_rows` of
-:func:`~embedtrain.models.dynamic.mix_ids`), so a run trained on N ranks scores the same
+(:func:`embedtrain.tables.dynamic.checkpoint_default_rows` of
+:func:`~embedtrain.tables.dynamic.mix_ids`), so a run trained on N ranks scores the same
 unseen ids as its evaluation did. Static tables look ids up as rows, unchanged.
 
 :func:`predict` streams the input files (parquet rows in the data set's layout, e.g. its split
@@ -90,7 +90,7 @@ from embedtrain.export.tables import (
     read_table,
 )
 from embedtrain.features import DenseTransform, FeatureSpec, SparseFeature
-from embedtrain.models.dynamic import (
+from embedtrain.tables.dynamic import (
     EMPTY_ID,
     MIX_VERSION,
     checkpoint_default_rows,
@@ -281,7 +281,7 @@ class ExportedModel:
     def topk(self, dense: Tensor, sparse, k: int) -> tuple[Tensor, Tensor]:
         """With a class head: ``(scores [B, k], class ids [B, k])`` over all classes, best first
         (ties: the lower class id; fewer than ``k`` classes: padded with ``-inf`` and ``-1``)."""
-        from embedtrain.models.topk import blocked_topk
+        from embedtrain.heads.topk import blocked_topk
 
         x = self.outputs(dense, sparse)
         h = self.manifest.head

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from embedtrain.export.manifest import ExportError
-from embedtrain.models.dynamic import EmbeddingBags
-from embedtrain.models.xc import HEAD_TABLE
+from embedtrain.tables.dynamic import EmbeddingBags
+from embedtrain.heads.build import HEAD_TABLE
 from embedtrain.utils import write_atomic, writing
 
 PROGRAM_FILE, SCRIPT_FILE, AOT_FILE = "dense.pt2", "dense.ts", "dense.aoti.pt2"

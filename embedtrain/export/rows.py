@@ -33,7 +33,7 @@ from embedtrain.data.batching import Rows, SparseLayout, is_list_type, to_batch
 from embedtrain.data.reader import DataError, first_non_finite
 from embedtrain.export.manifest import ExportError
 from embedtrain.features import FeatureSpec
-from embedtrain.models.dynamic import EMPTY_ID
+from embedtrain.tables.dynamic import EMPTY_ID
 from embedtrain.utils import natural_key, partial_output
 
 RAW_ID_LIMIT = EMPTY_ID  # raw ids lie in [0, 2^63 - 1) (the top value marks a free row)

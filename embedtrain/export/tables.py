@@ -58,7 +58,7 @@ from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantColl
 from torchrec.quant.embedding_modules import quantize_state_dict
 
 from embedtrain.export.manifest import BITS, Shard
-from embedtrain.models.dynamic import EMPTY_ID, unmix_ids
+from embedtrain.tables.dynamic import EMPTY_ID, unmix_ids
 from embedtrain.train.checkpoint import CheckpointError, SafeFileSystemReader, describe_error
 from embedtrain.runtime import release_freed_memory
 from embedtrain.utils import writing
@@ -268,7 +268,7 @@ SORTED_IDS, ROWS_OF_IDS, SEGMENTS = ("_mch_sorted_raw_ids", "_mch_remapped_ids_m
 def checkpoint_id_map(path: str | os.PathLike, prefix: str, rows: int
                       ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """A dynamic table's ``(raw ids, rows, segments)`` in a checkpoint: the ids that own a row
-    (ascending, unmixed by :func:`embedtrain.models.dynamic.unmix_ids`) and their rows, and the
+    (ascending, unmixed by :func:`embedtrain.tables.dynamic.unmix_ids`) and their rows, and the
     run's row-wise shard starts followed by ``rows``.
 
     ``prefix`` is the checkpoint key of the table's remapper (``model....

@@ -26,7 +26,7 @@ from torchrec.modules.mlp import Perceptron
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.features import FeatureSpec
-from embedtrain.models.dynamic import feature_tables
+from embedtrain.tables.dynamic import feature_tables
 from embedtrain.models.options import DynamicTable, Interaction, mlp_sizes
 
 
@@ -41,10 +41,10 @@ def embedding_bag_collection(
         embedding_dim: dimension of every table (DLRM's dot interaction needs one size).
         device: ``meta`` to build without memory, ``None`` for CPU.
         dynamic: tables (by name) that remap raw ids collision-free, with their capacity and
-            eviction (:mod:`embedtrain.models.dynamic`).
+            eviction (:mod:`embedtrain.tables.dynamic`).
 
     Returns:
-        The (unsharded) embedding bag collection, or :class:`~embedtrain.models.dynamic.
+        The (unsharded) embedding bag collection, or :class:`~embedtrain.tables.dynamic.
         EmbeddingBags` when some tables are dynamic.
     """
     return feature_tables(spec.sparse, embedding_dim, PoolingType.SUM, dynamic, device)

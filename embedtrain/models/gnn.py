@@ -36,7 +36,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.dependencies import import_optional
 from embedtrain.graph.sampler import SampledBlocks
-from embedtrain.models.dynamic import embedding_bags
+from embedtrain.tables.dynamic import embedding_bags
 from embedtrain.models.options import Aggregation, DynamicTable, GNNModel
 
 NODE_TABLE = "t_node"
@@ -65,7 +65,7 @@ class GraphSAGE(nn.Module):
             self-loop: the targets must be the first rows of the sources (the sampler's blocks
             are; layer-wise inference orders its chunks so).
         heads: GAT's attention heads (each hidden size divisible by it).
-        dynamic: make the node-id table dynamic (:mod:`embedtrain.models.dynamic`): its
+        dynamic: make the node-id table dynamic (:mod:`embedtrain.tables.dynamic`): its
             ``capacity`` rows for the nodes looked up most recently (or often), not one per node.
     """
 

@@ -24,7 +24,7 @@ class Pooling(enum.Enum):
 
 
 class HeadKind(enum.Enum):
-    """The extreme-classification head (see ``embedtrain.models.class_head``)."""
+    """The extreme-classification head (see ``embedtrain.heads.sharded``)."""
 
     FULL = "full"  # exact softmax, classes split across ranks
     PARTIAL_FC = "partial_fc"  # positives + uniform negatives at sample_rate, per rank

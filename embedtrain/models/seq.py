@@ -12,7 +12,7 @@ real one, so the causal mask alone keeps it out of the real positions' attention
 ``model="hstu"`` the blocks are :class:`HSTUBlock`'s (Zhai et al., ICML 2024: pointwise SiLU
 attention, gated), the rest the same.
 
-:class:`SeqModel` puts one of :mod:`embedtrain.models.class_head`'s heads (or a replicated one)
+:class:`SeqModel` puts one of :mod:`embedtrain.heads.sharded`'s heads (or a replicated one)
 over the item corpus. Training predicts the next item at every position: position ``i`` of a row
 ``(items, target)`` predicts ``items[i + 1]``, the last position predicts ``target``; the
 positions are the head's examples (``B x T`` of them, padded positions labelled ``-1``, which
@@ -46,7 +46,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embedtrain.models.options import HeadDtype
 from embedtrain.models.options import SeqModel as Encoder
-from embedtrain.models.xc import planning_head
+from embedtrain.heads.build import planning_head
 
 ITEM_TABLE = "t_items"  # the item table's name in plans and checkpoints
 
@@ -225,7 +225,7 @@ class SeqModel(nn.Module):
     Args:
         num_items: the item corpus (the head's classes and the table's rows).
         dim, max_length, layers, heads, dropout: :class:`SeqEncoder`'s.
-        head: the head (:func:`embedtrain.models.xc.build_head` with ``dim``); ``None`` builds
+        head: the head (:func:`embedtrain.heads.build.build_head` with ``dim``); ``None`` builds
             the planning placeholder (a row-wise table the planner can size).
         feature: the histories' KJT key.
         device: the encoder's device.

@@ -51,7 +51,7 @@ from embedtrain.config import (
 from embedtrain.components import Component, build
 from embedtrain.recipes.export_parts import ExportParts
 from embedtrain.runtime import fit_allocator
-from embedtrain.models.dynamic import managed_tables, table_stats
+from embedtrain.tables.dynamic import managed_tables, table_stats
 from embedtrain.sharding.measure import (
     measure_embedding_bytes,
     measure_head_bytes,

@@ -29,7 +29,7 @@ from embedtrain.config import (
     ShardingType,
     TableConstraint,
 )
-from embedtrain.models.xc import HEAD_TABLE, SHARDED_HEADS, build_head
+from embedtrain.heads.build import HEAD_TABLE, SHARDED_HEADS, build_head
 from embedtrain.recipes.base import ModelParts
 from embedtrain.recipes.export_parts import HeadExport
 from embedtrain.sharding.planner import PlanResult

@@ -13,7 +13,7 @@ from embedtrain.config import Config, dynamic_tables
 from embedtrain.data.reader import LastBatch, ParquetBatchReader
 from embedtrain.data.stats import measure_pooling_factors
 from embedtrain.features import DatasetMeta, load_dataset_meta
-from embedtrain.models.dynamic import table_name
+from embedtrain.tables.dynamic import table_name
 from embedtrain.models.options import DynamicTable
 from embedtrain.recipes.base import DatasetInfo
 

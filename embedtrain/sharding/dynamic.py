@@ -1,7 +1,7 @@
 """Sharding dynamic (managed-collision) tables: TorchRec's sharder, one fused remap per
 collection, and evicted rows reset on CPU.
 
-A dynamic table (:mod:`embedtrain.models.dynamic`) is a ``ManagedCollisionEmbeddingBagCollection``;
+A dynamic table (:mod:`embedtrain.tables.dynamic`) is a ``ManagedCollisionEmbeddingBagCollection``;
 TorchRec shards it row-wise only (each shard remaps the ids of its block of the id range to its
 rows). Its managed-collision collection (:class:`ShardedDynamicCollection`) remaps all of a
 rank's table shards together when their remappers can be fused (``ManagedTable.fuse``, called by

@@ -27,7 +27,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from embedtrain.models.low_precision import round_rows
+from embedtrain.heads.low_precision import round_rows
 from embedtrain.models.options import Rounding
 from embedtrain.sharding.types import DenseAllReduce
 from embedtrain.train.options import DenseOptimizer, HeadOptimizer, LRDecay, SparseOptimizer
@@ -203,7 +203,7 @@ def rowwise_adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, rows: to
 
     ``sum[r] += mean(g_r^2)``, ``param[r] -= lr * g_r / (sqrt(sum[r]) + eps)``, in float32 a
     chunk of rows at a time; a low-precision ``param`` gets the new rows rounded back by
-    ``rounding`` (:func:`~embedtrain.models.low_precision.round_rows`, keyed by ``seed``,
+    ``rounding`` (:func:`~embedtrain.heads.low_precision.round_rows`, keyed by ``seed``,
     ``step`` and the global row ``row_offset + r``). With ``columns`` (a ``[D]`` profile of
     mean 1), the row's accumulator is spread over its coordinates as Adafactor factors a second
     moment: ``param[r, j] -= lr * g_rj / (sqrt(sum[r] * columns[j]) + eps)``.
@@ -243,7 +243,7 @@ class HeadRowWiseAdagrad(torch.optim.Optimizer):
     Takes a sparse row gradient (the sampled heads'), a dense one (all rows), or, first, a
     parameter's ``main_grad``: the float32 gradient a low-precision head's rows leave there
     (autograd would cast a gradient to the parameter's dtype;
-    :func:`~embedtrain.models.class_head_ops.gather_rows` bypasses it, as Megatron-LM's bf16
+    :func:`~embedtrain.heads.ops.gather_rows` bypasses it, as Megatron-LM's bf16
     parameters keep theirs). The state (``step``, ``sum [rows]``) is made up front, so a
     checkpoint loads in place; ``step`` counts every ``step()``, and keys the rounding's bits.
 
@@ -356,7 +356,7 @@ class ShardedRowsOptimizer(KeyedOptimizerWrapper):
         raw = self.__dict__["_local_state"]
         if not dist.is_initialized():
             return raw
-        from embedtrain.models.class_head import rows_as_dtensor
+        from embedtrain.heads.sharded import rows_as_dtensor
 
         names = {p: k for k, p in self.params.items()}
         return {p: {n: rows_as_dtensor(v, self._num_rows[names[p]], self._group)

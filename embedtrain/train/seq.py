@@ -6,7 +6,7 @@ The step is the XC task's (:class:`~embedtrain.train.xc.XCTask`: the model is an
 target per example over every item of the corpus, with no sampled negatives: HR@k (the target
 is in the top k: XC's recall@k with one label), NDCG@k (``1 / log2(rank + 1)`` within the top k:
 XC's nDCG@k with one label) and MRR (the mean of ``1 / rank`` of the target among all items;
-sharded heads, which rank every item: :meth:`~embedtrain.models.class_head.ShardedSoftmaxHead.
+sharded heads, which rank every item: :meth:`~embedtrain.heads.sharded.ShardedSoftmaxHead.
 target_rank`).
 
 Example:

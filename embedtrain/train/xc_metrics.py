@@ -1,6 +1,6 @@
 """The extreme-classification metrics P@k, nDCG@k, recall@k over top-k predictions.
 
-Predictions are the top-k class ids of :mod:`embedtrain.models.topk` (score descending, then class
+Predictions are the top-k class ids of :mod:`embedtrain.heads.topk` (score descending, then class
 id ascending; padding ``-1``). Targets: a ``LongTensor[B]`` (one class per example) or a
 ``LongTensor[B, L]`` of positive class ids padded with ``-1`` (multi-label; :func:`pad_targets`
 builds it from lists). Never ``B x C``.

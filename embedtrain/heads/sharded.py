@@ -4,7 +4,7 @@ The model-parallel softmax of the 100-million-class training systems: the batch'
 all-gathered (data-parallel encoder, model-parallel head), every rank multiplies them with its own
 slice of the class weights, and the softmax normaliser is assembled with two all-reduces (the max,
 then the sum of exponentials); the target logits come from the ranks that own the classes. The
-backward pass is written out (:mod:`embedtrain.models.class_head_ops`): each rank gets the gradient
+backward pass is written out (:mod:`embedtrain.heads.ops`): each rank gets the gradient
 of its own slice only, and the features' gradient goes back to the rank the example came from
 through the all-gather's backward. With one rank it is plain softmax cross-entropy.
 
@@ -29,7 +29,7 @@ Optional margins for embedding learning (features and class weights L2-normalise
 A slice may be stored in bfloat16 (``dtype``): a training step gathers the rows it uses in
 float32 and leaves their float32 gradient in ``weight.main_grad``; the head's optimizer
 (:class:`~embedtrain.train.optim.HeadRowWiseAdagrad`) rounds the updated rows back,
-stochastically or to nearest (:mod:`embedtrain.models.low_precision`). Evaluation, the
+stochastically or to nearest (:mod:`embedtrain.heads.low_precision`). Evaluation, the
 hard-negative index and export widen a block of rows at a time: no float32 copy of the slice.
 
 Slices follow TorchRec's row-wise sharding (and ``DTensor``'s ``Shard(0)``): rank ``r`` holds
@@ -58,7 +58,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embedtrain.models.class_head_ops import (
+from embedtrain.heads.ops import (
     all_gather_rows,
     all_gather_uneven,
     gather_rows,
@@ -67,11 +67,11 @@ from embedtrain.models.class_head_ops import (
     sharded_binary_cross_entropy,
     sharded_softmax_cross_entropy,
 )
-from embedtrain.models.class_index import ClusteredIndex, default_clusters, recall_at_k
-from embedtrain.models.class_sample import partial_fc_sample, positives, sample_log_q
-from embedtrain.models.low_precision import DTYPES
+from embedtrain.heads.index import ClusteredIndex, default_clusters, recall_at_k
+from embedtrain.heads.sample import partial_fc_sample, positives, sample_log_q
+from embedtrain.heads.low_precision import DTYPES
 from embedtrain.models.options import HeadLoss, Margin, NegativeIndex, Rounding
-from embedtrain.models.topk import blocked_topk, distributed_topk
+from embedtrain.heads.topk import blocked_topk, distributed_topk
 
 _EVAL_BLOCK = 65_536  # classes scored at once in evaluation (bounds memory at B x this)
 _RANK_TIE = 1e-5  # target_rank: scores this close (relative) to the target's are ties
@@ -174,7 +174,7 @@ class ShardedSoftmaxHead(nn.Module):
             gathers its rows in float32, leaves their float32 gradient in ``weight.main_grad``
             for :class:`~embedtrain.train.optim.HeadRowWiseAdagrad`, which rounds the updated
             rows back by ``rounding``; evaluation casts a block of rows at a time).
-        rounding: ``stochastic`` or ``nearest`` (:mod:`embedtrain.models.low_precision`).
+        rounding: ``stochastic`` or ``nearest`` (:mod:`embedtrain.heads.low_precision`).
 
     ``forward(features, targets)`` takes this rank's examples (the same count on every rank) and
     returns the mean loss over the global batch (see the module docstring for the gradients).
@@ -479,7 +479,7 @@ class HardNegativeHead(PartialFCHead):
     ``sample_rate`` (which may be 0). Only those rows get gradients.
 
     ``index``: ``exact`` (blocked top-k over the whole slice: ``B x n x D`` flops a step) or
-    ``clustered`` (:class:`~embedtrain.models.class_index.ClusteredIndex`: k-means over this
+    ``clustered`` (:class:`~embedtrain.heads.index.ClusteredIndex`: k-means over this
     rank's slice into ``index_clusters`` lists, default ``ceil(sqrt(n))``, each query searching
     its ``index_probe`` nearest, default a quarter of them). At each rebuild of a clustered
     index its recall@``negatives`` against the exact top-k is measured on up to 256 of the

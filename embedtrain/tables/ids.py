@@ -1,8 +1,8 @@
 """The ids of dynamic tables: the 63-bit mix that spreads raw ids over row-wise shards, its
 inverse, and which shard's default row an id without a row looks up.
 
-Split off :mod:`embedtrain.models.dynamic` (the remapper) and shared with
-:mod:`embedtrain.models.dynamic_fused` (the remap of a collection's tables together).
+Split off :mod:`embedtrain.tables.dynamic` (the remapper) and shared with
+:mod:`embedtrain.tables.fused` (the remap of a collection's tables together).
 
 Example:
     >>> unmix_ids(mix_ids(torch.tensor([7, 2**40]))).tolist()

@@ -1,7 +1,7 @@
 """Sorted arrays of ``(table, id)`` pairs, for the fused remap of dynamic tables.
 
 A table's ids are 63 bits, so a pair does not fit one int64: a pair's key holds the table above
-the top bits of the id (:class:`~embedtrain.models.dynamic_fused.FusedTables` builds them), and
+the top bits of the id (:class:`~embedtrain.tables.fused.FusedTables` builds them), and
 arrays are sorted by key, then id. A search is one ``searchsorted`` on the keys; the ids of a
 table whose top bits tie (a run of equal keys: at most ``2^run_bits`` ids) are settled by a short
 exact binary search on the ids. The other functions build such arrays: the distinct pairs of a

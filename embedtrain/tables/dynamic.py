@@ -24,10 +24,10 @@ timestamps) evenly over them. :func:`unmix_ids` inverts it (the exported id -> r
 
 Sharding: row-wise only, by :class:`embedtrain.sharding.dynamic.DynamicTablesSharder` (which also
 resets evicted rows on CPU, where FBGEMM has no kernel for it). Sharded, a collection's tables
-are remapped together (:meth:`ManagedTable.fuse`, :mod:`embedtrain.models.dynamic_fused`: one
+are remapped together (:meth:`ManagedTable.fuse`, :mod:`embedtrain.tables.fused`: one
 sort, search and admission for all tables, the same rows as table by table); this module's
 per-table path stays TorchRec's loop, the reference. The id mix lives in
-:mod:`embedtrain.models.dynamic_ids` (re-exported here).
+:mod:`embedtrain.tables.ids` (re-exported here).
 
 Example:
     >>> bags = embedding_bags(configs, {"t_user": DynamicTable(capacity=1_000_000)})
@@ -48,7 +48,7 @@ from torchrec.modules.mc_modules import (
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 from embedtrain.features import SparseFeature
-from embedtrain.models.dynamic_ids import (  # noqa: F401  (re-exported: the ids' module)
+from embedtrain.tables.ids import (  # noqa: F401  (re-exported: the ids' module)
     EMPTY_ID,
     MIX_VERSION,
     checkpoint_default_rows,
@@ -58,8 +58,8 @@ from embedtrain.models.dynamic_ids import (  # noqa: F401  (re-exported: the ids
     table_salt,
     unmix_ids,
 )
-from embedtrain.models.dynamic_fused import FusedTables, unfusable
-from embedtrain.models.dynamic_policies import TTLEvictionPolicy, eviction_policy
+from embedtrain.tables.fused import FusedTables, unfusable
+from embedtrain.tables.policies import TTLEvictionPolicy, eviction_policy
 from embedtrain.models.options import DynamicTable
 
 
@@ -96,9 +96,9 @@ class ManagedTable(MCHManagedCollisionModule):
     @classmethod
     def fuse(cls, tables: Sequence["ManagedTable"]) -> Optional["FusedTables"]:
         """The remap of ``tables`` (one collection's, in its feature order) together
-        (:class:`~embedtrain.models.dynamic_fused.FusedTables`: the same rows, admissions and
+        (:class:`~embedtrain.tables.fused.FusedTables`: the same rows, admissions and
         counters as each table's own path, in a few ops for all), or None when they cannot be
-        fused (another policy, a threshold filter: :func:`~embedtrain.models.dynamic_fused.
+        fused (another policy, a threshold filter: :func:`~embedtrain.tables.fused.
         unfusable`). The sharding layer calls it by name."""
         if any(type(t) is not cls for t in tables):
             return None  # a subclass may remap differently: each table on its own path

@@ -1,6 +1,6 @@
 """Replicated class heads for extreme classification: adaptive softmax and MACH.
 
-Unlike the row-split heads of :mod:`embedtrain.models.class_head`, these heads are small enough
+Unlike the row-split heads of :mod:`embedtrain.heads.sharded`, these heads are small enough
 to live whole on every rank (data-parallel: DDP averages their gradients), because they never
 hold a full ``C x D`` matrix at full width or score all ``C`` classes in training:
 
@@ -16,7 +16,7 @@ Every head has the same interface: ``forward(features, targets)`` returns the me
 loss, ``eval_loss(features, targets)`` the per-example loss, and ``topk(features, k)`` the top-k
 classes over all ``C`` with global class ids, scored ``block_rows`` classes at a time (memory
 ``O(B x block_rows)``, never ``B x C``) and ordered by the tie rule of
-:mod:`embedtrain.models.topk` (score descending, then class id ascending; padding
+:mod:`embedtrain.heads.topk` (score descending, then class id ascending; padding
 ``(-inf, -1)`` when ``C < k``).
 
 Example:
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from embedtrain.models.topk import merge_topk
+from embedtrain.heads.topk import merge_topk
 
 TopK = tuple[Tensor, Tensor]
 

@@ -4,7 +4,7 @@ The class head ``W`` (``C x D``) is split by rows across ranks: rank ``r`` holds
 classes ``[start_r, end_r)``. :func:`blocked_topk` finds a shard's top-k (``block_rows`` classes
 at a time, with a running top-k); :func:`merge_topk` merges per-shard candidates;
 :func:`distributed_topk` does both across a process group. The class heads
-(:mod:`embedtrain.models.class_head`, :mod:`embedtrain.models.xc_heads`) use these kernels for
+(:mod:`embedtrain.heads.sharded`, :mod:`embedtrain.heads.replicated`) use these kernels for
 evaluation and hard-negative mining.
 
 Tie rule (everywhere here): results are ordered by score descending, then by global class id

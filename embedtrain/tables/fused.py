@@ -44,10 +44,10 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from embedtrain.models.dynamic_ids import EMPTY_ID, column_keys, id_uniforms, table_salt
-from embedtrain.models.dynamic_policies import (
+from embedtrain.tables.ids import EMPTY_ID, column_keys, id_uniforms, table_salt
+from embedtrain.tables.policies import (
     LFUEvictionPolicy, LRUEvictionPolicy, TTLEvictionPolicy)
-from embedtrain.models.dynamic_sorted import (
+from embedtrain.tables.sorted import (
     distinct_pairs,
     exclusive_sums,
     insert_sorted,
@@ -63,7 +63,7 @@ _INT64_MAX = torch.iinfo(torch.int64).max
 
 
 def unfusable(tables: Sequence) -> Optional[str]:
-    """Why ``tables`` (one collection's :class:`~embedtrain.models.dynamic.ManagedTable`
+    """Why ``tables`` (one collection's :class:`~embedtrain.tables.dynamic.ManagedTable`
     remappers) cannot be remapped together, or None."""
     if not tables:
         return "no tables"
@@ -86,7 +86,7 @@ class FusedTables:
     """The remappers of one collection (this rank's shards), remapped together.
 
     Args:
-        tables: the remappers (:class:`~embedtrain.models.dynamic.ManagedTable`), in the order
+        tables: the remappers (:class:`~embedtrain.tables.dynamic.ManagedTable`), in the order
             their ids come in the collection's features.
 
     Raises:

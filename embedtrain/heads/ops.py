@@ -1,4 +1,4 @@
-"""The collectives and autograd functions of the class heads (:mod:`embedtrain.models.class_head`).
+"""The collectives and autograd functions of the class heads (:mod:`embedtrain.heads.sharded`).
 
 The sharded losses (:func:`sharded_softmax_cross_entropy`, :func:`sharded_binary_cross_entropy`)
 take the logits of this rank's classes and assemble the softmax normaliser, or the one-vs-all

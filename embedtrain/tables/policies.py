@@ -1,7 +1,7 @@
 """The eviction policies of dynamic tables: TorchRec's MCH policies (LRU, LFU) with a linear-time
 choice of the ids that keep a row, and TTL (LRU plus expiry). Used by the per-table remapper
-(:class:`~embedtrain.models.dynamic.ManagedTable`) and the fused one
-(:mod:`~embedtrain.models.dynamic_fused`), which reads the policy of each table."""
+(:class:`~embedtrain.tables.dynamic.ManagedTable`) and the fused one
+(:mod:`~embedtrain.tables.fused`), which reads the policy of each table."""
 
 from __future__ import annotations
 
