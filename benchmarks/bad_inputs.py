@@ -151,7 +151,7 @@ model: {{embedding_dim: 8, bottom_mlp: [16, 8], top_mlp: [16, 1]}}
 train: {{max_steps: 2, eval_every: 0, checkpoint_every: 1, progress: false}}
 """
 XC_SETS = ["data.batch_size=128", "data.eval_batch_size=512", "data.num_workers=0",
-           "xc.embedding_dim=8", "xc.mlp=[16,8]", "xc.head.kind=full", "train.eval_every=0",
+           "xc.embedding_dim=8", "xc.mlp=[16,8]", "head.kind=full", "train.eval_every=0",
            "train.checkpoint_every=2", "train.max_steps=2", "train.progress=false"]
 GNN_YAML = """\
 task: gnn_node
@@ -163,7 +163,7 @@ SEQ_YAML = """\
 task: seq
 data: {{path: {data}, batch_size: 64, eval_batch_size: 256, num_workers: 0}}
 seq: {{dim: 8, layers: 1, heads: 1}}
-xc: {{head: {{kind: full}}, top_k: [10]}}
+head: {{kind: full, top_k: [10]}}
 train: {{max_steps: 2, eval_every: 0, checkpoint_every: 100, progress: false}}
 """
 SPEC = ("input: {{format: {fmt}}}\nlabel: clicked\ndense: [{{name: price}}]\n"

@@ -32,8 +32,8 @@ classes, ``--acc-rows`` rows, ``--acc-vocab`` tokens) in ``--acc-data`` (reused 
 ``metadata.json`` records the same generator settings), then one ``embedtrain train
 configs/xc_synthetic.yaml`` subprocess per head, one at a time, all with the same settings
 (batch 512, one epoch: every head sees the same examples in the same order; no periodic
-evaluation, one checkpoint at the end, no progress bar) except ``xc.head.kind`` (and, for
-``hard_negatives``, ``xc.head.sample_rate=--hn-sample-rate``, as in part 1). Test P@1, P@5,
+evaluation, one checkpoint at the end, no progress bar) except ``head.kind`` (and, for
+``hard_negatives``, ``head.sample_rate=--hn-sample-rate``, as in part 1). Test P@1, P@5,
 nDCG@5, recall@5 and training examples/s come from each run's ``summary.json``, the Bayes-optimal
 P@1 from the data set's metadata.
 
@@ -79,7 +79,7 @@ from embedtrain.train.optim import dense_optimizer_factory, sharded_head_optimiz
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/xc_synthetic.yaml"
-# name -> (head kind, xc.head settings beyond the kind)
+# name -> (head kind, head settings beyond the kind)
 HEADS: dict[str, tuple[HeadKind, dict[str, Any]]] = {
     "full": (HeadKind.FULL, {}),
     "partial_fc": (HeadKind.PARTIAL_FC, {}),
@@ -93,7 +93,7 @@ PHASES = ("forward", "backward", "optimizer")
 
 
 def head_config(name: str, args: argparse.Namespace) -> HeadConfig:
-    """The ``xc.head`` section of head ``name`` as both parts use it (defaults otherwise)."""
+    """The ``head`` section of head ``name`` as both parts use it (defaults otherwise)."""
     kind, settings = HEADS[name]
     cfg = HeadConfig(kind=kind, sample_rate=args.rate, mach_buckets=args.mach_buckets,
                      mach_repetitions=args.mach_repetitions, **settings)
@@ -260,11 +260,11 @@ def train_head(name: str, args: argparse.Namespace, data: Path) -> dict[str, Any
     out = Path(args.acc_out) / name
     cfg = head_config(name, args)
     sets = [f"data.path={data}", "data.batch_size=512", "train.epochs=1", "train.eval_every=0",
-            "train.checkpoint_every=0", "train.progress=false", f"xc.head.kind={cfg.kind.value}",
-            f"xc.head.sample_rate={cfg.sample_rate}", f"xc.head.index={cfg.index.value}"]
+            "train.checkpoint_every=0", "train.progress=false", f"head.kind={cfg.kind.value}",
+            f"head.sample_rate={cfg.sample_rate}", f"head.index={cfg.index.value}"]
     if args.mach_buckets:
-        sets.append(f"xc.head.mach_buckets={args.mach_buckets}")
-    sets.append(f"xc.head.mach_repetitions={args.mach_repetitions}")
+        sets.append(f"head.mach_buckets={args.mach_buckets}")
+    sets.append(f"head.mach_repetitions={args.mach_repetitions}")
     cmd = [sys.executable, "-m", "embedtrain", "train", CONFIG, "--out", str(out), "--overwrite",
            "--no-progress"]
     for s in sets:

@@ -26,9 +26,9 @@ lowest ``MemAvailable``.
 
 With ``--nproc N`` the script makes one *record* run instead of parts 1 and 2: a head of
 ``--classes`` rows and ``--dim`` columns (``xc.mlp = [256, dim]``) stored in ``--dtype`` (default
-bf16: ``xc.head.dtype``, updated rows rounded by ``--rounding``, ``xc.head.rounding``) with
+bf16: ``head.dtype``, updated rows rounded by ``--rounding``, ``head.rounding``) with
 ``--optimizer`` (default ``rowwise_adagrad``: one fp32 accumulator per class row,
-``xc.head.optimizer``), partial_fc at ``--rate``, ``--steps`` steps of global batch ``--batch``
+``head.optimizer``), partial_fc at ``--rate``, ``--steps`` steps of global batch ``--batch``
 on N ranks, then the final evaluation (top-k over every class) of ``--eval-rows`` valid and test
 rows and the final checkpoint, whose size on disk is measured and which is then deleted (unless
 ``--keep``). Defaults differ from parts 1 and 2 where the head's size calls for it:
@@ -160,8 +160,8 @@ def train(name: str, data: Path, ranks: int, batch: int, steps: int,
     """
     out = Path(args.runs) / name
     sets = [f"data.path={data}", f"data.batch_size={batch}",
-            f"data.eval_batch_size={args.eval_batch}", "xc.head.kind=partial_fc",
-            f"xc.head.sample_rate={args.rate}", f"train.max_steps={steps}", "train.epochs=1000",
+            f"data.eval_batch_size={args.eval_batch}", "head.kind=partial_fc",
+            f"head.sample_rate={args.rate}", f"train.max_steps={steps}", "train.epochs=1000",
             "train.eval_every=0", "train.eval_max_batches=1", "train.checkpoint_every=0",
             "train.progress=false", *extra_sets]
     cmd = [sys.executable, "-m", "embedtrain", "train", CONFIG, "--out", str(out), "--overwrite",
@@ -301,14 +301,14 @@ def head_overrides(dtype: str, optimizer: str, rounding: str) -> list[str]:
 
     fields = {f.name for f in dataclasses.fields(HeadConfig)}
     if optimizer not in {o.value for o in HeadOptimizer}:
-        raise SystemExit(f"--optimizer {optimizer}: xc.head.optimizer takes "
+        raise SystemExit(f"--optimizer {optimizer}: head.optimizer takes "
                          f"{sorted(o.value for o in HeadOptimizer)}")
-    sets = [f"xc.head.optimizer={optimizer}"]
+    sets = [f"head.optimizer={optimizer}"]
     for key, value, implied in (("dtype", dtype, "fp32"), ("rounding", rounding, None)):
         if key in fields:
-            sets.append(f"xc.head.{key}={value}")
+            sets.append(f"head.{key}={value}")
         elif dtype != "fp32" or value != (implied or value):
-            raise SystemExit(f"xc.head.{key}: embedtrain's HeadConfig has no such key yet, so "
+            raise SystemExit(f"head.{key}: embedtrain's HeadConfig has no such key yet, so "
                              f"--dtype {dtype} cannot run")
     return sets
 
@@ -467,10 +467,10 @@ def main() -> int:
                         help="ranks: one record run instead of parts 1 and 2")
     record.add_argument("--dim", type=int, help="head columns, xc.mlp[-1] (default: the config's)")
     record.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16",
-                        help="xc.head.dtype")
-    record.add_argument("--optimizer", default="rowwise_adagrad", help="xc.head.optimizer")
+                        help="head.dtype")
+    record.add_argument("--optimizer", default="rowwise_adagrad", help="head.optimizer")
     record.add_argument("--rounding", choices=["stochastic", "nearest"], default="stochastic",
-                        help="xc.head.rounding")
+                        help="head.rounding")
     record.add_argument("--prototype-tokens", type=int, default=2,
                         help="the generated data's prototype tokens a class")
     record.add_argument("--keep", action="store_true", help="keep the run's final checkpoint")

@@ -2,8 +2,8 @@
 
 Issue 31's accuracy check. Eight ``embedtrain train configs/xc_synthetic.yaml`` runs, one at a
 time, on one planted multi-label set: {partial_fc (``--rate``), hard_negatives
-(``xc.head.sample_rate=0``, exact index, as ``bench_xc.py`` runs it)} x the head's storage and
-optimizer (``xc.head.dtype``, ``xc.head.optimizer``, ``xc.head.rounding``):
+(``head.sample_rate=0``, exact index, as ``bench_xc.py`` runs it)} x the head's storage and
+optimizer (``head.dtype``, ``head.optimizer``, ``head.rounding``):
 
 - ``fp32_adagrad``: fp32 rows, Adagrad (the ``HeadConfig`` defaults, a D-float accumulator a row);
 - ``fp32_rowwise``: fp32 rows, row-wise Adagrad (one fp32 accumulator a row): the control that
@@ -62,7 +62,7 @@ from typing import Any
 from bench_xc import CONFIG, ROOT, fmt
 from bench_xc_memory import eval_view, head_overrides
 
-# name -> (xc.head.dtype, xc.head.optimizer, xc.head.rounding); fp32 rows are never rounded
+# name -> (head.dtype, head.optimizer, head.rounding); fp32 rows are never rounded
 VARIANTS: dict[str, tuple[str, str, str]] = {
     "fp32_adagrad": ("fp32", "adagrad", "stochastic"),
     "fp32_rowwise": ("fp32", "rowwise_adagrad", "stochastic"),
@@ -119,10 +119,10 @@ def train_variant(head: str, variant: str, args: argparse.Namespace, data: Path,
     out = Path(args.runs) / f"{head}_{variant}"
     rate = args.rate if head == "partial_fc" else 0.0
     sets = [f"data.path={data}", "data.batch_size=512", "train.epochs=1", "train.eval_every=0",
-            "train.checkpoint_every=0", "train.progress=false", f"xc.head.kind={head}",
-            f"xc.head.sample_rate={rate}", *head_overrides(dtype, optimizer, rounding)]
+            "train.checkpoint_every=0", "train.progress=false", f"head.kind={head}",
+            f"head.sample_rate={rate}", *head_overrides(dtype, optimizer, rounding)]
     if args.lr:
-        sets.append(f"xc.head.lr={args.lr}")
+        sets.append(f"head.lr={args.lr}")
     if args.seed is not None:
         sets.append(f"train.seed={args.seed}")
     if args.max_steps:
@@ -195,7 +195,7 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--max-steps", type=int, default=0, help="0: one whole epoch")
     parser.add_argument("--lr", type=float, default=0.0,
-                        help="xc.head.lr of every run (0: the config's)")
+                        help="head.lr of every run (0: the config's)")
     parser.add_argument("--seed", type=int, help="train.seed of every run (default: the config's)")
     parser.add_argument("--data", default="/tmp/embedtrain_xc_precision")
     parser.add_argument("--runs", default="/tmp/embedtrain_xc_precision_runs")

@@ -123,7 +123,7 @@ def main() -> int:
         run_dir = work / "runs" / head.replace("+", "_")
         sets = [f"data.path={data}", "data.batch_size=512", f"train.epochs={args.epochs}",
                 "train.eval_every=0", "train.checkpoint_every=0", "train.progress=false",
-                f"xc.head.kind={kind}", f"xc.head.loss={loss or 'softmax'}"]
+                f"head.kind={kind}", f"head.loss={loss or 'softmax'}"]
         cmd = exe + ["train", "configs/xc_synthetic.yaml", "--out", str(run_dir), "--overwrite",
                      "--no-progress"] + [x for s in sets for x in ("--set", s)]
         start = time.perf_counter()

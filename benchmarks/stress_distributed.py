@@ -39,7 +39,7 @@ FAMILIES = {
         "train.eval_every=20", "train.checkpoint_every=20", "train.eval_max_batches=2"]),
     "xc": ("configs/xc_synthetic.yaml", "xc", [
         "data.batch_size=128", "data.eval_batch_size=512", "xc.embedding_dim=16", "xc.mlp=[32]",
-        "xc.head.kind=partial_fc", "xc.head.sample_rate=0.3", "train.max_steps=30",
+        "head.kind=partial_fc", "head.sample_rate=0.3", "train.max_steps=30",
         "train.eval_every=15", "train.checkpoint_every=15", "train.eval_max_batches=2"]),
     "gnn_node": ("configs/gnn_node.yaml", "graph", [
         "data.batch_size=256", "data.eval_batch_size=1024", "gnn.hidden=[32,32]",

@@ -94,7 +94,7 @@ class TaskKind(enum.Enum):
     XC = "xc"  # extreme classification: encoder + class head (section ``xc``)
     GNN_NODE = "gnn_node"  # node classification with GraphSAGE on sampled neighbourhoods (``gnn``)
     GNN_LINK = "gnn_link"  # link prediction with GraphSAGE on sampled neighbourhoods (``gnn``)
-    SEQ = "seq"  # next item from a user's history: sequence encoder (``seq``) + ``xc.head``
+    SEQ = "seq"  # next item from a user's history: sequence encoder (``seq``) + ``head``
 
 
 @dataclass
@@ -143,9 +143,12 @@ class ModelConfig:
 
 @dataclass
 class HeadConfig:
-    """The class head of an XC model and its optimizer."""
+    """The class head of the classification families (``xc``: its classes, ``seq``: the items),
+    its optimizer and the k of its top-k metrics."""
 
     kind: HeadKind = HeadKind.FULL
+    # P@k, nDCG@k, recall@k, PSP@k (xc); HR@k, NDCG@k (seq); the top-k predict writes
+    top_k: list[int] = config_field(factory=lambda: [1, 5], check=POSITIVE)
     # partial_fc; hard_negatives' extra uniform sample (0: none)
     sample_rate: float = config_field(0.1, check=UNIT)
     # nearest classes per example and rank
@@ -186,11 +189,8 @@ class XCConfig:
     pooling: Pooling = Pooling.MEAN
     # last: the feature dimension D
     mlp: list[int] = config_field(factory=lambda: [256, 128], check=POSITIVE)
-    head: HeadConfig = field(default_factory=HeadConfig)
     # dropout after each hidden layer of the encoder's MLP (0: none)
     dropout: float = config_field(0.0, check=PROBABILITY)
-    # P@k, nDCG@k, recall@k, PSP@k
-    top_k: list[int] = config_field(factory=lambda: [1, 5], check=POSITIVE)
     # PSP@k's propensity model (Jain et al. 2016): A and B (the XC repository's defaults)
     propensity_a: float = config_field(0.55, check=POSITIVE)
     propensity_b: float = config_field(1.5, check=NON_NEGATIVE)
@@ -198,8 +198,8 @@ class XCConfig:
 
 @dataclass
 class SeqConfig:
-    """Sequential recommendation: item table -> causal encoder over the history -> the ``xc``
-    section's class head over every item (``xc.head``, ``xc.top_k``: HR@k, NDCG@k)."""
+    """Sequential recommendation: item table -> causal encoder over the history -> the ``head``
+    section's class head over every item (``head.top_k``: HR@k, NDCG@k)."""
 
     model: SeqModel = SeqModel.SASREC  # sasrec | hstu (HSTU blocks: pointwise, gated attention)
     dim: int = config_field(64, check=POSITIVE)       # item table and encoder width
@@ -342,6 +342,8 @@ class Config:
     # import path with its keys ({_component_: package.module:Name, ...}: its signature's)
     model: ModelConfig = config_field(factory=ModelConfig, component=True)
     xc: XCConfig = field(default_factory=XCConfig)
+    # the class head of xc (over its classes) and seq (over the items)
+    head: HeadConfig = field(default_factory=HeadConfig)
     gnn: GNNConfig = field(default_factory=GNNConfig)
     seq: SeqConfig = field(default_factory=SeqConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -507,11 +509,16 @@ RETIRED_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
+# keys that moved: read where an earlier version (or a config written for it) gave them
+MOVED_KEYS = {"xc.head": "head", "xc.top_k": "head.top_k"}
+
+
 def load_run_config(path: str | os.PathLike) -> Config:
     """A run directory's saved ``config.yaml``, also one written by an earlier version (its
-    :data:`RETIRED_KEYS` values are left out)."""
+    :data:`RETIRED_KEYS` values are left out, its :data:`MOVED_KEYS` read where they moved)."""
     cfg = load_dataclass(path, Config,
-                         drop_keys={k: test for k, (_, test) in RETIRED_KEYS.items()})
+                         drop_keys={k: test for k, (_, test) in RETIRED_KEYS.items()},
+                         moved_keys=MOVED_KEYS)
     return _check_recipe_path(cfg, path)
 
 
@@ -529,7 +536,8 @@ def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
     """
-    return _check_recipe_path(load_dataclass(path, Config, overrides), path)
+    return _check_recipe_path(load_dataclass(path, Config, overrides, moved_keys=MOVED_KEYS),
+                              path)
 
 
 RECIPE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")

@@ -140,6 +140,7 @@ def read_yaml(path: Path, what: str = "config file") -> Any:
 def load_dataclass(
     path: str | os.PathLike, cls: type[T], overrides: Optional[list[str]] = None,
     drop_keys: Iterable[str] | Mapping[str, Callable[[Any], bool]] = (),
+    moved_keys: Optional[Mapping[str, str]] = None,
 ) -> T:
     """Reads a YAML file into dataclass ``cls`` (any config-like dataclass, e.g. an ingest spec).
 
@@ -148,6 +149,8 @@ def load_dataclass(
     ``drop_keys`` (dotted paths) are removed from the file's data before it is read: keys an
     older version wrote that no longer exist (a saved run's ``config.yaml``); as a mapping, a key
     is removed only when its value satisfies the key's test (a key whose old values went).
+    ``moved_keys`` (old dotted path -> new) are read where they moved, in the file and in
+    ``overrides`` alike (one given both ways is an error).
 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
@@ -168,8 +171,26 @@ def load_dataclass(
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict) and last in node and (test is None or test(node[last])):
             del node[last]
+    for old, new in (moved_keys or {}).items():
+        *parents, last = old.split(".")
+        node = raw
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            *to, leaf = new.split(".")
+            target = raw
+            for part in to:
+                target = target.setdefault(part, {})
+            if leaf in target:
+                raise ConfigError(f"{path}: {old} (moved to {new}) and {new}: give it once, as "
+                                  f"{new}")
+            target[leaf] = node.pop(last)
     _resolve_paths(cls, raw, path.resolve().parent)
     for item in overrides or []:
+        key = item.split("=", 1)[0]
+        for old, new in (moved_keys or {}).items():
+            if key == old or key.startswith(old + "."):
+                item = new + item[len(old):]
         _apply_override(raw, item, path, cls)
     return from_dict(cls, raw, source=str(path))
 

@@ -1,6 +1,7 @@
 """Typed configs: every shipped YAML loads, builds and plans; typos, wrong types and bad values
 name the file and key path; YAML 1.2 numbers; paths relative to the config file."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from embedtrain.config import (
     Config,
     ConfigError,
+    HeadKind,
     Interaction,
     SparseOptimizer,
     TaskKind,
@@ -218,7 +220,7 @@ def test_yaml_1_2_floats(tmp_path, text):
     ("optim:\n  sparse_lr: 0\n", "optim.sparse_lr: must be positive, got 0.0"),
     ("data:\n  batch_size: -8\n", "data.batch_size: must be positive, got -8"),
     ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
-    ("xc:\n  head:\n    sample_rate: 1.5\n", "xc.head.sample_rate: must be in [0, 1], got 1.5"),
+    ("head:\n  sample_rate: 1.5\n", "head.sample_rate: must be in [0, 1], got 1.5"),
     ("gnn:\n  fanouts: [10, 0]\n", "gnn.fanouts[1]: must be positive, or -1 for all"),
     ("gnn:\n  dropout: 1.0\n", "gnn.dropout: must be in [0, 1), got 1.0"),
     ("optim:\n  dense_lr: .nan\n", "optim.dense_lr: must be positive, got nan"),
@@ -306,6 +308,21 @@ def test_saved_run_config_of_an_earlier_version_still_loads(tmp_path):
     piped = tmp_path / "piped.yaml"
     piped.write_text(saved.read_text().replace("pipeline: true", "pipeline: sparse_dist"))
     assert load_run_config(piped).train.pipeline.value == "sparse_dist"  # a value of today
+
+
+def test_the_head_moved_out_of_the_xc_section(tmp_path):
+    """xc.head and xc.top_k are read as head and head.top_k (the seq family's head too), from a
+    file and from --set alike: a config or run written before the move loads the same."""
+    new = _write(tmp_path, "task: seq\nhead: {kind: partial_fc, top_k: [10]}\n")
+    cfg = load_config(new)
+    old = tmp_path / "old.yaml"
+    old.write_text("task: seq\nxc: {head: {kind: partial_fc}, top_k: [10]}\n")
+    assert load_config(old) == cfg
+    assert load_config(new, ["xc.head.kind=mach", "xc.top_k=[5]"]).head == dataclasses.replace(
+        cfg.head, kind=HeadKind.MACH, top_k=[5])
+    both = tmp_path / "both.yaml"
+    both.write_text("xc: {head: {kind: mach}}\nhead: {kind: full}\n")
+    assert "xc.head (moved to head) and head: give it once, as head" in _error(both)
 
 
 def test_text_fields_take_numbers_and_single_values_as_text():

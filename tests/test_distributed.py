@@ -194,7 +194,7 @@ def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
     run = tmp_path / "run"
     r = embedtrain("train", "configs/xc_synthetic.yaml", "--out", str(run), "--nproc", "2",
                    "--set", f"data.path={data}", "--set", "data.batch_size=128",
-                   "--set", "xc.head.kind=partial_fc", "--set", "xc.head.sample_rate=0.3",
+                   "--set", "head.kind=partial_fc", "--set", "head.sample_rate=0.3",
                    "--set", "train.max_steps=30", "--set", "train.checkpoint_every=10",
                    "--set", "train.progress=false")
     assert r.returncode == 0, r.stderr[-4000:]

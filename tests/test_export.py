@@ -487,15 +487,15 @@ def _xc_overrides(data: Path) -> list[str]:
             "train.progress=false"]
 
 
-@pytest.mark.parametrize("head", [["xc.head.kind=full"],
-                                  ["xc.head.kind=partial_fc", "xc.head.margin=cosface"]])
+@pytest.mark.parametrize("head", [["head.kind=full"],
+                                  ["head.kind=partial_fc", "head.margin=cosface"]])
 def test_xc_export_topk_equals_eval(tmp_path, head):
     data = tiny_xc_dataset(tmp_path / "data", rows=3000, classes=150)
     run = _train("xc_synthetic.yaml", data, tmp_path / "run", *_xc_overrides(data)[1:], *head)
     reference, metrics = _eval_outputs(run, k=5)
     m = export_run(run, tmp_path / "out", progress=False).manifest
     assert m.head.num_classes == 150 and m.head.dim == 16 and m.head.top_k == [1, 5]
-    assert m.head.normalised == ("xc.head.margin=cosface" in head)
+    assert m.head.normalised == ("head.margin=cosface" in head)
     r = predict(tmp_path / "out", [str(data / "test")], tmp_path / "p.parquet", progress=False)
     preds = pq.read_table(tmp_path / "p.parquet")
     assert preds.column_names == ["top_ids", "top_scores", "label"]
@@ -515,10 +515,10 @@ def test_xc_replicated_heads_are_refused_in_one_line(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     dump_config(load_config(ROOT / "configs" / "xc_synthetic.yaml",
-                            [f"data.path={data}", "xc.head.kind=mach"]), run / "config.yaml")
+                            [f"data.path={data}", "head.kind=mach"]), run / "config.yaml")
     assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["embedtrain export: error: xc.head.kind: mach: export writes the sharded "
+    assert err == ["embedtrain export: error: head.kind: mach: export writes the sharded "
                    "heads' weights (full, partial_fc, hard_negatives); a mach head scores "
                    "classes with its own structure, which is not exported"]
 

@@ -1,4 +1,4 @@
-"""A bfloat16 class head (``xc.head.dtype: bf16``) through ``embedtrain export`` and ``predict``,
+"""A bfloat16 class head (``head.dtype: bf16``) through ``embedtrain export`` and ``predict``,
 and a float8 one (``fp8``: uint8 bit patterns, 1 byte a weight) the same way.
 
 The head is written as it was trained: ``head/weight.npy`` holds the bfloat16 bit patterns as
@@ -33,7 +33,7 @@ def _data_bytes(npy: Path) -> int:
     return npy.stat().st_size - np.load(npy, mmap_mode="r").offset
 
 
-# (xc.head.dtype, the exported dtype, its bytes a weight, the .npy's bit-pattern type)
+# (head.dtype, the exported dtype, its bytes a weight, the .npy's bit-pattern type)
 STORAGE = {"bf16": ("bfloat16", 2, np.uint16), "fp8": ("float8_e4m3fn", 1, np.uint8)}
 
 
@@ -68,9 +68,9 @@ def bf16_run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"{dtype}_{margin}")
     data = tiny_xc_dataset(root / "data", rows=3000, classes=CLASSES)
     run = _train("xc_synthetic.yaml", data, root / "run", *_xc_overrides(data)[1:],
-                 "xc.head.kind=partial_fc", f"xc.head.dtype={dtype}",
-                 "xc.head.optimizer=rowwise_adagrad",
-                 f"xc.head.margin={margin}")
+                 "head.kind=partial_fc", f"head.dtype={dtype}",
+                 "head.optimizer=rowwise_adagrad",
+                 f"head.margin={margin}")
     reference, metrics = _eval_outputs(run, k=5)
     return dtype, data, run, reference, metrics
 
@@ -116,5 +116,5 @@ def test_bf16_head_stays_bf16_with_int8_tables_and_needs_its_npy(bf16_run, tmp_p
                 "--no-progress")
     assert r.returncode == 2 and not (tmp_path / "pq").exists()
     assert r.stderr.strip().splitlines() == [
-        "embedtrain export: error: --format parquet: the class head is bfloat16 (xc.head.dtype: "
+        "embedtrain export: error: --format parquet: the class head is bfloat16 (head.dtype: "
         "bf16), kept as such in its .npy (parquet holds float32 lists); use --format npy,parquet"]

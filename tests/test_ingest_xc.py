@@ -469,8 +469,8 @@ def test_xc_trainer_trains_on_an_ingested_repository_data_set(ingested_repositor
     kind, _, loss = head.partition("+")  # the softmax and the one-vs-all (bce) losses
     r = run_cli("train", str(ROOT / "configs/xc_synthetic.yaml"), "--out", str(run_dir),
                 "--no-progress", "--set", f"data.path={ingested_repository}",
-                "--set", f"xc.head.kind={kind}", "--set", f"xc.head.loss={loss or 'softmax'}",
-                "--set", "xc.head.sample_rate=0.5",
+                "--set", f"head.kind={kind}", "--set", f"head.loss={loss or 'softmax'}",
+                "--set", "head.sample_rate=0.5",
                 "--set", "xc.embedding_dim=16", "--set", "xc.mlp=[32,16]",
                 "--set", "data.batch_size=128", "--set", "data.eval_batch_size=256",
                 "--set", "data.num_workers=0", "--set", "train.epochs=3",

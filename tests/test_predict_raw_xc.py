@@ -85,7 +85,7 @@ def xc_repo(tmp_path_factory):
                            overrides=["split.files={valid: '*valid*', test: '*serve*'}",
                                       "tokens.max_length=4"], progress=False)
     run = _train("xc_synthetic.yaml", data, root / "run", *_xc_overrides(data)[1:],
-                 "xc.head.kind=full")
+                 "head.kind=full")
     export = export_run(run, root / "export", progress=False).out
     return serve, data, export, report
 

@@ -1,4 +1,4 @@
-"""The log-q correction of Partial FC's sampled softmax (``xc.head.sample_correction``): each
+"""The log-q correction of Partial FC's sampled softmax (``head.sample_correction``): each
 class's odds of being in a step's sample, checked against sampling many times, and the
 corrected loss against the sampled softmax computed by hand."""
 

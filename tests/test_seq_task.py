@@ -162,7 +162,7 @@ def test_a_run_learns_what_popularity_cannot(seq_data, tmp_path):
 
 
 def test_sample_correction_takes_every_positions_label(seq_data, tmp_path):
-    """``xc.head.sample_correction`` on a sequence run: the items' frequencies are counted over
+    """``head.sample_correction`` on a sequence run: the items' frequencies are counted over
     the train split's histories and targets (every position's next item is a label), not over
     the targets alone, and reach the head."""
     import numpy as np
@@ -171,7 +171,7 @@ def test_sample_correction_takes_every_positions_label(seq_data, tmp_path):
     from embedtrain.recipes import build_run
 
     run = build_run(_cfg(seq_data, "train.max_steps=1", "train.checkpoint_every=0",
-                         "xc.head.loss=softmax", "xc.head.sample_correction=true"), tmp_path)
+                         "head.loss=softmax", "head.sample_correction=true"), tmp_path)
     meta = run.recipe.dataset
     ids = []
     for path in meta.files("train"):
@@ -199,7 +199,7 @@ def _state(trainer):
 def test_resume_equals_uninterrupted(seq_data, tmp_path):
     from embedtrain.recipes import build_run
 
-    common = ["train.checkpoint_every=5", "xc.head.sample_rate=0.3"]
+    common = ["train.checkpoint_every=5", "head.sample_rate=0.3"]
     whole = build_run(_cfg(seq_data, *common, "train.max_steps=10"), tmp_path / "whole").trainer
     whole.fit()
     build_run(_cfg(seq_data, *common, "train.max_steps=5"), tmp_path / "part").trainer.fit()
@@ -237,10 +237,10 @@ def _one_step(rank, world, data, out):
     from embedtrain.recipes.base import local_cluster
     from embedtrain.recipes.seq import SeqRecipe
 
-    cfg = _cfg(data, "xc.head.kind=partial_fc", "xc.head.sample_rate=1.0", "seq.dropout=0.0",
+    cfg = _cfg(data, "head.kind=partial_fc", "head.sample_rate=1.0", "seq.dropout=0.0",
                "optim.sparse=sgd", "optim.dense=sgd", "optim.momentum=0.0",
-               "xc.head.optimizer=sgd", "optim.sparse_lr=0.5", "optim.dense_lr=0.5",
-               "xc.head.lr=0.5")
+               "head.optimizer=sgd", "optim.sparse_lr=0.5", "optim.dense_lr=0.5",
+               "head.lr=0.5")
     meta = load_dataset_meta(data)
     torch.manual_seed(0)
     recipe = SeqRecipe(cfg)

@@ -29,8 +29,8 @@ def _cfg(data, *overrides):
 def test_every_head_learns(xc_data, tmp_path, kind):
     from embedtrain.recipes import build_run
 
-    run = build_run(_cfg(xc_data, f"xc.head.kind={kind}", "xc.head.sample_rate=0.2",
-                         "xc.head.refresh_every=10", "train.max_steps=150",
+    run = build_run(_cfg(xc_data, f"head.kind={kind}", "head.sample_rate=0.2",
+                         "head.refresh_every=10", "train.max_steps=150",
                          "train.checkpoint_every=0"), tmp_path)
     summary = run.trainer.fit(test_data=run.test_data)
     # Zipf(1.1) over 300 classes: always answering the most frequent class scores about 0.17;
@@ -47,9 +47,9 @@ def _state(trainer):
     return head.weight.detach().clone(), opt, tables
 
 
-BF16 = ["xc.head.dtype=bf16", "xc.head.optimizer=rowwise_adagrad"]
-FACTORED = ["xc.head.dtype=bf16", "xc.head.optimizer=factored_adagrad"]
-FP8 = ["xc.head.dtype=fp8", "xc.head.optimizer=factored_adagrad"]
+BF16 = ["head.dtype=bf16", "head.optimizer=rowwise_adagrad"]
+FACTORED = ["head.dtype=bf16", "head.optimizer=factored_adagrad"]
+FP8 = ["head.dtype=fp8", "head.optimizer=factored_adagrad"]
 STORED = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 
@@ -58,7 +58,7 @@ STORED = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     from embedtrain.recipes import build_run
 
-    common = ["xc.head.kind=partial_fc", "xc.head.sample_rate=0.3", "train.checkpoint_every=10",
+    common = ["head.kind=partial_fc", "head.sample_rate=0.3", "train.checkpoint_every=10",
               *precision]
     whole = build_run(_cfg(xc_data, *common, "train.max_steps=20"), tmp_path / "whole").trainer
     whole.fit()
@@ -89,7 +89,7 @@ def test_resume_equals_uninterrupted(xc_data, tmp_path, precision):
     assert head_sum, list(opt1)
     for k in head_sum:
         assert torch.equal(opt1[k]["sum"].to_local(), opt2[k]["sum"].to_local())
-        if "xc.head.optimizer=factored_adagrad" in precision:  # the column profile's sums,
+        if "head.optimizer=factored_adagrad" in precision:  # the column profile's sums,
             # stepped on after the restore
             assert torch.equal(opt1[k]["columns"], opt2[k]["columns"])
             assert not torch.equal(opt1[k]["columns"], at_ten[1][k]["columns"])
@@ -112,8 +112,8 @@ def test_plan_counts_a_low_precision_head_and_its_rowwise_state(xc_data, tmp_pat
 
     from embedtrain.recipes import build_run, plan_model
 
-    precision = [f"xc.head.dtype={dtype}", "xc.head.optimizer=rowwise_adagrad"]
-    cfg = _cfg(xc_data, "xc.head.kind=partial_fc", *precision)
+    precision = [f"head.dtype={dtype}", "head.optimizer=rowwise_adagrad"]
+    cfg = _cfg(xc_data, "head.kind=partial_fc", *precision)
     report = plan_model(cfg, load_cluster("configs/clusters/cpu-1x2.yaml")).report.to_dict()
     (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
     dim = cfg.xc.mlp[-1]
@@ -123,11 +123,11 @@ def test_plan_counts_a_low_precision_head_and_its_rowwise_state(xc_data, tmp_pat
     # row-wise optimizer it does not know one slot a weight: a 50M-class bf16 head, 12 GiB of
     # weights, refused on this 24 GiB machine as needing 24 GiB)
     packed = [sum(s["ddr_bytes"] + s["hbm_bytes"] for t in plan_model(
-        _cfg(xc_data, "xc.head.kind=partial_fc", f"xc.head.optimizer={opt}"),
+        _cfg(xc_data, "head.kind=partial_fc", f"head.optimizer={opt}"),
         load_cluster("configs/clusters/cpu-1x2.yaml")).report.to_dict()["tables"]
         if t["name"] == "class_head" for s in t["shards"]) for opt in ("adagrad", "rowwise_adagrad")]
     assert packed[0] - packed[1] == CLASSES * dim * 4 - CLASSES * 4
-    build_run(_cfg(xc_data, "xc.head.kind=partial_fc", *precision, "train.max_steps=2",
+    build_run(_cfg(xc_data, "head.kind=partial_fc", *precision, "train.max_steps=2",
                    "train.checkpoint_every=0"), tmp_path)
     (rank,) = json.loads((tmp_path / "plan_vs_measured.json").read_text())["ranks"]
     assert rank["measured_weights"] == rank["estimated_weights"]
@@ -137,16 +137,16 @@ def test_plan_counts_a_low_precision_head_and_its_rowwise_state(xc_data, tmp_pat
 
 
 @pytest.mark.parametrize("sets, message", [
-    (["xc.head.dtype=bf16"], "xc.head.dtype: bf16 needs xc.head.optimizer: rowwise_adagrad "
+    (["head.dtype=bf16"], "head.dtype: bf16 needs head.optimizer: rowwise_adagrad "
                              "or factored_adagrad, not adagrad"),
-    (["xc.head.dtype=bf16", "xc.head.kind=mach"], "xc.head.dtype: bf16 needs a full, partial_fc "
+    (["head.dtype=bf16", "head.kind=mach"], "head.dtype: bf16 needs a full, partial_fc "
                                                   "or hard_negatives head, not mach"),
 ])
 def test_bf16_head_refusals_are_one_line(xc_data, tmp_path, sets, message):
     from embedtrain.recipes import build_run
 
     if "kind=mach" in sets[-1]:
-        sets = [*sets, "xc.head.optimizer=rowwise_adagrad"]
+        sets = [*sets, "head.optimizer=rowwise_adagrad"]
     with pytest.raises(ValueError, match=message):
         build_run(_cfg(xc_data, *sets), tmp_path)
 
@@ -155,7 +155,7 @@ def test_plan_sizes_the_class_head(xc_data):
     from embedtrain.recipes import plan_model
 
     cluster = load_cluster("configs/clusters/cpu-1x2.yaml")
-    report = plan_model(_cfg(xc_data, "xc.head.kind=partial_fc"), cluster).report.to_dict()
+    report = plan_model(_cfg(xc_data, "head.kind=partial_fc"), cluster).report.to_dict()
     (head,) = [t for t in report["tables"] if t["name"] == "class_head"]
     assert head["sharding_type"] == "row_wise"
     rows = [s["rows"] if "rows" in s else s["size"][0] for s in head["shards"]]
@@ -199,10 +199,10 @@ def _one_step(rank, world, data, out, kind):
     kind, *options = kind.split("+")  # e.g. "partial_fc+bce": the head and its options
     loss = "bce" if "bce" in options else "softmax"
     index = "clustered" if "clustered" in options else "exact"
-    cfg = _cfg(data, f"xc.head.kind={kind}", f"xc.head.loss={loss}", f"xc.head.index={index}",
-               "xc.head.sample_rate=1.0", "optim.sparse=sgd",
-               "optim.dense=sgd", "optim.momentum=0.0", "xc.head.optimizer=sgd",
-               "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "xc.head.lr=0.5")
+    cfg = _cfg(data, f"head.kind={kind}", f"head.loss={loss}", f"head.index={index}",
+               "head.sample_rate=1.0", "optim.sparse=sgd",
+               "optim.dense=sgd", "optim.momentum=0.0", "head.optimizer=sgd",
+               "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "head.lr=0.5")
     meta = load_dataset_meta(data)
     torch.manual_seed(0)
     recipe = XCRecipe(cfg)
@@ -314,7 +314,7 @@ def test_hundred_million_class_head_dry_run():
     assert rank["class_head_logits"] == 512 * 8 * 1_250_000 * 4 * 2
     assert rank["total"] < rank["capacity"]
     with pytest.raises(PlanError, match="does not fit.*class_head_logits"):
-        plan_model(load_config("configs/xc_100m.yaml", ["xc.head.kind=full"]), cluster)
+        plan_model(load_config("configs/xc_100m.yaml", ["head.kind=full"]), cluster)
 
 
 @pytest.fixture(scope="module")
@@ -326,20 +326,20 @@ def multi_label_data(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("head", [["xc.head.kind=partial_fc"], ["xc.head.kind=mach"],
-                                  ["xc.head.kind=partial_fc", "xc.head.loss=bce"],
-                                  ["xc.head.kind=hard_negatives", "xc.head.loss=bce",
-                                   "xc.head.index=clustered", "xc.head.refresh_every=25"]])
+@pytest.mark.parametrize("head", [["head.kind=partial_fc"], ["head.kind=mach"],
+                                  ["head.kind=partial_fc", "head.loss=bce"],
+                                  ["head.kind=hard_negatives", "head.loss=bce",
+                                   "head.index=clustered", "head.refresh_every=25"]])
 def test_multi_label_heads_learn(multi_label_data, tmp_path, head):
     from embedtrain.recipes import build_run
 
-    run = build_run(_cfg(multi_label_data, *head, "xc.head.sample_rate=0.3",
+    run = build_run(_cfg(multi_label_data, *head, "head.sample_rate=0.3",
                          "train.max_steps=100", "train.checkpoint_every=0"), tmp_path)
     summary = run.trainer.fit(test_data=run.test_data)
     assert summary["p@1"] > 0.3, summary
     # PSP@k (propensities from the train split's class counts) is reported beside P@k.
     assert 0 < summary["psp@1"] <= 1 and 0 < summary["psp@5"] <= 1
-    if "xc.head.index=clustered" in head:  # rebuilt every 25 steps, its recall measured
+    if "head.index=clustered" in head:  # rebuilt every 25 steps, its recall measured
         assert [r["step"] for r in summary["index_recall"]] == list(range(0, summary["steps"], 25))
         assert len(summary["index_recall"]) > 1
         assert all(0 <= r["recall"] <= 1 for r in summary["index_recall"])
@@ -349,12 +349,12 @@ def test_adaptive_refuses_multi_label_data(multi_label_data, tmp_path):
     from embedtrain.recipes import build_run
 
     with pytest.raises(ValueError, match="adaptive takes one label per example"):
-        build_run(_cfg(multi_label_data, "xc.head.kind=adaptive"), tmp_path)
+        build_run(_cfg(multi_label_data, "head.kind=adaptive"), tmp_path)
 
 
 def test_bce_needs_a_sharded_head(xc_data, tmp_path):
     from embedtrain.recipes import build_run
 
-    with pytest.raises(ValueError, match="xc.head.loss: bce needs a full, partial_fc or "
+    with pytest.raises(ValueError, match="head.loss: bce needs a full, partial_fc or "
                                          "hard_negatives head, not mach"):
-        build_run(_cfg(xc_data, "xc.head.kind=mach", "xc.head.loss=bce"), tmp_path)
+        build_run(_cfg(xc_data, "head.kind=mach", "head.loss=bce"), tmp_path)

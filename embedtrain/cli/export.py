@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=8192, help="rows scored at once "
                    "(default: 8192)")
     p.add_argument("--top-k", type=int, help="XC: classes per row (default: the run's largest "
-                   "xc.top_k)")
+                   "head.top_k)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_predict)
 

@@ -26,7 +26,7 @@ program, a class head, a note). How:
    1-rank checkpoint) over the process's baseline (:attr:`ExportResult.peak_over_baseline`).
    Parquet copies and quantized rows are made from the ``.npy`` in row blocks. Tables are
    written as float32; the class head in the dtype it was saved in (the checkpoint's metadata
-   says): float32, or bfloat16 (``xc.head.dtype: bf16``) as ``uint16`` bit patterns, shard by
+   says): float32, or bfloat16 (``head.dtype: bf16``) as ``uint16`` bit patterns, shard by
    shard, never widened to float32 (a 50M x 128 head is 12.8 GB, not 25.6); its parquet copy
    (``npy,parquet``) is float32 lists, widened one row block at a time. ``--quantize`` applies
    to the tables only: the head stays as it was trained.
@@ -514,8 +514,8 @@ def _head_dtype(ckpt: Path, h: HeadExport, formats: Sequence[str]) -> str:
         raise CheckpointError(f"{ckpt}: {h.checkpoint_key} is {saved}; export writes float32, "
                               f"bfloat16 or float8_e4m3fn class heads")
     if dtype != "float32" and "npy" not in formats:
-        setting = next(k.value for k, d in DTYPES.items() if d == saved)  # xc.head.dtype
-        raise ExportError(f"--format parquet: the class head is {dtype} (xc.head.dtype: "
+        setting = next(k.value for k, d in DTYPES.items() if d == saved)  # head.dtype
+        raise ExportError(f"--format parquet: the class head is {dtype} (head.dtype: "
                           f"{setting}), kept as such in its .npy (parquet holds float32 lists); "
                           f"use --format npy,parquet")
     return dtype

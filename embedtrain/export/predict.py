@@ -32,7 +32,7 @@ row, in input order:
   float32;
 * a class head (XC): ``top_ids`` (``list<int64>``, class ids, best first) and ``top_scores``
   (``list<float32>``, the head's logits), ``--top-k`` of them (default: the largest of the
-  head's ``top_k``, the run's ``xc.top_k``);
+  head's ``top_k``, the run's ``head.top_k``);
 
 plus the input's label column (``label`` or ``labels``) where the input has it; then the
 metrics of the scores against it are returned too (AUC and log loss; with a head: P@1,
@@ -361,7 +361,7 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
             data set was ingested from.
         out: the predictions file (written anew).
         batch_size: rows scored at once.
-        top_k: XC: classes per row (default: the run's largest ``xc.top_k``).
+        top_k: XC: classes per row (default: the run's largest ``head.top_k``).
         progress: show a progress bar (rows).
         raw: the inputs are raw rows, encoded by the data set's own ingestion
             (``pipelines.raw_rows``); rows it would drop are not scored but counted by reason

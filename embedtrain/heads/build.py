@@ -1,4 +1,4 @@
-"""The class heads by kind: :func:`build_head` (what training builds from the ``xc.head``
+"""The class heads by kind: :func:`build_head` (what training builds from the ``head``
 section), :func:`planning_head` (what the planner sees of a sharded one) and their names.
 
 The model-parallel heads (``full``, ``partial_fc``, ``hard_negatives``: each rank holds a slice of
@@ -76,7 +76,7 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
             (:func:`~embedtrain.models.class_sample.sample_log_q`).
     """
     if sample_correction and (kind is not HeadKind.PARTIAL_FC or loss is not HeadLoss.SOFTMAX):
-        raise ValueError(f"xc.head.sample_correction: needs kind partial_fc with loss softmax, "
+        raise ValueError(f"head.sample_correction: needs kind partial_fc with loss softmax, "
                          f"not {kind.value} with {HeadLoss(loss).value}")
     common = dict(group=group, margin=margin, margin_value=margin_value, scale=scale, seed=seed,
                   loss=loss, dtype=DTYPES[HeadDtype(dtype)], rounding=rounding)
@@ -94,7 +94,7 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
     for name, value, default in (("margin", margin, Margin.NONE), ("loss", loss, HeadLoss.SOFTMAX),
                                  ("dtype", dtype, HeadDtype.FP32)):
         if value is not default:
-            raise ValueError(f"xc.head.{name}: {value.value} needs a full, partial_fc or "
+            raise ValueError(f"head.{name}: {value.value} needs a full, partial_fc or "
                              f"hard_negatives head, not {kind.value}")
     if kind is HeadKind.ADAPTIVE:
         order = xc_heads.frequency_order(class_counts) if class_counts is not None else None

@@ -1,7 +1,7 @@
 """Low-precision class rows: bfloat16 or float8 storage, float32 arithmetic, rounding back by a
 rule.
 
-A class head stored in bfloat16 (``xc.head.dtype: bf16``) or float8 e4m3 (``fp8``: 1 sign, 4
+A class head stored in bfloat16 (``head.dtype: bf16``) or float8 e4m3 (``fp8``: 1 sign, 4
 exponent and 3 mantissa bits, finite up to 448, subnormal below 2^-6) keeps no float32 copy of its
 rows
 (ELMO, Zhang et al., ICML 2025: the classifier trained in BF16/FP8 without master weights). A

@@ -1,5 +1,5 @@
 """A class head as a recipe's part: what the classification families (XC over its classes, seq
-over its items) build, plan, reserve, describe and export of the ``xc.head`` section's head.
+over its items) build, plan, reserve, describe and export of the ``head`` section's head.
 
 The sharded heads (``full``, ``partial_fc``, ``hard_negatives``) hold a slice of the classes on
 each rank, outside TorchRec: the planner sees them as a row-wise table ``class_head`` (its memory
@@ -40,7 +40,7 @@ ROW_STATE_OPTIMIZERS = (HeadOptimizer.ROWWISE_ADAGRAD, HeadOptimizer.FACTORED_AD
 
 
 def head_arguments(h: HeadConfig) -> dict[str, Any]:
-    """``build_head``'s keyword arguments from the ``xc.head`` section."""
+    """``build_head``'s keyword arguments from the ``head`` section."""
     return dict(sample_rate=h.sample_rate, hard_negatives=h.hard_negatives,
                 refresh_every=h.refresh_every, margin=h.margin, margin_value=h.margin_value,
                 scale=h.scale, cutoffs=h.cutoffs, div_value=h.div_value,
@@ -69,7 +69,7 @@ class ClassHeads:
         """A low-precision head needs an optimizer with one float32 a row."""
         h = self.h
         if h.dtype is not HeadDtype.FP32 and h.optimizer not in ROW_STATE_OPTIMIZERS:
-            raise ValueError(f"xc.head.dtype: {h.dtype.value} needs xc.head.optimizer: "
+            raise ValueError(f"head.dtype: {h.dtype.value} needs head.optimizer: "
                              f"rowwise_adagrad or factored_adagrad, not {h.optimizer.value} "
                              f"(they keep one float32 a row and round the updated rows back; "
                              f"adagrad's state would be a float32 copy of the head)")
@@ -176,7 +176,7 @@ class ClassHeads:
         kind = self.h.kind
         if kind in SHARDED_HEADS:
             return None
-        return (f"xc.head.kind: {kind.value}: export writes the sharded heads' weights (full, "
+        return (f"head.kind: {kind.value}: export writes the sharded heads' weights (full, "
                 f"partial_fc, hard_negatives); a {kind.value} head scores classes with its own "
                 f"structure, which is not exported")
 

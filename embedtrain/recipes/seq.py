@@ -4,7 +4,7 @@ ranked over the whole corpus by an XC head (``datagen seq`` or ``ingest`` ``kind
 Next-item prediction is extreme classification over the items: the recipe composes the tabular
 data (:class:`~embedtrain.recipes.tabular.TabularData`), the ``seq`` section's encoder
 (:class:`~embedtrain.models.seq.SeqModel`), a class head over the items
-(:class:`~embedtrain.recipes.heads.ClassHeads`, the ``xc.head`` section: sharded or replicated,
+(:class:`~embedtrain.recipes.heads.ClassHeads`, the ``head`` section: sharded or replicated,
 its optimizer, plan and reservations) and HR@k / NDCG@k (:class:`~embedtrain.train.seq.SeqTask`). The data set's rows are ``items`` (the history, a
 multi-hot id feature of at most ``max_length`` ids) and ``target`` (the next item: the label).
 """
@@ -37,7 +37,7 @@ class SeqRecipe(Recipe):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.data = TabularData(cfg)
-        self.heads = ClassHeads(cfg.xc.head, lambda: self.dataset.features.num_classes,
+        self.heads = ClassHeads(cfg.head, lambda: self.dataset.features.num_classes,
                                 cfg.seq.dim)
 
     @property
@@ -69,7 +69,7 @@ class SeqRecipe(Recipe):
         s = self.cfg.seq
         model = SeqModel(self.dataset.features.num_classes, s.dim, self.max_length, s.layers,
                          s.heads, s.dropout, head, feature=self.dataset.features.sparse[0].name,
-                         device=torch.device("meta"), head_dtype=self.cfg.xc.head.dtype,
+                         device=torch.device("meta"), head_dtype=self.cfg.head.dtype,
                          exclude_history=s.exclude_history, model=s.model.value)
         self.fuse_sparse(model.encoder)
         return model
@@ -84,8 +84,8 @@ class SeqRecipe(Recipe):
                                       self.cfg.train.seed)
 
     def task(self) -> SeqTask:
-        """HR@k and NDCG@k for ``xc.top_k`` over every item."""
-        return SeqTask(self.cfg.xc.top_k)
+        """HR@k and NDCG@k for ``head.top_k`` over every item."""
+        return SeqTask(self.cfg.head.top_k)
 
     def summary_extra(self) -> dict[str, Any]:
         """The data set's Bayes-optimal HR@10 and NDCG@10 on the test split (synthetic data)."""
@@ -103,7 +103,7 @@ class SeqRecipe(Recipe):
         """The item table (written with the tables, looked up per position), the encoder's
         blocks (:class:`SeqDense`: padded history embeddings -> the last position's features)
         and the class head over the items."""
-        spec, t, d = self.dataset.features, self.max_length, self.cfg.seq.dim
+        spec, t, d = self.dataset.features, model.encoder.max_length, model.encoder.dim
         example = (torch.zeros(4, 0), torch.randn(4, t, d), torch.tensor([1, t, 2, t // 2 + 1]))
         inputs = ["dense: float32 [B, 0] (no dense features)",
                   f"history: float32 [B, {t}, {d}] (the rows of {spec.sparse[0].name} in "
@@ -122,7 +122,7 @@ class SeqRecipe(Recipe):
         if item:
             files[spec.sparse[0].name] = files[spec.label] = item
         ingest["vocab_files"] = files
-        head = self.heads.export(self.cfg.xc.top_k, item)
+        head = self.heads.export(self.cfg.head.top_k, item)
         return ExportParts(self.cfg.seq.model.value, spec, ingest, dense, head, note)
 
     def predict_pooled(self, pooled: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:

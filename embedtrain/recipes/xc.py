@@ -1,6 +1,6 @@
 """Extreme classification: token bags → MLP → a class head of C classes (``datagen xc`` data).
 
-The head is a :class:`~embedtrain.recipes.heads.ClassHeads` (the ``xc.head`` section: sharded
+The head is a :class:`~embedtrain.recipes.heads.ClassHeads` (the ``head`` section: sharded
 or replicated, its optimizer, plan, reservations and export), the data a
 :class:`~embedtrain.recipes.tabular.TabularData`.
 
@@ -36,7 +36,7 @@ class XCRecipe(Recipe):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.data = TabularData(cfg)
-        self.heads = ClassHeads(cfg.xc.head, lambda: self.dataset.features.num_classes,
+        self.heads = ClassHeads(cfg.head, lambda: self.dataset.features.num_classes,
                                 cfg.xc.mlp[-1])
 
     @functools.cached_property
@@ -52,8 +52,8 @@ class XCRecipe(Recipe):
         if meta.features.num_classes is None:
             raise ValueError(f"{where}: task xc needs a classification data set "
                              f"(num_classes missing; generate one with: embedtrain datagen xc)")
-        if self.cfg.xc.head.kind is HeadKind.ADAPTIVE and meta.features.max_labels > 1:
-            raise ValueError(f"xc.head.kind: adaptive takes one label per example, but "
+        if self.cfg.head.kind is HeadKind.ADAPTIVE and meta.features.max_labels > 1:
+            raise ValueError(f"head.kind: adaptive takes one label per example, but "
                              f"{where} allows {meta.features.max_labels}")
         self.heads.check()
         return meta
@@ -62,7 +62,7 @@ class XCRecipe(Recipe):
         x = self.cfg.xc
         model = XCModel(self.dataset.features, x.embedding_dim, x.pooling, x.mlp, head,
                         device=torch.device("meta"), dropout=x.dropout,
-                        dynamic=self.data.dynamic_tables(self.dataset), head_dtype=x.head.dtype)
+                        dynamic=self.data.dynamic_tables(self.dataset), head_dtype=self.cfg.head.dtype)
         self.fuse_sparse(model.encoder)
         return model
 
@@ -77,11 +77,11 @@ class XCRecipe(Recipe):
 
     def task(self) -> XCTask:
         """The head's loss; P@k, nDCG@k, recall@k and PSP@k (propensities from the train
-        split's class counts, ``xc.propensity_a`` / ``_b``) for ``xc.top_k`` over all classes."""
+        split's class counts, ``xc.propensity_a`` / ``_b``) for ``head.top_k`` over all classes."""
         x = self.cfg.xc
         inv_p = inverse_propensity(self.class_counts, self.dataset.split_rows["train"], x.propensity_a,
                                    x.propensity_b)
-        return XCTask(x.top_k, inv_p)
+        return XCTask(self.cfg.head.top_k, inv_p)
 
     def summary_extra(self) -> dict[str, Any]:
         """The data set's Bayes-optimal P@1 on the test split, if it has one (synthetic data)."""
@@ -102,7 +102,7 @@ class XCRecipe(Recipe):
                             "model.encoder.", example, inputs,
                             f"features: float32 [B, {encoder.dim}] (class scores: features @ "
                             f"head.weight.T)")
-        head = self.heads.export(self.cfg.xc.top_k,
+        head = self.heads.export(self.cfg.head.top_k,
                                  (meta.extra.get("vocab_files") or {}).get(spec.label))
         return ExportParts("xc", spec, meta.extra, dense, head)
 

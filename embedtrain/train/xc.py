@@ -49,7 +49,7 @@ class XCTask:
     def __init__(self, ks: Sequence[int] = (1, 5),
                  inv_propensity: Optional[torch.Tensor] = None) -> None:
         if not ks or min(ks) < 1:
-            raise ValueError(f"xc.top_k: needs positive k values, got {list(ks)}")
+            raise ValueError(f"head.top_k: needs positive k values, got {list(ks)}")
         self.ks = tuple(sorted(set(ks)))
         self.inv_propensity = inv_propensity  # [C]: PSP@k too
         self.main_metric = f"p@{self.ks[0]}"
