@@ -144,3 +144,15 @@ def test_number_labels_ingest_by_label_range_and_are_checked_at_read(ratings, tm
     r = run_cli("train", str(config), "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "is outside metadata.json's label_range [1.0, 4.0]" in \
         r.stderr.strip().splitlines()[-1], r.stderr
+
+
+@pytest.mark.parametrize("value", ["[5, 1]", "[1]", "[1, 2, 3]"])
+def test_a_label_range_that_is_not_low_high_is_one_line(ratings, tmp_path, value):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text((EXAMPLE / "ingest.yaml").read_text().replace("[1, 5]", value))
+    r = run_cli("ingest", str(spec), "--input", str(ratings / "ratings.csv"), "--out",
+                str(tmp_path / "out"))
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        f"label_range: [low, high] with low <= high (or null: any finite number), got "
+        f"{[float(v) for v in json.loads(value)]}"), r.stderr
+    assert not (tmp_path / "out").exists()
