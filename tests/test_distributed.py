@@ -217,7 +217,6 @@ def test_xc_head_split_over_two_ranks_evaluates_on_one(tmp_path):
 def test_bad_input_on_one_rank_is_one_line_per_process(tmp_path):
     """A label only rank 1 reads: rank 1 names file, column and row, rank 0 says it stopped for a
     peer, the launcher names the rank; exit status 2, no traceback anywhere."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -2,12 +2,11 @@
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from embedtrain.data.reader import DataError, ParquetBatchReader
-from embedtrain.features import DenseTransform, FeatureSpec, SparseFeature, load_dataset_meta
+from embedtrain.features import DenseTransform, FeatureSpec, load_dataset_meta
 from embedtrain.testing import random_ctr_table, write_parquet
 
 

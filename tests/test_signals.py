@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from embedtrain.processes import PARENT_PID_ENV, run_supervised
+from embedtrain.processes import PARENT_PID_ENV
 from embedtrain.testing import tiny_ctr_dataset
 
 ROOT = Path(__file__).resolve().parent.parent

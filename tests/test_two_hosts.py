@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 from embedtrain.processes import free_port
 from embedtrain.testing import tiny_ctr_dataset
 

@@ -6,7 +6,6 @@ its keys are its signature's. It runs on the CTR family's data and model (``fami
 model's output is served as the rating itself (``score: identity``).
 """
 
-import torch
 import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
