@@ -143,7 +143,8 @@ class Recipe:
         # pooling_factors, pooling_note), which the data hooks below ask; None: the family
         # implements them itself
         self.data: Any = None
-        # a class head part (recipes.heads.ClassHeads), whose planning, reservations, plan
+        # a class head part (recipes.heads.ClassHeads): the model is then the family's
+        # head_model(head) with it (see planning_model), and its planning, reservations, plan
         # notes, export refusal and summary join the hooks' below; None: none
         self.heads: Any = None
 
@@ -159,12 +160,20 @@ class Recipe:
 
     def planning_model(self) -> nn.Module:
         """The model on ``meta`` with its sparse optimizers marked: what ``embedtrain plan``
-        sizes (no process group needed)."""
-        raise NotImplementedError
+        sizes (no process group needed). With a class head: the family's ``head_model(head)``
+        as the planner sees the head (:meth:`ClassHeads.planning_model`)."""
+        if self.heads is None:
+            raise NotImplementedError
+        return self.heads.planning_model(self.head_model)
 
     def model_parts(self, device: torch.device) -> ModelParts:
-        """The training model (and a sharded head, if any), in a joined process group."""
-        return ModelParts(self.planning_model())
+        """The training model (and a sharded head, if any), in a joined process group; with a
+        class head, its slice and optimizer (:meth:`ClassHeads.model_parts`; the family's
+        ``class_counts`` where the head needs them)."""
+        if self.heads is None:
+            return ModelParts(self.planning_model())
+        return self.heads.model_parts(self.head_model, device, lambda: self.class_counts,
+                                      self.cfg.train.seed)
 
     def reader(self, split: str, train: bool, batch_size: int, rank: int,
                world_size: int) -> EpochData:

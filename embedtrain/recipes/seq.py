@@ -21,7 +21,7 @@ from embedtrain.config import ClusterConfig
 from embedtrain.data.stats import class_counts
 from embedtrain.features import DatasetMeta
 from embedtrain.models.seq import ITEM_TABLE, SeqDense, SeqModel, excluded_items, pad_history
-from embedtrain.recipes.base import ModelParts, Oracle, Recipe, oracle_of
+from embedtrain.recipes.base import Oracle, Recipe, oracle_of
 from embedtrain.recipes.export_parts import DenseExport, ExportParts
 from embedtrain.recipes.heads import ClassHeads
 from embedtrain.recipes.tabular import TabularData
@@ -65,7 +65,8 @@ class SeqRecipe(Recipe):
         self.heads.check()
         return meta
 
-    def _model(self, head: Optional[nn.Module]) -> SeqModel:
+    def head_model(self, head: Optional[nn.Module]) -> SeqModel:
+        """The ``seq`` encoder on ``meta`` around ``head`` (None: the planner's table)."""
         s = self.cfg.seq
         model = SeqModel(self.dataset.features.num_classes, s.dim, self.max_length, s.layers,
                          s.heads, s.dropout, head, feature=self.dataset.features.sparse[0].name,
@@ -73,15 +74,6 @@ class SeqRecipe(Recipe):
                          exclude_history=s.exclude_history, model=s.model.value)
         self.fuse_sparse(model.encoder)
         return model
-
-    def planning_model(self) -> nn.Module:
-        """The encoder and the head over the items as the planner sees it."""
-        return self.heads.planning_model(self._model)
-
-    def model_parts(self, device: torch.device) -> ModelParts:
-        """Encoder on ``meta`` and the head over the items (:meth:`ClassHeads.model_parts`)."""
-        return self.heads.model_parts(self._model, device, lambda: self.class_counts,
-                                      self.cfg.train.seed)
 
     def task(self) -> SeqTask:
         """HR@k and NDCG@k for ``head.top_k`` over every item."""

@@ -20,7 +20,7 @@ from torch import nn
 from embedtrain.config import HeadKind
 from embedtrain.data.stats import class_counts
 from embedtrain.models.xc import XCModel
-from embedtrain.recipes.base import ModelParts, Oracle, Recipe, oracle_of
+from embedtrain.recipes.base import Oracle, Recipe, oracle_of
 from embedtrain.recipes.export_parts import DenseExport, ExportParts
 from embedtrain.recipes.heads import ClassHeads
 from embedtrain.recipes.tabular import TabularData
@@ -58,22 +58,15 @@ class XCRecipe(Recipe):
         self.heads.check()
         return meta
 
-    def _model(self, head: Optional[nn.Module]) -> XCModel:
+    def head_model(self, head: Optional[nn.Module]) -> XCModel:
+        """The ``xc`` encoder on ``meta`` around ``head`` (None: the planner's table)."""
         x = self.cfg.xc
         model = XCModel(self.dataset.features, x.embedding_dim, x.pooling, x.mlp, head,
                         device=torch.device("meta"), dropout=x.dropout,
-                        dynamic=self.data.dynamic_tables(self.dataset), head_dtype=self.cfg.head.dtype)
+                        dynamic=self.data.dynamic_tables(self.dataset),
+                        head_dtype=self.cfg.head.dtype)
         self.fuse_sparse(model.encoder)
         return model
-
-    def planning_model(self) -> nn.Module:
-        """The encoder and the head as the planner sees it (:meth:`ClassHeads.planning_model`)."""
-        return self.heads.planning_model(self._model)
-
-    def model_parts(self, device: torch.device) -> ModelParts:
-        """Encoder on ``meta`` and the head (:meth:`ClassHeads.model_parts`)."""
-        return self.heads.model_parts(self._model, device, lambda: self.class_counts,
-                                      self.cfg.train.seed)
 
     def task(self) -> XCTask:
         """The head's loss; P@k, nDCG@k, recall@k and PSP@k (propensities from the train
