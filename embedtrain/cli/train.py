@@ -14,16 +14,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Sequence
 
 from embedtrain.cli.errors import UsageError
 from embedtrain.config import check_world_size, load_cluster, load_config
-from embedtrain.runtime import mark, usable_cores
 from embedtrain.lifecycle import check_start
+from embedtrain.runtime import mark, usable_cores
 from embedtrain.train.run_dir import RunDir, env_rank
 from embedtrain.utils import check_output_file, write_atomic
-
-EvaluationHook = Callable[[Any, dict], None]  # (trainer, record): see Trainer.on_evaluation
 
 
 def register(sub) -> None:
@@ -56,7 +54,7 @@ def register(sub) -> None:
     p.set_defaults(func=_eval)
 
 
-def _train(args: argparse.Namespace, on_evaluation: Optional[EvaluationHook] = None) -> int:
+def _train(args: argparse.Namespace) -> int:
     """``embedtrain train``: :func:`embedtrain.recipes.fit` on this process's rank, or a launch
     of ``--nproc`` ranks through torchrun that each do so."""
     if args.resume and args.overwrite:
@@ -89,8 +87,7 @@ def _train(args: argparse.Namespace, on_evaluation: Optional[EvaluationHook] = N
 
     mark("libraries")  # torchrec, fbgemm, torchmetrics, the recipes
     summary = fit(cfg, out, resume=resume, overwrite=args.overwrite,
-                  progress=False if args.no_progress else None, cluster=cluster,
-                  on_evaluation=on_evaluation)
+                  progress=False if args.no_progress else None, cluster=cluster)
     if summary is not None and env_rank() == 0:
         _print_summary(summary, out, cfg)
     return 0
