@@ -11,7 +11,6 @@ stops, the resume.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -232,20 +231,13 @@ def test_a_search_directory_is_resumed_only_with_the_same_settings(tiny, tmp_pat
 
 # -- the trainer's evaluation hook (no Ray) ------------------------------------------------------
 
-def _train_args(*argv: str) -> argparse.Namespace:
-    from embedtrain.cli import _parser
-
-    args = _parser().parse_args(["train", *argv])
-    args.argv = ["train", *argv]
-    return args
-
-
 @pytest.mark.slow
 def test_on_evaluation_sees_a_consistent_run_and_a_stop_releases_it(tiny, tmp_path):
     """The hook gets each logged record after its checkpoints (the best one) are written, the
     final one after the summary; a hook that raises SystemExit (ASHA stopping a trial) leaves a
-    run that ``--resume`` continues in the same process (lock and process group released)."""
-    from embedtrain.cli import train as train_command
+    run that ``--resume`` continues in the same process (lock and process group released). The
+    hook is ``et.fit``'s ``on_evaluation``, as a trial gives it."""
+    import embedtrain as et
     from embedtrain.train import run_dir as run_dir_module
     from embedtrain.train.run_dir import RunDir
 
@@ -259,9 +251,8 @@ def test_on_evaluation_sees_a_consistent_run_and_a_stop_releases_it(tiny, tmp_pa
                      best is not None and (run / "checkpoints" / f"step_{best:08d}").is_dir(),
                      (run / "summary.json").is_file()))
 
-    argv = (str(config), "--out", str(run), "--no-progress", "--set", "train.select=best",
-            "--set", "train.max_steps=30")
-    assert train_command._train(_train_args(*argv), on_evaluation=hook) == 0
+    cfg = et.load_config(config, ["train.select=best", "train.max_steps=30"])
+    assert et.fit(cfg, run, progress=False, on_evaluation=hook)["steps"] == 30
     records = [r for r in RunDir(run).read_metrics() if r.get("split") == "valid"]
     assert [(s, a) for s, a, *_ in seen] == [(r["step"], r["auc"]) for r in records]
     assert [s for s, *_ in seen] == [10, 20, 30]
@@ -277,7 +268,7 @@ def test_on_evaluation_sees_a_consistent_run_and_a_stop_releases_it(tiny, tmp_pa
     argv = (str(config), "--out", str(stopped), "--no-progress", "--set", "train.select=best",
             "--set", "train.max_steps=30")
     with pytest.raises(SystemExit):
-        train_command._train(_train_args(*argv), on_evaluation=stop_at_20)
+        et.fit(cfg, stopped, progress=False, on_evaluation=stop_at_20)
     assert str(stopped.resolve()) not in run_dir_module._HELD  # the lock went with the stop
     assert [r["step"] for r in RunDir(stopped).read_metrics()] == [10, 20]
     assert not (stopped / "summary.json").exists()
