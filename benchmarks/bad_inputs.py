@@ -332,13 +332,18 @@ def _predict(ctx: Ctx, d: Path, export: Path, *extra: str, inputs: Optional[Path
                   *extra], outputs=[d / out], **kw)
 
 
-def _recipe_module(recipe: str) -> Callable[[Ctx, Path], Setup]:
+def _component_module(path: str) -> Callable[[Ctx, Path], Setup]:
+    """An export whose config.yaml names a model and a task module beside it: predict must
+    serve it without importing them."""
     def build(ctx: Ctx, d: Path) -> Setup:
+        import yaml
+
         export = ctx.copy(ctx.export, d / "exp")
         config = export / "config.yaml"
-        config.write_text(config.read_text().replace("recipe: null", f"recipe: {recipe}"))
-        write(d / "some_module.py", f"open({str(marker(d))!r}, 'w').close()\n"
-                                    "from embedtrain.recipes.ctr import CTRRecipe as Recipe\n")
+        raw = yaml.safe_load(config.read_text())
+        raw["model"], raw["task"] = {"_component_": path}, {"_component_": path}
+        config.write_text(yaml.safe_dump(raw))
+        write(d / "some_module.py", f"open({str(marker(d))!r}, 'w').close()\n")
         return _predict(ctx, d, export)
     return build
 
@@ -635,11 +640,8 @@ CASES: list[Case] = [
     Case("eval_unknown_split", "checkpoint", _eval_args("--split", "bogus"), "refuse",
          ("bogus",)),
     # exports and predict ----------------------------------------------------------------------
-    Case("export_recipe_some_module_predict", "export", _recipe_module("some_module"),
-         "either", ("config.yaml", "recipe"), report=("written",), check=_exists("p.parquet")),
-    Case("export_recipe_some_module_class_predict", "export",
-         _recipe_module("some_module:Recipe"), "either", ("config.yaml", "recipe"),
-         report=("written",), check=_exists("p.parquet")),
+    Case("export_component_some_module_predict", "export", _component_module("some_module:M"),
+         "accept", (), report=("written",), check=_exists("p.parquet")),
     Case("predict_truncated_dense_pt2", "export", _dense_program("truncated"), "refuse",
          ("dense.pt2",)),
     Case("predict_pickle_as_dense_pt2", "export", _dense_program("pickle"), "refuse",

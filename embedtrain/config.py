@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -350,10 +349,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     tables: list[TableSpec] = field(default_factory=list)  # static (default) or dynamic tables
-    # A user's own recipe by import path, ``package.module:Class`` (a Recipe subclass, e.g. of
-    # CTRRecipe): it replaces the task's built-in recipe (embedtrain.recipes.recipe_for) and is
-    # imported only from a config (never from a data file); None: the built-in recipe.
-    recipe: Optional[str] = None
     # metric loggers, each a component with its own keys (embedtrain.train.loggers:TensorBoard,
     # :MLflow, or one's own), built on rank 0 with the run directory
     loggers: list[Component] = field(default_factory=list)
@@ -503,10 +498,16 @@ def _check_cluster_named(path, cluster: ClusterConfig, overrides: list[str]) -> 
 
 # Values earlier versions wrote into a run's config.yaml that no longer mean anything (a saved run
 # still loads for eval and --resume): key -> (why they went, which values).
-RETIRED_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+# A test returning a string refuses the value with it.
+RETIRED_KEYS: dict[str, tuple[str, Callable[[Any], bool | str]]] = {
     "train.pipeline": ("a boolean that did nothing (the plain loop always ran); now none, "
                        "sparse_dist or semi_sync", lambda value: isinstance(value, bool)),
+    "recipe": ("a Recipe subclass by import path, replaced by components",
+               lambda value: value is None or "a recipe class is no longer read: name the model "
+               "and the task as components (model: {_component_: package.module:Name, ...}, "
+               "task: {_component_: ...}; ARCHITECTURE.md, 'Add a model')"),
 }
+DROPPED = {k: test for k, (_, test) in RETIRED_KEYS.items()}
 
 
 # keys that moved: read where an earlier version (or a config written for it) gave them
@@ -516,10 +517,7 @@ MOVED_KEYS = {"xc.head": "head", "xc.top_k": "head.top_k"}
 def load_run_config(path: str | os.PathLike) -> Config:
     """A run directory's saved ``config.yaml``, also one written by an earlier version (its
     :data:`RETIRED_KEYS` values are left out, its :data:`MOVED_KEYS` read where they moved)."""
-    cfg = load_dataclass(path, Config,
-                         drop_keys={k: test for k, (_, test) in RETIRED_KEYS.items()},
-                         moved_keys=MOVED_KEYS)
-    return _check_recipe_path(cfg, path)
+    return load_dataclass(path, Config, drop_keys=DROPPED, moved_keys=MOVED_KEYS)
 
 
 def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Config:
@@ -536,17 +534,5 @@ def load_config(path: str | os.PathLike, overrides: Optional[list[str]] = None) 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, unknown key, wrong type or value.
     """
-    return _check_recipe_path(load_dataclass(path, Config, overrides, moved_keys=MOVED_KEYS),
-                              path)
-
-
-RECIPE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
-
-
-def _check_recipe_path(cfg: Config, path: str | os.PathLike) -> Config:
-    """``recipe``, if set, is an import path ``package.module:Class`` (imported only when the
-    recipe is built, see :func:`embedtrain.recipes.recipe_for`)."""
-    if cfg.recipe is not None and not RECIPE_PATH.match(cfg.recipe):
-        raise ConfigError(f"{path}: recipe: expected an import path package.module:Class "
-                          f"(a Recipe subclass), got {cfg.recipe!r}")
-    return cfg
+    return load_dataclass(path, Config, overrides, drop_keys={"recipe": DROPPED["recipe"]},
+                          moved_keys=MOVED_KEYS)

@@ -148,7 +148,8 @@ def load_dataclass(
     ``list[...]``, ``dict[str, ...]`` and nested dataclasses (also inside lists and dicts).
     ``drop_keys`` (dotted paths) are removed from the file's data before it is read: keys an
     older version wrote that no longer exist (a saved run's ``config.yaml``); as a mapping, a key
-    is removed only when its value satisfies the key's test (a key whose old values went).
+    is removed only when its value satisfies the key's test (a key whose old values went), and
+    refused when the test returns a string (the reason).
     ``moved_keys`` (old dotted path -> new) are read where they moved, in the file and in
     ``overrides`` alike (one given both ways is an error).
 
@@ -165,18 +166,15 @@ def load_dataclass(
                           f"{type(raw).__name__}")
     tests = drop_keys if isinstance(drop_keys, Mapping) else dict.fromkeys(drop_keys)
     for key, test in tests.items():
-        *parents, last = key.split(".")
-        node = raw
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and last in node and (test is None or test(node[last])):
+        node, last = _parent(raw, key)
+        verdict = True if node is None or test is None else test(node[last])
+        if isinstance(verdict, str):
+            raise ConfigError(f"{path}: {key}: {verdict}")
+        if node is not None and verdict:
             del node[last]
     for old, new in (moved_keys or {}).items():
-        *parents, last = old.split(".")
-        node = raw
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and last in node:
+        node, last = _parent(raw, old)
+        if node is not None:
             *to, leaf = new.split(".")
             target = raw
             for part in to:
@@ -193,6 +191,16 @@ def load_dataclass(
                 item = new + item[len(old):]
         _apply_override(raw, item, path, cls)
     return from_dict(cls, raw, source=str(path))
+
+
+def _parent(raw: dict, dotted: str) -> tuple[Optional[dict], str]:
+    """The mapping holding ``dotted``'s last part and that part, or ``(None, part)`` when the
+    data has no such key."""
+    *parents, last = dotted.split(".")
+    node = raw
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    return (node, last) if isinstance(node, dict) and last in node else (None, last)
 
 
 MAX_YAML_VALUES = 100_000  # values a document may hold once its aliases are expanded

@@ -5,7 +5,6 @@ costs no torch, and a run started from Python is a run like any other (``embedtr
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,6 +12,7 @@ import pytest
 
 import embedtrain as et
 from conftest import run_cli
+from embedtrain.config import load_run_config
 from embedtrain.testing import tiny_ctr_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,32 +69,23 @@ def test_a_run_from_python_is_evaluated_exported_and_served_like_any_other(pytho
     assert pq.read_metadata(out).num_rows == et.load_dataset_meta(data).split_rows["test"]
 
 
-def test_a_users_recipe_is_recorded_by_import_path(tmp_path, monkeypatch, capsys):
-    (tmp_path / "my_recipes.py").write_text(textwrap.dedent("""
-        from embedtrain.recipes.ctr import CTRRecipe
-
-        class Mine(CTRRecipe):
-            pass
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import my_recipes
-    from embedtrain.recipes.run import recorded_config
-
-    cfg = et.Config()
-    assert recorded_config(my_recipes.Mine(cfg)).recipe == "my_recipes:Mine"
-    from embedtrain.recipes.ctr import CTRRecipe
-
-    assert recorded_config(CTRRecipe(cfg)).recipe is None  # the task's built-in one
-
-    class Local(my_recipes.Mine):  # cannot be imported again: said, and not recorded
-        pass
-
-    assert recorded_config(Local(cfg)).recipe is None
-    assert "cannot name it" in capsys.readouterr().err
+def test_a_recipe_class_is_refused_and_an_old_runs_empty_one_is_read(tmp_path):
+    # components replaced recipe subclasses: naming one is one line naming the file and the
+    # key; a run written before (recipe: null) still loads
+    config = tmp_path / "c.yaml"
+    config.write_text("recipe: my_recipes:Mine\ndata: {path: data}\n")
+    for load in (et.load_config, load_run_config):
+        with pytest.raises(et.ConfigError) as e:
+            load(config)
+        assert str(e.value).startswith(f"{config}: recipe: a recipe class is no longer read")
+        assert "\n" not in str(e.value)
+    config.write_text("recipe: null\ndata: {path: data}\n")
+    assert load_run_config(config).data.path.endswith("data")
+    assert et.load_config(config).data.path.endswith("data")
 
 
 def test_export_takes_the_dense_shapes_from_the_model_not_the_config(python_run):
-    # a user's recipe may build tables of another width than model.embedding_dim says
+    # a model's tables may be of another width than model.embedding_dim says
     import dataclasses
 
     from embedtrain.recipes.ctr import CTRRecipe

@@ -8,7 +8,6 @@ metrics are compared with ``Trainer.evaluate`` (what ``eval`` writes) or ``embed
 file.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -26,8 +25,7 @@ from embedtrain.config import dump_config, load_config, load_run_config
 from embedtrain.data.batching import num_padding
 from embedtrain.export.export import export_run
 from embedtrain.export.manifest import load_manifest
-from embedtrain.export.predict import ExportedModel, predict
-from embedtrain.recipes.ctr import CTRRecipe
+from embedtrain.export.predict import predict
 from embedtrain.testing import tiny_ctr_dataset, tiny_xc_dataset
 from conftest import run_cli
 
@@ -159,38 +157,6 @@ def test_fp32_predictions_equal_eval(ctr, ctr_export, tmp_path):
     assert np.array_equal(preds.column("label").to_numpy(), labels)
     assert round(_auc(preds), 5) == round(metrics["auc"], 5)
     assert round(result.metrics["auc"], 5) == round(metrics["auc"], 5)
-
-
-class TowersRecipe(CTRRecipe):
-    """A user's recipe (``recipe: test_export:TowersRecipe``): CTR with its own
-    ``planning_model``, exporting and predicting through the methods it inherits."""
-
-    built: list["TowersRecipe"] = []
-
-    def planning_model(self):
-        TowersRecipe.built.append(self)
-        return super().planning_model()
-
-
-def test_a_users_recipe_exports_and_predicts_through_inherited_methods(ctr, ctr_export,
-                                                                        tmp_path):
-    data, run, reference, _ = ctr
-    own = tmp_path / "own"
-    own.mkdir()
-    (own / "checkpoints").symlink_to(run / "checkpoints")
-    cfg = dataclasses.replace(load_run_config(run / "config.yaml"),
-                              recipe="test_export:TowersRecipe")
-    dump_config(cfg, own / "config.yaml")
-    TowersRecipe.built.clear()
-    m = export_run(own, tmp_path / "out", progress=False).manifest
-    assert len(TowersRecipe.built) == 1  # the model export read is the user recipe's
-    assert m.model == "dlrm" and [t.name for t in m.tables] == \
-        [t.name for t in ctr_export.manifest.tables]
-    # predict scores with the run's family recipe: it imports no code an export names
-    assert type(ExportedModel(tmp_path / "out").recipe) is CTRRecipe
-    predict(tmp_path / "out", [str(data / "test")], tmp_path / "p.parquet", progress=False)
-    logits = torch.from_numpy(pq.read_table(tmp_path / "p.parquet").column("logit").to_numpy())
-    assert (logits - reference).abs().max() <= 1e-5
 
 
 def test_dcn_predictions_equal_eval(ctr, tmp_path):

@@ -1,5 +1,5 @@
 """Loading runs no code: a checkpoint's DCP ``.metadata`` pickle that names a callable, and an
-export whose ``config.yaml`` names a recipe module, are refused or ignored by every command that
+export whose ``config.yaml`` names a component module, are refused or ignored by every command that
 reads them (``eval``, ``export``, ``train --resume``, ``predict``), and no marker file appears.
 A refused command changes no file of the run (every file hashed before and after)."""
 
@@ -85,38 +85,24 @@ def test_metadata_that_is_not_dcp_metadata_is_one_line(trained, tmp_path):
 
 
 def test_predict_imports_no_module_the_export_names(trained, tmp_path):
-    # An export whose config.yaml names a recipe module beside it: predict scores with the
-    # built-in recipe of the run's task and never imports the module.
+    # An export whose config.yaml names a model and a task module beside it: predict scores
+    # with the built-in recipe of the export's family and never imports them.
+    import yaml
+
     root, run = trained
     export = tmp_path / "export"
     r = run_cli("export", str(run), "--out", str(export))
     assert r.returncode == 0, r.stderr
     marker = tmp_path / "MARKER"
-    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
-                                      "from embedtrain.recipes.ctr import CTRRecipe as Recipe\n")
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     config = export / "config.yaml"
-    lines = [line for line in config.read_text().splitlines() if not line.startswith("recipe:")]
-    config.write_text("\n".join(["recipe: evil:Recipe", *lines]) + "\n")
+    raw = yaml.safe_load(config.read_text())
+    raw["model"], raw["task"] = {"_component_": "evil:Model"}, {"_component_": "evil:Task"}
+    config.write_text(yaml.safe_dump(raw))
     r = run_cli("predict", str(export), "--input", str(root / "data" / "test"),
                 "--out", str(tmp_path / "p.parquet"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert not marker.exists()
-
-
-def test_an_export_that_would_need_the_recipe_code_is_refused_at_export(trained):
-    from embedtrain.config import load_config
-    from embedtrain.recipes import serving_refusal
-    from embedtrain.recipes.ctr import CTRRecipe
-
-    class Stacked(CTRRecipe):
-        def predict_pooled(self, pooled):
-            return super().predict_pooled(pooled) * 2
-
-    _, run = trained
-    cfg = load_config(run / "config.yaml")
-    assert serving_refusal(CTRRecipe(cfg)) is None
-    assert "overrides predict_pooled; predict runs from the export alone" in serving_refusal(
-        Stacked(cfg))
 
 
 def test_a_refused_resume_changes_no_file(trained, tmp_path):

@@ -123,7 +123,7 @@ from embedtrain.export.programs import (
 )
 from embedtrain.tables.dynamic import MIX_VERSION
 from embedtrain.heads.low_precision import DTYPES
-from embedtrain.recipes import recipe_for, serving_refusal
+from embedtrain.recipes import recipe_for
 from embedtrain.recipes.base import DatasetInfo
 from embedtrain.recipes.export_parts import (
     DenseExport,
@@ -217,7 +217,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
         raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
     cfg = load_run_config(run_dir / "config.yaml")
     recipe = recipe_for(cfg)
-    refusal = recipe.export_refusal() or serving_refusal(recipe)  # before any file is touched
+    refusal = recipe.export_refusal()  # before any file is touched
     if refusal:
         raise ExportError(refusal)
     model = recipe.planning_model()  # on meta: no table memory

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -50,79 +50,28 @@ def embedding_bag_collection(
     return feature_tables(spec.sparse, embedding_dim, PoolingType.SUM, dynamic, device)
 
 
-def dlrm(
-    spec: FeatureSpec,
-    embedding_dim: int,
-    bottom_mlp: Sequence[int],
-    top_mlp: Sequence[int],
-    device: Optional[torch.device] = None,
-    dropout: float = 0.0,
-    dynamic: Optional[Mapping[str, DynamicTable]] = None,
-    linear: bool = False,
-    embedding_l2: float = 0.0,
-) -> nn.Module:
-    """DLRM with dot-product interaction.
-
-    Args:
-        spec: the feature spec (dense columns feed the bottom MLP, sparse ones the tables).
-        embedding_dim: table dimension; the bottom MLP's output (appended to ``bottom_mlp``
-            unless it ends with it, :func:`mlp_sizes`).
-        bottom_mlp: layer sizes of the dense arch.
-        top_mlp: layer sizes of the over arch; its last, 1 (the logit), appended if missing.
-        device: device of the embedding tables (``meta`` for planning).
-        dropout: probability of dropping each hidden unit of the bottom and top MLPs in
-            training (after each layer's activation; not after the bottom MLP's output or the
-            logit); 0: none.
-        dynamic: the dynamic tables by name (see :func:`embedding_bag_collection`).
-        linear: add the first-order term (:class:`LinearArch`) to the logit.
-        embedding_l2: the L2 penalty of the looked-up embeddings (:class:`CTRModel`).
-
-    Returns:
-        A :class:`CTRModel` ``(dense [B, n_dense], KeyedJaggedTensor) -> logits [B, 1]``.
-    """
-    return ctr_model(spec, Interaction.DOT, embedding_dim, bottom_mlp, top_mlp, device=device,
-                     dropout=dropout, dynamic=dynamic, linear=linear, embedding_l2=embedding_l2)
+def dlrm(spec: FeatureSpec, embedding_dim: int, bottom_mlp: Sequence[int], top_mlp: Sequence[int],
+         **options: Any) -> "CTRModel":
+    """DLRM with dot-product interaction: :func:`ctr_model` with ``Interaction.DOT``."""
+    return ctr_model(spec, Interaction.DOT, embedding_dim, bottom_mlp, top_mlp, **options)
 
 
-def dcn(
-    spec: FeatureSpec,
-    embedding_dim: int,
-    bottom_mlp: Sequence[int],
-    top_mlp: Sequence[int],
-    num_layers: int = 3,
-    low_rank_dim: int = 64,
-    device: Optional[torch.device] = None,
-    dropout: float = 0.0,
-    dynamic: Optional[Mapping[str, DynamicTable]] = None,
-    linear: bool = False,
-    embedding_l2: float = 0.0,
-) -> nn.Module:
-    """DLRM with DCNv2 low-rank cross layers as the interaction (see :func:`dlrm` for the args).
-
-    Args:
-        num_layers: cross layers.
-        low_rank_dim: rank of each cross layer's weight.
-    """
+def dcn(spec: FeatureSpec, embedding_dim: int, bottom_mlp: Sequence[int], top_mlp: Sequence[int],
+        num_layers: int = 3, low_rank_dim: int = 64, **options: Any) -> "CTRModel":
+    """DLRM with DCNv2 low-rank cross layers as the interaction (``num_layers`` of rank
+    ``low_rank_dim``): :func:`ctr_model` with ``Interaction.DCN``."""
     return ctr_model(spec, Interaction.DCN, embedding_dim, bottom_mlp, top_mlp, num_layers,
-                     low_rank_dim, device, dropout, dynamic, linear, embedding_l2)
+                     low_rank_dim, **options)
 
 
-def deepfm(
-    spec: FeatureSpec,
-    embedding_dim: int,
-    bottom_mlp: Sequence[int],
-    top_mlp: Sequence[int],
-    device: Optional[torch.device] = None,
-    dropout: float = 0.0,
-    dynamic: Optional[Mapping[str, DynamicTable]] = None,
-    linear: bool = True,
-    embedding_l2: float = 0.0,
-) -> nn.Module:
+def deepfm(spec: FeatureSpec, embedding_dim: int, bottom_mlp: Sequence[int],
+           top_mlp: Sequence[int], linear: bool = True, **options: Any) -> "CTRModel":
     """DeepFM (Guo et al., 2017) in DLRM's frame: the first-order term, the factorization
     machine's pairwise term over the embeddings and the top MLP over all of them, summed into the
-    logit (see :func:`dlrm` for the args; ``linear=False`` leaves the first-order term out)."""
-    return ctr_model(spec, Interaction.FM, embedding_dim, bottom_mlp, top_mlp, device=device,
-                     dropout=dropout, dynamic=dynamic, linear=linear, embedding_l2=embedding_l2)
+    logit (:func:`ctr_model` with ``Interaction.FM``; ``linear=False`` leaves the first-order
+    term out)."""
+    return ctr_model(spec, Interaction.FM, embedding_dim, bottom_mlp, top_mlp, linear=linear,
+                     **options)
 
 
 def ctr_model(
@@ -139,8 +88,26 @@ def ctr_model(
     linear: bool = False,
     embedding_l2: float = 0.0,
 ) -> "CTRModel":
-    """The CTR model of ``interaction`` (``dot``: DLRM, ``dcn``: DCNv2, ``fm``: DeepFM); see
-    :func:`dlrm` and :func:`dcn` for the args.
+    """The CTR model of ``interaction``: ``dot`` DLRM, ``dcn`` DCNv2, ``fm`` DeepFM.
+
+    Args:
+        spec: the feature spec (dense columns feed the bottom MLP, sparse ones the tables).
+        interaction: how the bottom MLP's output and the pooled embeddings meet.
+        embedding_dim: table dimension; the bottom MLP's output (appended to ``bottom_mlp``
+            unless it ends with it, :func:`mlp_sizes`).
+        bottom_mlp: layer sizes of the dense arch.
+        top_mlp: layer sizes of the over arch; its last, 1 (the logit), appended if missing.
+        dcn_num_layers, dcn_low_rank_dim: DCNv2's cross layers and the rank of their weights.
+        device: device of the embedding tables (``meta`` for planning).
+        dropout: probability of dropping each hidden unit of the bottom and top MLPs in
+            training (after each layer's activation; not after the bottom MLP's output or the
+            logit); 0: none.
+        dynamic: the dynamic tables by name (see :func:`embedding_bag_collection`).
+        linear: add the first-order term (:class:`LinearArch`) to the logit.
+        embedding_l2: the L2 penalty of the looked-up embeddings (:class:`CTRModel`).
+
+    Returns:
+        A :class:`CTRModel` ``(dense [B, n_dense], KeyedJaggedTensor) -> logits [B, 1]``.
 
     Raises:
         ValueError: layer sizes that do not fit, a negative ``embedding_l2``, or ``linear``

@@ -3,9 +3,8 @@
 :data:`RECIPES` maps each ``task`` of the config to its recipe class: it is the only switch on
 the task below the CLI. A new family is one recipe (a :class:`~embedtrain.recipes.base.Recipe`
 subclass composing its parts: the tabular data, a class head) plus one task
-(:class:`~embedtrain.train.task.Task`) and a line here; see the project's ``ARCHITECTURE.md``. A user's own recipe needs no line here: the config
-names it by import path (``recipe: mypkg.towers:TwoTowerRecipe``, see :func:`recipe_class`) and
-its runs get the same run directory, ``eval``, ``plan`` and ``export`` as a built-in one.
+(:class:`~embedtrain.train.task.Task`) and a line here; see the project's ``ARCHITECTURE.md``.
+A user's model, task or logger is a component the config names by import path, never a recipe.
 
 Example:
     >>> cfg = load_config("configs/dlrm_synthetic.yaml")
@@ -23,9 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from embedtrain.components import resolve
-from embedtrain.config import (ClusterConfig, Config, ConfigError, TaskKind, load_run_config,
-                               task_family)
+from embedtrain.config import ClusterConfig, Config, TaskKind, load_run_config, task_family
 from embedtrain.recipes.base import Recipe
 from embedtrain.recipes.run import Run
 from embedtrain.recipes.ctr import CTRRecipe
@@ -47,47 +44,15 @@ RECIPES: dict[TaskKind, type[Recipe]] = {
 
 
 def recipe_for(cfg: Config) -> Recipe:
-    """The recipe of ``cfg`` (:func:`recipe_class`), on ``cfg``."""
-    return recipe_class(cfg)(cfg)
-
-
-def recipe_class(cfg: Config) -> type[Recipe]:
-    """``cfg.recipe``'s class when the config names one (``package.module:Class``, imported from
-    the Python path or the current directory, as ``python -m`` would), else ``cfg.task``'s.
-
-    Raises:
-        ConfigError: the module does not import, has no such class, or the class is not a
-            :class:`Recipe` subclass (the ``recipe`` key named).
-    """
-    if cfg.recipe is None:
-        return RECIPES[task_family(cfg)]
-    cls = resolve(cfg.recipe, "recipe")
-    if not (isinstance(cls, type) and issubclass(cls, Recipe)):
-        raise ConfigError(f"recipe: {cfg.recipe}: {type(cls).__name__}, not a Recipe subclass")
-    return cls
+    """The built-in recipe of ``cfg``'s task family, on ``cfg``."""
+    return RECIPES[task_family(cfg)](cfg)
 
 
 def family_recipe(cfg: Config, family: str) -> Recipe:
-    """The built-in recipe of ``family`` (an export's ``task``) on ``cfg``, whatever
-    ``cfg.recipe`` and ``cfg.task`` name: what ``embedtrain predict`` scores with, so that an
-    export never makes it import code."""
+    """The built-in recipe of ``family`` (an export's ``task``) on ``cfg``: what ``embedtrain
+    predict`` scores with, whatever components ``cfg`` names, so that an export never makes it
+    import code."""
     return RECIPES[TaskKind(family)](cfg)
-
-
-def serving_refusal(recipe: Recipe) -> Optional[str]:
-    """Why an export of ``recipe``'s run could not be served without its code (None: it can).
-
-    Predict rebuilds the serving inputs with the built-in recipe of the run's task
-    (:func:`family_recipe`); a user's recipe that changes how they are built
-    (``predict_pooled``, ``predict_excluded``) would need its own code imported there.
-    """
-    family = RECIPES[task_family(recipe.cfg)]
-    changed = [name for name in ("predict_pooled", "predict_excluded")
-               if getattr(type(recipe), name) is not getattr(family, name)]
-    if not changed:
-        return None
-    return (f"recipe: {recipe.cfg.recipe}: overrides {', '.join(changed)}; predict runs from the "
-            f"export alone, with the {family.__name__}'s, and imports no code from a run")
 
 
 def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] = None,
@@ -199,4 +164,4 @@ def plan_model(cfg: Config, cluster: ClusterConfig) -> PlanResult:
 
 
 __all__ = ["RECIPES", "Recipe", "Run", "build_run", "evaluate", "family_recipe", "fit", "plan_model",
-           "recipe_class", "recipe_for", "serving_refusal"]
+           "recipe_for"]

@@ -110,8 +110,10 @@ class CTRRecipe(Recipe):
 
     def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
                      ) -> ExportParts:
-        """The data set's features and the dense program (:meth:`after_lookup`: DLRM / DCNv2's
-        bottom MLP, interaction and top MLP)."""
+        """The data set's features and the dense program, the model after its tables
+        (``(dense [B, n_dense], pooled [B, tables, D]) -> logit [B]``): DLRM / DCNv2's bottom
+        MLP, interaction and top MLP (:class:`DLRMDense`), or a model of one's own's
+        ``forward_pooled`` (:class:`AfterLookup`)."""
         meta = self.dataset
         n = len(tables) - self._linear_tables(tables)
         n_dense, dim = len(meta.features.dense), tables[0][2]  # the model's, not a config key
@@ -123,12 +125,13 @@ class CTRRecipe(Recipe):
             example += (torch.randn(4, len(tables) - n),)
             inputs.append(f"linear: float32 [B, {len(tables) - n}] (column 0 of the pooled "
                           f"first-order tables l_*, the last {len(tables) - n} of tables)")
-        module, prefix = self.after_lookup(model)
+        own = isinstance(self.cfg.model, Component)
+        module = AfterLookup(model) if own else DLRMDense(model)
         score = getattr(self.make_task(), "score", "sigmoid")
-        dense = DenseExport(module, prefix, example, inputs, "logit: float32 [B] (" + (
+        dense = DenseExport(module, "model.", example, inputs, "logit: float32 [B] (" + (
             "click probability = sigmoid(logit))" if score == "sigmoid" else "the prediction)"))
-        name = type(model).__name__  # a user recipe's model: its class
-        if isinstance(module, DLRMDense):
+        name = type(model).__name__  # a model of one's own: its class
+        if not own:
             name = self.cfg.model.interaction.value
             name = {"dot": "dlrm", "fm": "deepfm"}.get(name, name)
         return ExportParts(name, meta.features, meta.extra, dense, score=score)
@@ -138,15 +141,6 @@ class CTRRecipe(Recipe):
         """How many of ``tables`` (the model's order: the first-order ones last) are first-order
         tables."""
         return sum(1 for name, _, _ in tables if name.startswith("l_"))
-
-    def after_lookup(self, model: nn.Module) -> tuple[nn.Module, str]:
-        """The model after its tables, ``(dense [B, n_dense], pooled [B, tables, D]) -> logit
-        [B]`` (what export writes as the dense program), and what the checkpoint's keys of its
-        parameters start with: :class:`DLRMDense` of DLRM / DCNv2. A recipe with another model
-        overrides this alone to export and predict."""
-        if isinstance(self.cfg.model, Component):
-            return AfterLookup(model), "model."
-        return DLRMDense(model), "model."
 
     def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor | tuple:
         """Stacked: ``[B, tables, D]``; with first-order tables (``dim`` 4, listed last), the
