@@ -2,6 +2,7 @@
 every neighbour; a GNN export's per-node outputs are that inference, and predict looks them up."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -155,7 +156,7 @@ def node_export(graph, tmp_path_factory):
 
 
 def test_node_export_holds_layerwise_scores_and_predict_reads_them(graph, node_export, tmp_path):
-    from embedtrain.export.nodes import ExportedNodes, load_graph_model
+    from embedtrain.export.nodes import ExportedNodes
 
     run, result = node_export
     m = result.manifest
@@ -239,7 +240,7 @@ def test_predict_maps_original_ids_through_the_exports_id_map(node_export, tmp_p
 def test_features_only_link_export_writes_layerwise_embeddings(graph, tmp_path):
     """``gnn.embedding_dim: 0`` (no node table) exports now: its embeddings are the model's."""
     from embedtrain.export.export import export_run
-    from embedtrain.export.nodes import ExportedNodes, load_graph_model
+    from embedtrain.export.nodes import ExportedNodes
 
     run = _run("gnn_link.yaml", graph.root, tmp_path / "run", "gnn.embedding_dim=0",
                "gnn.out_dim=6", "gnn.negatives=2")
@@ -294,3 +295,42 @@ def test_gcn_layer_is_the_mean_over_the_node_and_its_neighbours(graph):
     with torch.no_grad():
         got = model.layer(0, x, edge_index)
     torch.testing.assert_close(got, torch.relu(want), atol=1e-5, rtol=0)
+
+
+def load_graph_model(run_dir, checkpoint=None, table_dir=None):
+    """A GNN run's model on CPU, unsharded, with a checkpoint's parameters (the node table
+    memory-mapped from ``table_dir/<table>.npy`` when given), and the run's graph: what
+    layer-wise inference runs on outside an export."""
+    from embedtrain.config import load_run_config, task_family
+    from embedtrain.export.programs import model_tables
+    from embedtrain.export.manifest import ExportError
+    from embedtrain.export.tables import NpyWriter, load_tensors, stream_tensor
+    from embedtrain.recipes import recipe_for
+    from embedtrain.train.checkpoint import CheckpointManager
+    from torch import nn
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
+    cfg = load_run_config(run_dir / "config.yaml")
+    if not task_family(cfg).value.startswith("gnn"):
+        raise ExportError(f"{run_dir / 'config.yaml'}: task {task_family(cfg).value} is not a "
+                          "GNN task")
+    recipe = recipe_for(cfg)
+    model = recipe.planning_model()
+    tables = model_tables(model) if table_dir is not None else []
+    model = model.to_empty(device="cpu")  # untouched: a streamed table's pages are never used
+    streamed = {t.key for t in tables}
+    manager = CheckpointManager(run_dir / "checkpoints")
+    with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt:
+        load_tensors(ckpt, {f"model.{k}": v for k, v in model.state_dict().items()
+                            if f"model.{k}" not in streamed})
+        for t in tables:
+            path = Path(table_dir) / f"{t.name}.npy"
+            with NpyWriter(path, (t.rows, t.dim)) as writer:
+                stream_tensor(ckpt, t.key, (t.rows, t.dim), writer.write)
+            suffix = f".embedding_bags.{t.name}.weight"
+            owner = model.get_submodule(t.key[len("model."):-len(suffix)])
+            owner.embedding_bags[t.name].weight = nn.Parameter(
+                torch.from_numpy(np.load(path, mmap_mode="c")), requires_grad=False)
+    return model.eval(), recipe.dataset

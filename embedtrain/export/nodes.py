@@ -17,9 +17,6 @@ column, if it has one (node classification: the accuracy of ``class`` against it
 labels below 0 and nulls are not counted), and the ``--keep`` columns. A null, a non-integer
 node id, or one the export does not have is a one-line error naming the file, column and row.
 
-:func:`load_graph_model` rebuilds a GNN run's model on CPU, unsharded, with its checkpoint's
-parameters (node table included): what layer-wise inference runs on outside an export.
-
 Example:
     >>> nodes = ExportedNodes("exports/gnn")
     >>> nodes.rows("scores", np.array([0, 42])).argmax(axis=1)  # the predicted classes
@@ -38,13 +35,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from torch import nn
 
 from embedtrain.data.reader import DataError
 from embedtrain.export.manifest import MANIFEST_FILE, ExportError, load_manifest
-from embedtrain.export.rows import PredictResult, input_files
+from embedtrain.export.rows import PredictResult, input_files, parquet_output
 from embedtrain.export.tables import read_table
-from embedtrain.utils import check_output_file, partial_output, progress_bar
+from embedtrain.utils import check_output_file, progress_bar
 
 NODE_COLUMN, ID_COLUMN = "node", "id"  # dense node ids; the data set's original ids
 _COLUMNS = {"scores": "scores", "embeddings": "embedding"}  # output column of each array
@@ -217,42 +213,28 @@ def predict_nodes(export_dir: str | os.PathLike, inputs: Sequence[str], out: str
     sizes = [_rows_of(f) for f in files]
     total = None if None in sizes else sum(sizes)
     rows = hits = labelled = 0
-    # removed on an error, a SIGTERM or SIGINT; a full disk names ``out``
-    with partial_output(out) as partial:
-        writer: Optional[pq.ParquetWriter] = None
-        try:
-            with progress_bar(total, "predict", disable=not progress) as bar:
-                for path in files:
-                    first = 0
-                    for batch in _batches(path, batch_size):
-                        missing = [c for c in keep if c not in batch.schema.names]
-                        if missing:
-                            raise DataError(f"{path}: --keep {missing[0]}: no such column")
-                        dense = dense_node_ids(nodes, batch, path, first)
-                        columns = _node_columns(nodes, dense)
-                        if "label" in batch.schema.names:
-                            labels = batch.column("label")
-                            columns["label"] = labels
-                            if "class" in columns:
-                                hit, count = _hits(columns["class"], labels)
-                                hits, labelled = hits + hit, labelled + count
-                        columns.update({c: batch.column(c) for c in keep})
-                        table = pa.table(columns)
-                        if writer is None:
-                            writer = pq.ParquetWriter(partial, table.schema)
-                        writer.write_table(table)
-                        first += batch.num_rows
-                        rows += batch.num_rows
-                        bar.update(batch.num_rows)
-            if writer is None:
-                shown = files[0] if len(files) == 1 else f"{len(files)} input files"
-                raise ValueError(f"{shown}: no rows to score; nothing written to {out}")
-            writer.close()
-            writer = None
-            os.replace(partial, out)
-        finally:
-            if writer is not None:
-                writer.close()
+    shown = files[0] if len(files) == 1 else f"{len(files)} input files"
+    with parquet_output(out, lambda: f"{shown}: no rows to score; nothing written to {out}"
+                        ) as write, progress_bar(total, "predict", disable=not progress) as bar:
+        for path in files:
+            first = 0
+            for batch in _batches(path, batch_size):
+                missing = [c for c in keep if c not in batch.schema.names]
+                if missing:
+                    raise DataError(f"{path}: --keep {missing[0]}: no such column")
+                dense = dense_node_ids(nodes, batch, path, first)
+                columns = _node_columns(nodes, dense)
+                if "label" in batch.schema.names:
+                    labels = batch.column("label")
+                    columns["label"] = labels
+                    if "class" in columns:
+                        hit, count = _hits(columns["class"], labels)
+                        hits, labelled = hits + hit, labelled + count
+                columns.update({c: batch.column(c) for c in keep})
+                write(pa.table(columns))
+                first += batch.num_rows
+                rows += batch.num_rows
+                bar.update(batch.num_rows)
     metrics = {"accuracy": hits / labelled} if labelled else {}
     return PredictResult(out, rows, len(files), time.perf_counter() - start, metrics)
 
@@ -278,63 +260,3 @@ def _hits(predicted: pa.Array, labels: pa.Array) -> tuple[int, int]:
     counted = y >= 0
     p = predicted.to_numpy()
     return int((p[counted] == y[counted]).sum()), int(counted.sum())
-
-
-def load_graph_model(run_dir: str | os.PathLike, checkpoint: Optional[str] = None,
-                     table_dir: Optional[str | os.PathLike] = None) -> tuple[nn.Module, object]:
-    """A GNN run's model on CPU, unsharded, with a checkpoint's parameters, and the run's graph
-    (memory-mapped).
-
-    Args:
-        run_dir: a run directory of a ``gnn_node`` or ``gnn_link`` run.
-        checkpoint: a step or checkpoint directory; default: the newest.
-        table_dir: where to write the node table (``<table>.npy``, streamed from the checkpoint
-            a shard at a time) for the model to memory-map: its rows are then read as they are
-            looked up, not held by the process; None: the table is read whole into memory.
-
-    Returns:
-        ``(model, graph)``: a :class:`~embedtrain.models.gnn.GraphSAGE` in eval mode and its
-        :class:`~embedtrain.graph.store.GraphData`, ready for
-        :func:`~embedtrain.models.layerwise.layerwise_inference`.
-
-    Raises:
-        ExportError: not a run directory, or not a GNN run.
-        CheckpointError: no checkpoint, or one that cannot be read.
-
-    Example:
-        >>> model, graph = load_graph_model("runs/gnn", table_dir="runs/gnn")
-        >>> layerwise_inference(model, graph, nodes=np.arange(1000)).outputs.shape
-    """
-    import torch
-
-    from embedtrain.config import load_run_config, task_family
-    from embedtrain.export.programs import model_tables
-    from embedtrain.export.tables import NpyWriter, load_tensors, stream_tensor
-    from embedtrain.recipes import recipe_for
-    from embedtrain.train.checkpoint import CheckpointManager
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
-    cfg = load_run_config(run_dir / "config.yaml")
-    if not task_family(cfg).value.startswith("gnn"):
-        raise ExportError(f"{run_dir / 'config.yaml'}: task {task_family(cfg).value} is not a "
-                          "GNN task")
-    recipe = recipe_for(cfg)
-    model = recipe.planning_model()
-    tables = model_tables(model) if table_dir is not None else []
-    model = model.to_empty(device="cpu")  # untouched: a streamed table's pages are never used
-    streamed = {t.key for t in tables}
-    manager = CheckpointManager(run_dir / "checkpoints")
-    with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt:
-        load_tensors(ckpt, {f"model.{k}": v for k, v in model.state_dict().items()
-                            if f"model.{k}" not in streamed})
-        for t in tables:
-            path = Path(table_dir) / f"{t.name}.npy"
-            with NpyWriter(path, (t.rows, t.dim)) as writer:
-                stream_tensor(ckpt, t.key, (t.rows, t.dim), writer.write)
-            suffix = f".embedding_bags.{t.name}.weight"
-            owner = model.get_submodule(t.key[len("model."):-len(suffix)])
-            owner.embedding_bags[t.name].weight = nn.Parameter(
-                torch.from_numpy(np.load(path, mmap_mode="c")), requires_grad=False)
-    return model.eval(), recipe.dataset

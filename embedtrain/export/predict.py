@@ -62,7 +62,6 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -78,6 +77,7 @@ from embedtrain.export.rows import (
     describe_invalid,
     input_files,
     model_batch,
+    parquet_output,
     write_invalid,
 )
 from embedtrain.export.tables import (
@@ -100,7 +100,7 @@ from embedtrain.tables.dynamic import (
 from embedtrain.models.seq import first_k_outside
 from embedtrain.recipes import family_recipe
 from embedtrain.recipes.base import quiet_fx_tracing_warning
-from embedtrain.utils import check_output_file, partial_output, progress_bar
+from embedtrain.utils import check_output_file, progress_bar
 
 _HEAD_BLOCK = 65_536  # classes scored at once (as evaluation does)
 # mix_ids maps the one id whose image is EMPTY_ID onto EMPTY_ID - 1, another id's image: in
@@ -413,34 +413,22 @@ def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.
         metrics = (_TopOneMetrics() if head is not None else _ClickMetrics(source.total)
                    if model.manifest.score == "sigmoid" else None)
     rows = 0
-    # removed on an error, a SIGTERM or SIGINT; a full disk names ``out``
-    with partial_output(out) as partial:
-        writer: Optional[pq.ParquetWriter] = None
-        try:
-            with progress_bar(source.total, "predict", disable=not progress) as bar:
-                for path, first, table, labels, kept in source.batches(batch_size):
-                    check_rows(table, spec, path, first, model.id_maps)
-                    columns = _score(model, model_batch(table, spec), k)
-                    if metrics is not None:
-                        columns[spec.label] = labels
-                        metrics.update(columns, labels, f"{path}: column {spec.label}", first)
-                    columns.update(kept)
-                    result = pa.table(columns)
-                    if writer is None:
-                        writer = pq.ParquetWriter(partial, result.schema)
-                    writer.write_table(result)
-                    rows += result.num_rows
-                    bar.update(result.num_rows)
-            if writer is None:
-                raise ValueError(f"{source.files[0] if len(source.files) == 1 else 'the inputs'}"
-                                 f": no valid row to score ({describe_invalid(source.invalid)}); "
-                                 f"nothing written to {out}")
-            writer.close()
-            writer = None
-            os.replace(partial, out)
-        finally:
-            if writer is not None:
-                writer.close()
+    where = source.files[0] if len(source.files) == 1 else "the inputs"
+    with parquet_output(out, lambda: f"{where}: no valid row to score ("
+                        f"{describe_invalid(source.invalid)}); nothing written to {out}"
+                        ) as write, progress_bar(source.total, "predict",
+                                                 disable=not progress) as bar:
+        for path, first, table, labels, kept in source.batches(batch_size):
+            check_rows(table, spec, path, first, model.id_maps)
+            columns = _score(model, model_batch(table, spec), k)
+            if metrics is not None:
+                columns[spec.label] = labels
+                metrics.update(columns, labels, f"{path}: column {spec.label}", first)
+            columns.update(kept)
+            result = pa.table(columns)
+            write(result)
+            rows += result.num_rows
+            bar.update(result.num_rows)
     invalid_file = write_invalid(out, source.invalid_tables)
     return PredictResult(out, rows, len(source.files), time.perf_counter() - start,
                          metrics.compute() if metrics is not None else {},

@@ -17,12 +17,13 @@ columns as the input holds them.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Container, Optional, Sequence
+from typing import Callable, Container, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -176,6 +177,29 @@ def write_invalid(out: Path, tables: list) -> Optional[Path]:
         pl.concat(tables).write_parquet(partial)
         os.replace(partial, path)
     return path
+
+
+@contextlib.contextmanager
+def parquet_output(out: Path, empty: Callable[[], str]) -> Iterator[Callable[[pa.Table], None]]:
+    """Writes the parquet file ``out`` whole or not at all (:func:`partial_output`: removed on
+    an error, a SIGTERM or SIGINT; a full disk names ``out``): yields ``write(table)``; a body
+    that writes nothing raises ``ValueError(empty())``."""
+    with partial_output(out) as partial:
+        writer: Optional[pq.ParquetWriter] = None
+
+        def write(table: pa.Table) -> None:
+            nonlocal writer
+            if writer is None:
+                writer = pq.ParquetWriter(partial, table.schema)
+            writer.write_table(table)
+        try:
+            yield write
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ValueError(empty())
+        os.replace(partial, out)
 
 
 def _schema(path: Path, spec: FeatureSpec, keep: Sequence[str] = ()) -> pa.Schema:

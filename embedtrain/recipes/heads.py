@@ -40,13 +40,9 @@ ROW_STATE_OPTIMIZERS = (HeadOptimizer.ROWWISE_ADAGRAD, HeadOptimizer.FACTORED_AD
 
 
 def head_arguments(h: HeadConfig) -> dict[str, Any]:
-    """``build_head``'s keyword arguments from the ``head`` section."""
-    return dict(sample_rate=h.sample_rate, hard_negatives=h.hard_negatives,
-                refresh_every=h.refresh_every, margin=h.margin, margin_value=h.margin_value,
-                scale=h.scale, cutoffs=h.cutoffs, div_value=h.div_value,
-                mach_buckets=h.mach_buckets, mach_repetitions=h.mach_repetitions, loss=h.loss,
-                index=h.index, index_clusters=h.index_clusters, index_probe=h.index_probe,
-                dtype=h.dtype, rounding=h.rounding, sample_correction=h.sample_correction)
+    """``build_head``'s keyword arguments from the ``head`` section: all its keys but the head's
+    kind, the top-k and the optimizer's."""
+    return {k: v for k, v in vars(h).items() if k not in ("kind", "top_k", "optimizer", "lr")}
 
 
 class ClassHeads:
