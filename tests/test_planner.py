@@ -57,9 +57,13 @@ def test_cluster_typo_names_key(tmp_path):
     bad.write_text("hosts: 2\ndevices_per_hosts: 8\n")
     with pytest.raises(ValueError, match=r"c.yaml: devices_per_hosts: unknown key \(did you mean"):
         load_cluster(bad)
-    bad.write_text("hosts: 0\n")
-    with pytest.raises(ValueError, match="hosts: must be positive"):
-        load_cluster(bad)
+    for text, message in [("hosts: 0", "hosts: must be positive, got 0"),
+                          ("inter_host_gb_per_s: -1", "inter_host_gb_per_s: must be positive"),
+                          ("reserved_fraction: 1.0", "reserved_fraction: must be in [0, 1), got")]:
+        bad.write_text(f"device: cpu\nddr_gb: 4\n{text}\n")
+        with pytest.raises(ValueError) as err:
+            load_cluster(bad)
+        assert str(err.value).startswith(f"{bad}: {message}")
 
 
 def test_a_cluster_file_names_its_device_and_memory(tmp_path):

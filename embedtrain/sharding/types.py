@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from embedtrain.config_io import FRACTION, NON_NEGATIVE, POSITIVE, config_field
+from embedtrain.config_io import FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, config_field
 
 
 class ShardingType(enum.Enum):
@@ -73,17 +73,19 @@ class ClusterConfig:
     """
 
     name: str = "local"
-    hosts: int = 1
-    devices_per_host: int = 1
+    hosts: int = config_field(1, check=POSITIVE)
+    devices_per_host: int = config_field(1, check=POSITIVE)
     device: DeviceKind = DeviceKind.CUDA
-    hbm_gb: float = 80.0  # device memory per GPU (unused for cpu)
-    ddr_gb: float = 128.0  # host memory per device (per rank)
-    hbm_bandwidth_gb_per_s: float = 897.0  # device memory bandwidth
-    ddr_bandwidth_gb_per_s: float = 51.0  # host memory bandwidth
-    intra_host_gb_per_s: float = 600.0  # between devices of one host (NVLink)
-    inter_host_gb_per_s: float = 12.5  # between hosts, per device (network)
-    batch_size_per_rank: int = 512
-    reserved_fraction: float = 0.1  # device memory kept free: allocator, activations, context
+    hbm_gb: float = config_field(80.0, check=POSITIVE)  # device memory per GPU (unused for cpu)
+    ddr_gb: float = config_field(128.0, check=POSITIVE)  # host memory per device (per rank)
+    hbm_bandwidth_gb_per_s: float = config_field(897.0, check=POSITIVE)  # device memory
+    ddr_bandwidth_gb_per_s: float = config_field(51.0, check=POSITIVE)  # host memory
+    # between devices of one host (NVLink); between hosts, per device (network)
+    intra_host_gb_per_s: float = config_field(600.0, check=POSITIVE)
+    inter_host_gb_per_s: float = config_field(12.5, check=POSITIVE)
+    batch_size_per_rank: int = config_field(512, check=POSITIVE)
+    # device memory kept free: allocator, activations, context
+    reserved_fraction: float = config_field(0.1, check=PROBABILITY)
     # What TorchRec's time model has no term for (0: none; set by `embedtrain plan --calibrate`):
     # the fixed time per step, on every rank, of each sharding type a plan uses (its input
     # distribution, lookup call and output distribution, however small the batch), and the
