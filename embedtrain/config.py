@@ -148,7 +148,8 @@ class HeadConfig:
     kind: HeadKind = HeadKind.FULL
     # P@k, nDCG@k, recall@k, PSP@k (xc); HR@k, NDCG@k (seq); the top-k predict writes
     top_k: list[int] = config_field(factory=lambda: [1, 5], check=POSITIVE)
-    # partial_fc; hard_negatives' extra uniform sample (0: none)
+    # partial_fc's share of each slice sampled (0: the batch's positives alone, in-batch
+    # negatives); hard_negatives' extra uniform sample (0: none)
     sample_rate: float = config_field(0.1, check=UNIT)
     # nearest classes per example and rank
     hard_negatives: int = config_field(10, check=NON_NEGATIVE)

@@ -257,6 +257,20 @@ def test_partial_fc_touches_only_sampled_rows():
     assert torch.equal(head.last_sample, first)
 
 
+def test_partial_fc_rate_zero_is_the_in_batch_softmax():
+    # sample_rate 0: the batch's positives alone are the classes (in-batch negatives); the loss
+    # is the softmax over them
+    weight, features, labels = _reference()
+    head = PartialFCHead(C, D, sample_rate=0.0, seed=1)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    loss = head(features.detach(), labels)
+    assert head.last_sample.tolist() == sorted(set(labels.tolist()))
+    classes = head.last_sample
+    ref = F.cross_entropy(features @ weight[classes].t(), torch.searchsorted(classes, labels))
+    torch.testing.assert_close(loss, ref)
+
+
 def test_partial_fc_rate_one_is_the_full_softmax():
     weight, features, labels = _reference()
     full, sampled = ShardedSoftmaxHead(C, D), PartialFCHead(C, D, sample_rate=1.0)

@@ -2,14 +2,16 @@
 as a dense program and the item head; ``predict``'s top-k next items equal evaluation's, with
 and without ``seq.exclude_history``; what it cannot do is refused in one line."""
 
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from embedtrain.config import dump_config, load_config, load_run_config
+from embedtrain.config_io import Component, ConfigError
 from embedtrain.data.batching import num_padding
 from embedtrain.datagen import SeqDataSpec, generate_seq
 from embedtrain.export.export import export_run
@@ -71,6 +73,40 @@ def test_predict_top_k_equals_eval(seq_data, tmp_path, exclude, model):
         rows = pq.read_table(seq_data / "test", columns=["items"]).column("items").to_pylist()
         for history, ids in zip(rows, preds.column("top_ids").to_pylist()):
             assert not set(history) & set(ids)
+
+
+def test_blocks_of_ones_own_train_in_batch_and_serve_as_evaluated(seq_data, tmp_path,
+                                                                monkeypatch):
+    # examples/two_tower's query tower by import path, in-batch negatives with the log-q
+    # correction: its keys checked, the run recorded with it, and predict (no towers.py
+    # imported) gives evaluation's top-k
+    import dataclasses
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "two_tower"))
+    cfg = load_config("configs/seq_synthetic.yaml", overrides=[
+        f"data.path={seq_data}", "data.batch_size=128", "data.eval_batch_size=256",
+        "data.num_workers=0", "seq.dim=16", "train.eval_every=0", "train.progress=false",
+        "train.max_steps=12", "train.checkpoint_every=6", "head.sample_rate=0.0",
+        "head.margin=cosface", "head.margin_value=0.0", "head.scale=20"])
+    run = tmp_path / "run"
+    wrong = dataclasses.replace(cfg, model=Component("towers:MeanTower", {"hiden": [8]}))
+    with pytest.raises(ConfigError, match=r"^model.hiden: unknown key of towers:MeanTower "
+                                          r"\(did you mean 'hidden'\?\)"):
+        build_run(wrong, run)
+    cfg = dataclasses.replace(cfg, model=Component("towers:MeanTower", {"hidden": [8]}))
+    build_run(cfg, run).fit()
+    assert load_run_config(run / "config.yaml").model == cfg.model
+    top, metrics = _eval_top(run, 10)
+    m = export_run(run, tmp_path / "out", progress=False).manifest
+    assert m.model == "MeanTower" and m.head.normalised and m.head.scale == 20
+    monkeypatch.delitem(sys.modules, "towers")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "two_tower" not in p])
+    r = predict(tmp_path / "out", [str(seq_data / "test")], tmp_path / "p.parquet",
+                progress=False)
+    assert "towers" not in sys.modules
+    preds = pq.read_table(tmp_path / "p.parquet")
+    assert torch.equal(torch.tensor(preds.column("top_ids").to_pylist()), top.long())
+    assert r.metrics["hr@10"] == pytest.approx(metrics["hr@10"], abs=1e-12)
 
 
 def test_what_a_seq_export_cannot_do_is_refused_in_one_line(seq_data, tmp_path):

@@ -435,14 +435,15 @@ class PartialFCHead(ShardedSoftmaxHead):
 
     Each step, every rank draws ``sample_rate`` of its classes (its positives always in), so only
     those rows take part in the logits and only they receive a gradient. ``sample_rate=1`` is the
-    exact softmax. Evaluation scores all classes.
+    exact softmax; ``0``, the global batch's positives alone: in-batch negatives (a rank whose
+    slice holds none of them draws one class). Evaluation scores all classes.
     """
 
     def __init__(self, num_classes: int, dim: int, sample_rate: float = 0.1,
                  class_counts: Optional[Tensor] = None, **kwargs: Any) -> None:
         super().__init__(num_classes, dim, **kwargs)
-        if not 0 < sample_rate <= 1:
-            raise ValueError(f"sample_rate: must be in (0, 1], got {sample_rate}")
+        if not 0 <= sample_rate <= 1:
+            raise ValueError(f"sample_rate: must be in [0, 1], got {sample_rate}")
         self.sample_rate = sample_rate
         self.last_sample: Optional[Tensor] = None
         # class_counts: the log-q correction (class_sample.sample_log_q) from their frequencies,

@@ -119,6 +119,9 @@ class SeqEncoder(nn.Module):
             dropout on the inputs and inside the blocks.
         feature: the KJT key of the histories.
         model: ``sasrec`` (softmax self-attention blocks) or ``hstu`` (:class:`HSTUBlock`).
+        blocks: a module of one's own instead (``layers``, ``heads`` and ``model`` then unused):
+            ``blocks(x [B, T, D], mask, is_causal=True) -> [B, T, D]``, position ``t``'s output
+            from positions ``<= t`` only (every position is trained on its next item).
         device: the item table's device (``meta``: materialised by the sharding wrapper). The
             attention blocks are built on CPU when it is ``meta``: the wrapper materialises a
             meta module with its ``reset_parameters``, which ``nn.MultiheadAttention`` lacks
@@ -127,9 +130,10 @@ class SeqEncoder(nn.Module):
 
     def __init__(self, num_items: int, dim: int, max_length: int, layers: int = 2,
                  heads: int = 2, dropout: float = 0.2, feature: str = "items",
-                 device: Optional[torch.device] = None, model: str = "sasrec") -> None:
+                 device: Optional[torch.device] = None, model: str = "sasrec",
+                 blocks: Optional[nn.Module] = None) -> None:
         super().__init__()
-        if dim % heads:
+        if dim % heads and blocks is None:
             raise ValueError(f"seq.dim: {dim} is not divisible by seq.heads ({heads})")
         self.feature, self.dim, self.max_length = feature, dim, max_length
         self.ec = EmbeddingCollection(tables=[EmbeddingConfig(
@@ -137,7 +141,9 @@ class SeqEncoder(nn.Module):
             feature_names=[feature])], device=device)
         dense = None if device is not None and torch.device(device).type == "meta" else device
         self.positions = nn.Embedding(max_length, dim, device=dense)
-        if Encoder(model) is Encoder.HSTU:  # an unknown name: ValueError
+        if blocks is not None:
+            self.blocks = blocks
+        elif Encoder(model) is Encoder.HSTU:  # an unknown name: ValueError
             self.blocks = HSTUStack(dim, heads, dropout, max_length, layers, dense)
         else:
             block = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=dim, dropout=dropout,
@@ -231,18 +237,19 @@ class SeqModel(nn.Module):
         device: the encoder's device.
         head_dtype: the planning placeholder's storage.
         exclude_history: evaluation ranks only items outside the example's history.
-        model: the encoder's blocks, ``sasrec`` or ``hstu``.
+        model, blocks: the encoder's blocks, ``sasrec`` or ``hstu``, or one's own module
+            (:class:`SeqEncoder`).
     """
 
     def __init__(self, num_items: int, dim: int, max_length: int, layers: int, heads: int,
                  dropout: float, head: Optional[nn.Module], feature: str = "items",
                  device: Optional[torch.device] = None,
                  head_dtype: HeadDtype = HeadDtype.FP32, exclude_history: bool = False,
-                 model: str = "sasrec") -> None:
+                 model: str = "sasrec", blocks: Optional[nn.Module] = None) -> None:
         super().__init__()
         self.exclude_history = exclude_history
         self.encoder = SeqEncoder(num_items, dim, max_length, layers, heads, dropout, feature,
-                                  device, model)
+                                  device, model, blocks)
         self.head = head if head is not None else planning_head(num_items, dim, head_dtype,
                                                                 device)
 

@@ -140,8 +140,10 @@ class ClassHeads:
         local = -(-self.num_classes // cluster.world_size)
         if h.kind is HeadKind.FULL:
             columns = local
-        elif h.kind is HeadKind.PARTIAL_FC:
-            columns = max(round(h.sample_rate * local), 1)
+        elif h.kind is HeadKind.PARTIAL_FC:  # 0: the slice's share of the batch's positives
+            columns = max(round(h.sample_rate * local),
+                          1 if h.sample_rate else
+                          min(local, -(-batch * rows_per_example // cluster.world_size)))
         else:  # positives + nearest classes + uniform sample, at most the slice
             columns = min(local, batch * (1 + h.hard_negatives) + round(h.sample_rate * local))
         copies = 3 if h.margin is not Margin.NONE else 2

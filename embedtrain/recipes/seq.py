@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import nn
 
+from embedtrain.components import Component, build
 from embedtrain.config import ClusterConfig
 from embedtrain.data.stats import class_counts
 from embedtrain.features import DatasetMeta
@@ -66,12 +67,17 @@ class SeqRecipe(Recipe):
         return meta
 
     def head_model(self, head: Optional[nn.Module]) -> SeqModel:
-        """The ``seq`` encoder on ``meta`` around ``head`` (None: the planner's table)."""
-        s = self.cfg.seq
+        """The ``seq`` encoder on ``meta`` around ``head`` (None: the planner's table); its
+        blocks SASRec's or HSTU's (``seq.model``), or those ``model: {_component_: ...}`` names,
+        built with ``dim`` and ``max_length`` and its own keys (:class:`~embedtrain.models.seq.
+        SeqEncoder`'s ``blocks``)."""
+        s, m = self.cfg.seq, self.cfg.model
+        blocks = (build(m, "model", dim=s.dim, max_length=self.max_length)
+                  if isinstance(m, Component) else None)
         model = SeqModel(self.dataset.features.num_classes, s.dim, self.max_length, s.layers,
                          s.heads, s.dropout, head, feature=self.dataset.features.sparse[0].name,
                          device=torch.device("meta"), head_dtype=self.cfg.head.dtype,
-                         exclude_history=s.exclude_history, model=s.model.value)
+                         exclude_history=s.exclude_history, model=s.model.value, blocks=blocks)
         self.fuse_sparse(model.encoder)
         return model
 
@@ -115,7 +121,9 @@ class SeqRecipe(Recipe):
             files[spec.sparse[0].name] = files[spec.label] = item
         ingest["vocab_files"] = files
         head = self.heads.export(self.cfg.head.top_k, item)
-        return ExportParts(self.cfg.seq.model.value, spec, ingest, dense, head, note)
+        name = (type(model.encoder.blocks).__name__ if isinstance(self.cfg.model, Component)
+                else self.cfg.seq.model.value)
+        return ExportParts(name, spec, ingest, dense, head, note)
 
     def predict_pooled(self, pooled: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The histories' per-position rows (a ``JaggedTensor``), padded: ``(history [B, T, D],
