@@ -28,11 +28,9 @@ and picklable: dicts of tensors, floats, strings. A rank that raises makes :func
 terminate the other ranks at once (they would otherwise wait in a collective) and raise
 :class:`RankError` with that rank's traceback; a run longer than ``timeout`` seconds is killed
 and raises :class:`TimeoutError`. ``fn`` must be importable by the children (a module-level
-function of an importable module, e.g. a test module). The ranks are forked by
-multiprocessing's ``forkserver``, whose server imports torch, TorchRec and this module once (the
-``spawn`` method's fresh interpreter costs ~5 s a rank on 2 cores, a fork ~0.1 s): the server
-holds no thread of torch's and no process group, and each rank takes the caller's working
-directory, ``sys.path`` (multiprocessing's) and environment (here) at the call.
+function of an importable module). Ranks are forked by a ``forkserver`` that imported torch,
+TorchRec and this module once (a 2-rank start: ~0.1 s, not ~5 s), each with the caller's working
+directory, ``sys.path`` and environment at the call.
 
 Example:
     >>> def _allreduce(rank, world_size, x):

@@ -494,14 +494,11 @@ class HardNegativeHead(PartialFCHead):
     def __init__(self, num_classes: int, dim: int, negatives: int = 10, refresh_every: int = 100,
                  sample_rate: float = 0.0, index: NegativeIndex = NegativeIndex.EXACT,
                  index_clusters: int = 0, index_probe: int = 0, **kwargs: Any) -> None:
-        super().__init__(num_classes, dim, sample_rate=1.0, **kwargs)
-        if negatives < 1 or refresh_every < 1 or not 0 <= sample_rate <= 1:
-            raise ValueError(f"need negatives >= 1, refresh_every >= 1 and sample_rate in [0, 1], "
-                             f"got {negatives}, {refresh_every} and {sample_rate}")
-        if index_clusters < 0 or index_probe < 0:
-            raise ValueError(f"index_clusters and index_probe: need >= 0 (0: automatic), got "
+        super().__init__(num_classes, dim, sample_rate=sample_rate, **kwargs)
+        if negatives < 1 or refresh_every < 1 or index_clusters < 0 or index_probe < 0:
+            raise ValueError(f"need negatives >= 1, refresh_every >= 1, index_clusters and "
+                             f"index_probe >= 0 (0: automatic), got {negatives}, {refresh_every}, "
                              f"{index_clusters} and {index_probe}")
-        self.sample_rate = sample_rate
         self.negatives, self.refresh_every = negatives, refresh_every
         self.index_kind = NegativeIndex(index)
         local = self.end - self.start

@@ -80,12 +80,10 @@ class ClusterConfig:
     ddr_gb: float = config_field(128.0, check=POSITIVE)  # host memory per device (per rank)
     hbm_bandwidth_gb_per_s: float = config_field(897.0, check=POSITIVE)  # device memory
     ddr_bandwidth_gb_per_s: float = config_field(51.0, check=POSITIVE)  # host memory
-    # between devices of one host (NVLink); between hosts, per device (network)
-    intra_host_gb_per_s: float = config_field(600.0, check=POSITIVE)
-    inter_host_gb_per_s: float = config_field(12.5, check=POSITIVE)
+    intra_host_gb_per_s: float = config_field(600.0, check=POSITIVE)  # a host's GPUs (NVLink)
+    inter_host_gb_per_s: float = config_field(12.5, check=POSITIVE)  # network, per device
     batch_size_per_rank: int = config_field(512, check=POSITIVE)
-    # device memory kept free: allocator, activations, context
-    reserved_fraction: float = config_field(0.1, check=PROBABILITY)
+    reserved_fraction: float = config_field(0.1, check=PROBABILITY)  # device memory kept free
     # What TorchRec's time model has no term for (0: none; set by `embedtrain plan --calibrate`):
     # the fixed time per step, on every rank, of each sharding type a plan uses (its input
     # distribution, lookup call and output distribution, however small the batch), and the
