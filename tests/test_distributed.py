@@ -280,3 +280,18 @@ def test_spawn_returns_the_results_when_only_teardown_hangs(monkeypatch):
     assert processes.spawn(_hang_after_return, 2, timeout=60.0) == [0, 1]
     assert warnings == ["spawn(_hang_after_return): rank(s) [0, 1] returned but did not exit "
                         "within 1 s; killed"]
+
+
+def _probe(rank, world):
+    return os.environ.get("EMBEDTRAIN_PROBE"), os.getcwd()
+
+
+def test_spawned_ranks_take_the_callers_environment_and_directory(monkeypatch, tmp_path):
+    # the ranks are forked by a server started at the first spawn: what the caller set after
+    # that start still reaches them
+    from embedtrain.processes import spawn
+
+    spawn(_probe, 2)  # the server runs from here on
+    monkeypatch.setenv("EMBEDTRAIN_PROBE", "after")
+    monkeypatch.chdir(tmp_path)
+    assert spawn(_probe, 2) == [("after", str(tmp_path))] * 2
