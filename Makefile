@@ -27,11 +27,15 @@ $(DEMO_DATA)/metadata.json: $(STAMP)
 demo: $(STAMP) $(DEMO_DATA)/metadata.json
 	$(VENV)/bin/embedtrain train configs/dlrm_synthetic.yaml --out runs/demo --overwrite
 
+# The suite on TEST_WORKERS pytest-xdist workers (tests marked xdist_group share one); then the
+# tests marked `serial` (deadlines of a few seconds), alone.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 clean:
 	rm -rf runs data/synthetic_ctr .pytest_cache

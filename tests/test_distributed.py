@@ -259,6 +259,7 @@ def _hang_after_return(rank, world):
     return rank
 
 
+@pytest.mark.serial  # its ranks must start within the 8 s before the stacks are taken
 def test_spawn_timeout_shows_where_a_rank_hangs():
     from embedtrain.processes import spawn
 

@@ -7,6 +7,7 @@ signals (``embedtrain.processes.die_with_parent``) take torchrun and the workers
 
 The end-to-end tests launch real processes (7-25 s each on 2 cores) and are marked ``slow``;
 the supervisor, the parent-death race and torchrun's last line are checked in a second or two.
+Their deadlines are seconds, so the module is ``serial``: ``make test`` runs it alone.
 """
 
 import json
@@ -24,6 +25,7 @@ from embedtrain.testing import tiny_ctr_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 slow = pytest.mark.slow
+pytestmark = pytest.mark.serial
 STEPS = 20000  # minutes of training: each run is stopped mid-way (its resume runs to RESUMED)
 RESUMED = 40
 

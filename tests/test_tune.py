@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.xdist_group("tune")  # its searches (module fixtures) built once
 from embedtrain.cli.tune.space import Distribution, check_space, load_space
 from embedtrain.config import ConfigError, load_config
 from embedtrain.runtime import threads_per_rank
