@@ -8,11 +8,11 @@ STAMP := $(VENV)/.installed-$(if $(GPU),gpu,cpu)
 DEMO_ROWS ?= 3000000
 DEMO_DATA := data/synthetic_ctr
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast docs bench clean
 
 install: $(STAMP)
 
-$(STAMP): $(REQUIREMENTS) pyproject.toml
+$(STAMP): $(REQUIREMENTS) requirements/docs.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r $(REQUIREMENTS)
@@ -36,6 +36,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
+
+# The documentation site (docs/, mkdocs.yml) into site/; the reference pages are generated from the
+# code, and a broken link, anchor or an undocumented config key fails the build.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf runs data/synthetic_ctr .pytest_cache

@@ -105,9 +105,13 @@ class DataConfig:
     to the working directory when ``--set`` does.
     """
 
+    # the data set: a folder holding metadata.json (embedtrain datagen or ingest writes it)
     path: str = config_field("data/synthetic_ctr", path=True)
+    # examples per training step over all ranks (the global batch, split evenly over them)
     batch_size: int = config_field(2048, check=POSITIVE)
+    # examples per evaluation batch over all ranks (split evenly, as batch_size)
     eval_batch_size: int = config_field(8192, check=POSITIVE)
+    # permute the row groups and mix rows in the shuffle buffer, seeded by (train.seed, epoch)
     shuffle: bool = True
     # Leave out an epoch's last, partial step (counted in summary.json's dropped_rows_per_epoch);
     # false: every row once per epoch, the last step padded where the ranks' shares differ.
@@ -123,6 +127,7 @@ class DataConfig:
 class ModelConfig:
     """DLRM / DCNv2 / DeepFM architecture; all embedding tables share ``embedding_dim``."""
 
+    # how the features are combined: dot (DLRM), dcn (DCNv2) or fm (DeepFM)
     interaction: Interaction = Interaction.DOT
     # FBGEMM's table-batched kernels take widths in multiples of 4
     embedding_dim: int = config_field(16, check=(lambda v: v > 0 and v % 4 == 0,
@@ -130,8 +135,11 @@ class ModelConfig:
     # the bottom MLP ends at embedding_dim, the top one at 1 (the logit): each end is appended
     # where the list does not end with it already (models.options.mlp_sizes)
     bottom_mlp: list[int] = config_field(factory=lambda: [64], check=POSITIVE)
+    # the top MLP's layers, over the interaction's output (ends at the logit, 1)
     top_mlp: list[int] = config_field(factory=lambda: [128, 64], check=POSITIVE)
+    # interaction dcn: cross layers
     dcn_num_layers: int = config_field(3, check=POSITIVE)
+    # interaction dcn: rank of each cross layer's low-rank weight
     dcn_low_rank_dim: int = config_field(64, check=POSITIVE)
     # dropout after each hidden layer of the bottom and top MLPs (0: none)
     dropout: float = config_field(0.0, check=PROBABILITY)
@@ -145,6 +153,7 @@ class HeadConfig:
     """The class head of the classification families (``xc``: its classes, ``seq``: the items),
     its optimizer and the k of its top-k metrics."""
 
+    # full, partial_fc, hard_negatives (sharded over the ranks), adaptive or mach (replicated)
     kind: HeadKind = HeadKind.FULL
     # P@k, nDCG@k, recall@k, PSP@k (xc); HR@k, NDCG@k (seq); the top-k predict writes
     top_k: list[int] = config_field(factory=lambda: [1, 5], check=POSITIVE)
@@ -154,6 +163,7 @@ class HeadConfig:
     # nearest classes per example and rank
     hard_negatives: int = config_field(10, check=NON_NEGATIVE)
     refresh_every: int = config_field(100, check=POSITIVE)  # hard_negatives: steps between rebuilds
+    # cosface or arcface: a margin on the positives' logits, features and rows normalised
     margin: Margin = Margin.NONE
     margin_value: float = config_field(0.35, check=NON_NEGATIVE)  # m (CosFace ~0.35, ArcFace ~0.5)
     scale: float = config_field(30.0, check=POSITIVE)  # s, logit scale of the normalised heads
@@ -173,11 +183,13 @@ class HeadConfig:
     # being in the step's sample (from the train split's label frequencies): the log-q correction
     sample_correction: bool = False
     optimizer: HeadOptimizer = HeadOptimizer.ADAGRAD  # sharded heads (others: optim.dense)
+    # learning rate of the sharded heads' optimizer
     lr: float = config_field(0.05, check=POSITIVE)
     # sharded heads' storage of the class rows: fp32, or bf16 (2 bytes a weight, no fp32 copy) or
     # fp8 (float8 e4m3, 1 byte; both need optimizer rowwise_adagrad or factored_adagrad), whose
     # updated rows are rounded back by `rounding`
     dtype: HeadDtype = HeadDtype.FP32
+    # dtype bf16 / fp8: how updated rows are rounded back (stochastic: unbiased)
     rounding: Rounding = Rounding.STOCHASTIC
 
 
@@ -186,6 +198,7 @@ class XCConfig:
     """Extreme classification: bag-of-ids encoder (+ dense features) -> MLP -> class head."""
 
     embedding_dim: int = config_field(64, check=POSITIVE)  # token tables' dimension
+    # how a row's token embeddings are pooled into one vector: mean or sum
     pooling: Pooling = Pooling.MEAN
     # last: the feature dimension D
     mlp: list[int] = config_field(factory=lambda: [256, 128], check=POSITIVE)
@@ -193,6 +206,7 @@ class XCConfig:
     dropout: float = config_field(0.0, check=PROBABILITY)
     # PSP@k's propensity model (Jain et al. 2016): A and B (the XC repository's defaults)
     propensity_a: float = config_field(0.55, check=POSITIVE)
+    # PSP@k's propensity model: B (see propensity_a)
     propensity_b: float = config_field(1.5, check=NON_NEGATIVE)
 
 
@@ -205,6 +219,7 @@ class SeqConfig:
     dim: int = config_field(64, check=POSITIVE)       # item table and encoder width
     layers: int = config_field(2, check=POSITIVE)     # self-attention blocks
     heads: int = config_field(2, check=POSITIVE)      # attention heads (dim divisible by them)
+    # dropout in the encoder's blocks, in training only
     dropout: float = config_field(0.2, check=PROBABILITY)
     # evaluation ranks only items outside each history (a target in its history is then a miss)
     exclude_history: bool = False
@@ -227,21 +242,28 @@ class GNNConfig:
     # node-id table width (0: features only)
     embedding_dim: int = config_field(32, check=NON_NEGATIVE)
     aggr: Aggregation = Aggregation.MEAN  # SAGEConv aggregation: mean, max or sum
+    # dropout between the layers, in training only
     dropout: float = config_field(0.0, check=PROBABILITY)
     weighted: bool = False  # sample neighbours by edge weight
     # link prediction: the node embedding size scored by dot products
     out_dim: int = config_field(64, check=POSITIVE)
     negatives: int = config_field(1, check=POSITIVE)  # link prediction: negatives per positive edge
+    # link prediction: how negatives are drawn: uniform, or by degree^0.75
     negative_sampling: NegativeSampling = NegativeSampling.UNIFORM
     link_ks: list[int] = config_field(factory=lambda: [1, 3, 10], check=POSITIVE)  # Hits@K
 
 
 @dataclass
 class OptimConfig:
+    # the embedding tables' optimizer, fused into their backward pass (FBGEMM)
     sparse: SparseOptimizer = SparseOptimizer.ROWWISE_ADAGRAD
+    # learning rate of the embedding tables
     sparse_lr: float = config_field(0.05, check=POSITIVE)
+    # the optimizer of the dense layers (and of data-parallel tables and replicated heads)
     dense: DenseOptimizer = DenseOptimizer.ADAM
+    # learning rate of the dense optimizer (warmup_steps and lr_decay shape it)
     dense_lr: float = config_field(1e-3, check=POSITIVE)
+    # the dense optimizer's weight decay (it does not reach the tables: see embedding_l2)
     weight_decay: float = config_field(0.0, check=NON_NEGATIVE)
     # L2 penalty on the embeddings a training batch looks up (task ctr): lambda * mean over
     # the batch's examples of the squared norms of their pooled embeddings, added to the loss
@@ -250,6 +272,7 @@ class OptimConfig:
     linear_lr: Optional[float] = config_field(None, check=POSITIVE)
     momentum: float = config_field(0.9, check=PROBABILITY)  # sgd and lars
     warmup_steps: int = config_field(0, check=NON_NEGATIVE)  # linear warmup of the dense lr
+    # decay of the dense lr after the warmup: none, cosine (to min_lr_ratio) or step
     lr_decay: LRDecay = LRDecay.NONE
     lr_step_size: int = config_field(1000, check=POSITIVE)  # steps between decays (lr_decay: step)
     lr_gamma: float = config_field(0.1, check=POSITIVE)  # factor per decay (lr_decay: step)
@@ -259,6 +282,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
+    # passes over the training split
     epochs: int = config_field(1, check=POSITIVE)
     # stop early after this many steps (overrides epochs)
     max_steps: Optional[int] = config_field(None, check=POSITIVE)
@@ -268,8 +292,11 @@ class TrainConfig:
     eval_max_batches: Optional[int] = config_field(None, check=POSITIVE)
     # steps between checkpoints; 0: only at the end
     checkpoint_every: int = config_field(1000, check=NON_NEGATIVE)
+    # the newest checkpoints kept (and the best one, with select: best)
     keep_checkpoints: int = config_field(2, check=POSITIVE)
+    # seeds the model's initialisation, the shuffle and the samplers
     seed: int = 0
+    # a progress bar on a terminal (false: status lines, see status_every_s)
     progress: bool = True
     # without a progress bar (progress false, or stderr not a terminal): seconds between status
     # lines (step, examples/s, loss, time left; also one at each epoch's end); 0: none
@@ -299,7 +326,9 @@ class TableSpec:
     :mod:`embedtrain.tables.dynamic`). Tables no entry names are static.
     """
 
+    # the tables this entry is for: names or globs (t_*, t_node)
     tables: list[str] = field(default_factory=list)
+    # static (ids are rows) or dynamic (raw ids remapped to capacity rows)
     kind: TableKind = TableKind.DYNAMIC
     # dynamic: rows of the whole table (one per row-wise shard is its default row)
     capacity: int = config_field(0, check=NON_NEGATIVE)
@@ -346,7 +375,9 @@ class Config:
     head: HeadConfig = field(default_factory=HeadConfig)
     gnn: GNNConfig = field(default_factory=GNNConfig)
     seq: SeqConfig = field(default_factory=SeqConfig)
+    # optimizers and learning rates: the tables' (sparse), the dense layers', the schedule
     optim: OptimConfig = field(default_factory=OptimConfig)
+    # the run: its length, evaluations, checkpoints, which checkpoint reports, threads
     train: TrainConfig = field(default_factory=TrainConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     tables: list[TableSpec] = field(default_factory=list)  # static (default) or dynamic tables

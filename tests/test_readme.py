@@ -1,10 +1,12 @@
-"""The README's commands, checked without running them (``benchmarks/check_readme.py`` runs them).
+"""The commands of the README and of the documentation (``docs/**/*.md``), checked without
+running them (``benchmarks/check_readme.py`` runs them).
 
-Every ``embedtrain`` command shown in a README code block must parse with the CLI as it is; the
-shipped configs, cluster files and ingestion specs it names must exist and load with its
-``--set`` overrides; an ingestion spec's input format must match the file names it is given; no
-two training commands may start a run in the same ``--out`` (the second would be refused); and
-``plan --calibrate`` must name an ``--out`` (else it rewrites the shipped cluster file).
+Every ``embedtrain`` command shown in a code block of README.md or a ``docs/`` page must parse
+with the CLI as it is; the shipped configs, cluster files and ingestion specs it names must exist
+and load with its ``--set`` overrides; an ingestion spec's input format must match the file names
+it is given; no two training commands may start a run in the same ``--out`` (the second would be
+refused; a command shown on two pages is one command); and ``plan --calibrate`` must name an
+``--out`` (else it rewrites the shipped cluster file).
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def readme_commands(text: str) -> list[list[str]]:
     return commands
 
 
-COMMANDS = readme_commands((ROOT / "README.md").read_text())
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+COMMANDS = list(dict.fromkeys(tuple(argv) for page in PAGES
+                              for argv in readme_commands(page.read_text())))
+COMMANDS = [list(argv) for argv in COMMANDS]  # each once, in page order
 
 
 def _shipped(path: str) -> bool:

@@ -72,9 +72,13 @@ class ClusterConfig:
     planner counts), so a 25 Gbit/s network is ``inter_host_gb_per_s: 2.9``.
     """
 
+    # shown in plans and sweeps; plan's default --out is plans/<config>-<name>
     name: str = "local"
+    # machines (plan --hosts overrides it)
     hosts: int = config_field(1, check=POSITIVE)
+    # ranks per host: GPUs, or processes on cpu
     devices_per_host: int = config_field(1, check=POSITIVE)
+    # what the ranks compute on: cuda or cpu
     device: DeviceKind = DeviceKind.CUDA
     hbm_gb: float = config_field(80.0, check=POSITIVE)  # device memory per GPU (unused for cpu)
     ddr_gb: float = config_field(128.0, check=POSITIVE)  # host memory per device (per rank)
@@ -82,6 +86,7 @@ class ClusterConfig:
     ddr_bandwidth_gb_per_s: float = config_field(51.0, check=POSITIVE)  # host memory
     intra_host_gb_per_s: float = config_field(600.0, check=POSITIVE)  # a host's GPUs (NVLink)
     inter_host_gb_per_s: float = config_field(12.5, check=POSITIVE)  # network, per device
+    # examples per rank a step, for plan's estimates (train: data.batch_size / ranks)
     batch_size_per_rank: int = config_field(512, check=POSITIVE)
     reserved_fraction: float = config_field(0.1, check=PROBABILITY)  # device memory kept free
     # What TorchRec's time model has no term for (0: none; set by `embedtrain plan --calibrate`):
@@ -90,7 +95,9 @@ class ClusterConfig:
     # bandwidths of row-wise's reduce-scatter / all-gather within a host where they differ from
     # the all-to-all's (across hosts: inter_host_gb_per_s).
     sharding_group_ms: float = config_field(0.0, check=NON_NEGATIVE)
+    # row_wise's reduce-scatter within a host (0: as the all-to-all)
     reduce_scatter_gb_per_s: float = config_field(0.0, check=NON_NEGATIVE)
+    # row_wise's all-gather within a host (0: as the all-to-all)
     all_gather_gb_per_s: float = config_field(0.0, check=NON_NEGATIVE)
 
     @property
@@ -105,8 +112,11 @@ class TableConstraint:
     Empty lists mean "no constraint"; ``pooling_factor`` overrides the one measured from data.
     """
 
+    # the tables this entry is for: names or globs
     tables: list[str] = field(default_factory=list)
+    # the sharding types the planner may give them (empty: any)
     sharding_types: list[ShardingType] = field(default_factory=list)
+    # the kernels the planner may give them (empty: any)
     compute_kernels: list[ComputeKernel] = field(default_factory=list)
     # fraction of rows cached in HBM (uvm_caching)
     cache_load_factor: Optional[float] = config_field(None, check=FRACTION)
@@ -129,9 +139,12 @@ class PlannerOptions:
     sharding_types: list[ShardingType] = field(default_factory=list)
     compute_kernels: list[ComputeKernel] = field(default_factory=list)  # empty: all
     tables: list[TableConstraint] = field(default_factory=list)  # later entries win
+    # the embedding all-to-all's precision in the forward pass (TorchRec qcomms)
     forward_comm_precision: CommPrecision = CommPrecision.FP32
+    # the embedding all-to-all's precision in the backward pass (TorchRec qcomms)
     backward_comm_precision: CommPrecision = CommPrecision.FP32
     pooling_factors_from_data: bool = True  # measure mean ids per example from the train split
+    # how DDP all-reduces the dense gradients: fp32, bf16, fp16 or powersgd
     dense_allreduce: DenseAllReduce = DenseAllReduce.FP32
     powersgd_rank: int = config_field(2, check=POSITIVE)  # matrix rank of PowerSGD's approximation
     # extra partitions the planner's local search may try

@@ -83,10 +83,13 @@ class DenseSpec:
     ``fill_null`` (counted in the report as ``dense_non_finite_filled``).
     """
 
+    # the input column, and the output feature's name
     name: str
     fill_null: float = 0.0           # a null value becomes this (counted); NaN/inf: non_finite
     cast: Optional[Cast] = None      # float: numbers stored as strings; unparsable -> fill_null
+    # smaller values are raised to it (counted)
     clip_min: Optional[float] = None
+    # larger values are lowered to it (counted)
     clip_max: Optional[float] = None
     log1p: bool = False              # log(1 + max(x, 0)), as for Criteo's counts
     standardize: bool = False        # (x - mean) / std with the training split's mean and std
@@ -111,13 +114,17 @@ class SparseSpec:
     another of them. (Parquet list columns are checked against ``multi_hot`` from the footer.)
     """
 
+    # the output feature; also the input column it reads unless column is given
     name: str
     column: Optional[str] = None          # input column (default: name)
     dtype: Optional[ValueType] = None     # None: from the input's schema
+    # how values become ids: vocab, hash, pre_encoded, raw
     encoding: Encoding = Encoding.VOCAB
+    # a list of ids a row: a parquet list column, or text split on separator
     multi_hot: bool = False
     separator: Optional[str] = None       # text inputs: separator of a list's elements
     max_length: Optional[int] = None      # longer lists are truncated (counted)
+    # multi_hot: what an empty or null list becomes: keep (an empty bag) or oov ([0])
     empty_list: EmptyList = EmptyList.KEEP
     min_frequency: int = 1                # vocab: rarer training values go to bucket 0
     max_vocab_size: Optional[int] = None  # vocab: keep only the most frequent values
@@ -139,6 +146,9 @@ class SparseSpec:
 
 @dataclass
 class OutputSpec:
+    # rows a parquet part file holds at most
     rows_per_file: int = 1_000_000
+    # rows a parquet row group holds
     rows_per_row_group: int = 65_536
+    # the parquet files' compression codec (zstd, snappy, ...)
     compression: str = "zstd"

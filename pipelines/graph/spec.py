@@ -32,13 +32,13 @@ class MissingNodes(enum.Enum):
 class EdgeTableSpec:
     """The edge list: its layout and which column is what."""
 
-    format: InputFormat = InputFormat.CSV
+    format: InputFormat = InputFormat.CSV           # csv or parquet
     separator: Optional[str] = None                 # csv only (default ",")
-    null_values: list[str] = field(default_factory=list)
-    src: str = "src"
-    dst: str = "dst"
+    null_values: list[str] = field(default_factory=list)  # csv: extra null markers
+    src: str = "src"                                # the source id column
+    dst: str = "dst"                                # the destination id column
     weight: Optional[str] = None                    # positive weights; else unweighted
-    edge_type: Optional[str] = None
+    edge_type: Optional[str] = None                 # a type column (rows counted by type)
     edge_types: Optional[list[str]] = None          # keep only these types (needs edge_type)
     timestamp: Optional[str] = None                 # numbers (e.g. Unix s) or dates: held-out
                                                     # edges are then the newest
@@ -48,23 +48,25 @@ class EdgeTableSpec:
 class NodeTableSpec:
     """The node table (``--nodes``): ids, features and labels."""
 
-    format: InputFormat = InputFormat.CSV
-    separator: Optional[str] = None
-    null_values: list[str] = field(default_factory=list)
-    id: str = "id"
+    format: InputFormat = InputFormat.CSV           # csv or parquet
+    separator: Optional[str] = None                 # csv only (default ",")
+    null_values: list[str] = field(default_factory=list)  # csv: extra null markers
+    id: str = "id"                                  # the node id column (as the edges' ids)
     features: list[str] = field(default_factory=list)  # float columns, or one list column
     # the features' type on disk: float32, or float16 (half the bytes; a value beyond +-65504
     # stops the job, naming its column and node)
     feature_dtype: FeatureDtype = FeatureDtype.FLOAT32
+    # the label column, any type: the classes are its sorted distinct values (null: -1)
     label: Optional[str] = None
+    # an edge endpoint that is not in the node table: add it, or drop the edge
     missing_nodes: MissingNodes = MissingNodes.ADD
 
 
 @dataclass
 class GraphShapeSpec:
-    directed: bool = False
-    self_loops: SelfLoops = SelfLoops.DROP
-    duplicates: Duplicates = Duplicates.DROP
+    directed: bool = False  # false: each edge stored in both directions
+    self_loops: SelfLoops = SelfLoops.DROP  # an edge from a node to itself: drop or keep
+    duplicates: Duplicates = Duplicates.DROP  # an edge given more than once: drop, keep or sum
     # GiB the CSR build may sort in memory; an edge list needing more is sorted out of core
     # (embedtrain.graph.csr_external.csr_from_edge_chunks: the same CSR). None: a quarter of the RAM.
     memory_gb: Optional[float] = None
@@ -85,26 +87,28 @@ class SplitMethod(enum.Enum):
 class SplitFiles:
     """``method: ids``: one file of node ids per split (relative paths: to the spec's folder)."""
 
-    train: Optional[str] = config_field(None, path=True)
-    valid: Optional[str] = config_field(None, path=True)
-    test: Optional[str] = config_field(None, path=True)
+    train: Optional[str] = config_field(None, path=True)  # the train split's node ids
+    valid: Optional[str] = config_field(None, path=True)  # the valid split's node ids
+    test: Optional[str] = config_field(None, path=True)   # the test split's node ids
 
 
 @dataclass
 class GraphSplitSpec:
     """Node splits (node classification) and held-out edges (link prediction)."""
 
-    method: SplitMethod = SplitMethod.RANDOM
+    method: SplitMethod = SplitMethod.RANDOM        # random, column or ids
     valid_fraction: float = 0.1                     # method: random
-    test_fraction: float = 0.1
+    test_fraction: float = 0.1                      # method: random
     column: Optional[str] = None                    # method: column: the node table's column,
     # its values per split (compared as text, numbers too; default train/valid/test)
     values: Optional[dict[str, list[str]]] = config_field(None, text=True)
     files: SplitFiles = field(default_factory=SplitFiles)  # method: ids
     id_column: Optional[str] = None                 # parquet/CSV id lists (default: nodes.id)
+    # link prediction: shares of the distinct edges held out for valid and test (with
+    # edges.timestamp, the newest; else drawn at random)
     edge_valid_fraction: float = 0.0
-    edge_test_fraction: float = 0.0
-    seed: int = 0
+    edge_test_fraction: float = 0.0  # see edge_valid_fraction
+    seed: int = 0  # of the random node split and the random held-out edges
 
     def split_values(self) -> dict[str, list[str]]:
         """``method: column``: the column's values of each split (absent splits: none)."""
@@ -117,11 +121,12 @@ class GraphSplitSpec:
 class GraphIngestSpec:
     """A whole graph ingestion job."""
 
-    kind: str = "graph"
-    name: str = "graph"
+    kind: str = "graph"  # this spec's family (pipelines.kind_of reads it)
+    name: str = "graph"  # the data set's name (what a run prints)
     id_type: ValueType = ValueType.STRING  # ids are compared as strings or as integers
     edges: EdgeTableSpec = field(default_factory=EdgeTableSpec)
     nodes: Optional[NodeTableSpec] = None
+    # directions, self-loops, duplicates and the CSR build's memory
     graph: GraphShapeSpec = field(default_factory=GraphShapeSpec)
     split: GraphSplitSpec = field(default_factory=GraphSplitSpec)
 

@@ -36,35 +36,36 @@ class SequenceSplit(enum.Enum):
 class SequenceInputSpec:
     """The event files' layout."""
 
-    format: InputFormat = InputFormat.CSV
+    format: InputFormat = InputFormat.CSV           # csv or parquet
     separator: Optional[str] = None                 # csv only (default ",")
-    null_values: list[str] = field(default_factory=list)
+    null_values: list[str] = field(default_factory=list)  # csv: extra null markers
 
 
 @dataclass
 class SequenceSplitSpec:
-    method: SequenceSplit = SequenceSplit.LEAVE_LAST_OUT
+    method: SequenceSplit = SequenceSplit.LEAVE_LAST_OUT  # leave_last_out or time
     # method: time: the first valid and the first test time, numbers in the time column's unit
     # (e.g. Unix seconds) or ISO dates ("2024-01-31", "2024-01-31T12:00:00"; UTC)
     valid_time: Optional[str] = config_field(None, text=True)
-    test_time: Optional[str] = config_field(None, text=True)
+    test_time: Optional[str] = config_field(None, text=True)  # see valid_time
 
 
 @dataclass
 class SequenceIngestSpec:
     """A whole sequence ingestion job."""
 
-    kind: str = "sequence"
+    kind: str = "sequence"  # this spec's family (pipelines.kind_of reads it)
     name: Optional[str] = None                      # default: the first input file's name
     input: SequenceInputSpec = field(default_factory=SequenceInputSpec)
     user: str = "user"                              # the columns: user id, item id, event time
-    item: str = "item"
+    item: str = "item"                              # the item id column
     time: str = "timestamp"                         # numbers (e.g. Unix s) or dates
     id_type: ValueType = ValueType.STRING           # user and item ids compared as strings or ints
     max_length: int = 50                            # items of history a row keeps (the newest)
     min_length: int = 5                             # users with fewer events are dropped, counted
+    # how a user's events become train, valid and test rows
     split: SequenceSplitSpec = field(default_factory=SequenceSplitSpec)
-    output: OutputSpec = field(default_factory=OutputSpec)
+    output: OutputSpec = field(default_factory=OutputSpec)  # the written parquet files' layout
 
     def split_times(self) -> tuple[float, float]:
         """``method: time``: (first valid time, first test time) as numbers (dates: Unix s)."""

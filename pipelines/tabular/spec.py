@@ -56,6 +56,7 @@ class OnInvalid(enum.Enum):
 
 @dataclass
 class InputSpec:
+    # criteo_tsv, csv or parquet
     format: InputFormat = InputFormat.CRITEO_TSV
     separator: Optional[str] = None  # csv only (default ","); criteo_tsv is always a tab
     null_values: list[str] = field(default_factory=list)  # text inputs: extra null markers
@@ -79,10 +80,15 @@ class SplitSpec:
     matching none go to train.
     """
 
+    # hash, time, column or files
     method: SplitMethod = SplitMethod.HASH
+    # hash: the key column; time: the time column; column: the split column
     column: Optional[str] = None
+    # hash and time: the share of rows for valid
     valid_fraction: float = 0.1
+    # hash and time: the share of rows for test
     test_fraction: float = 0.1
+    # time: [valid_start, test_start] in the column's units (else cut at the fractions)
     boundaries: Optional[list[float]] = None
     seed: Optional[int] = None  # method: hash (None: 0); refused with the others
 
@@ -97,8 +103,11 @@ class SplitSpec:
 class IngestSpec:
     """A whole ingestion job: input layout, label, features, split, output layout."""
 
+    # the data set's name in metadata.json (what a run prints)
     name: str = "dataset"
+    # the input files' layout
     input: InputSpec = field(default_factory=InputSpec)
+    # the label column (a click: 0 or 1; see label_range)
     label: str = "label"
     # the label's allowed values, rows outside dropped (label_out_of_range): [0, 1] for clicks,
     # e.g. [1, 5] for ratings; null: any finite number
@@ -106,7 +115,9 @@ class IngestSpec:
     dense: list[DenseSpec] = field(default_factory=list)
     sparse: list[SparseSpec] = field(default_factory=list)
     split: SplitSpec = field(default_factory=SplitSpec)
+    # the written parquet files' layout
     output: OutputSpec = field(default_factory=OutputSpec)
+    # a row that cannot be repaired: drop (counted) or error (stop at the first)
     on_invalid: OnInvalid = OnInvalid.DROP
 
     @property

@@ -48,6 +48,7 @@ class XCFormat(enum.Enum):
 
 @dataclass
 class XCInputSpec:
+    # xc_repository, csv or parquet
     format: XCFormat = XCFormat.XC_REPOSITORY
     separator: Optional[str] = None  # csv only (default ","): the field separator
     null_values: list[str] = field(default_factory=list)  # csv: extra null markers
@@ -72,7 +73,9 @@ class TokenSpec:
     separator: Optional[str] = None       # a text column's token separator (" ": whitespace)
     lowercase: bool = False               # text tokens lowercased before counting
     encoding: Optional[Encoding] = None   # None: vocab (xc_repository: the feature ids + 1)
+    # vocab: tokens seen fewer times than this in the train split are id 0
     min_frequency: int = 1
+    # vocab: keep only the most frequent tokens
     max_vocab_size: Optional[int] = None
     hash_buckets: Optional[int] = None    # hash: num_embeddings, bucket 0 included
     num_embeddings: Optional[int] = None  # pre_encoded: ids must lie in [0, num_embeddings)
@@ -102,7 +105,9 @@ class LabelSpec:
     dtype: Optional[ValueType] = None     # None: parquet's type; csv: integer iff pre_encoded
     separator: Optional[str] = None       # a text cell holding a list: its separator
     encoding: Optional[Encoding] = None   # vocab | pre_encoded (None: vocab; xc_repository: ids)
+    # vocab: labels seen fewer times than this in the train split are removed (counted)
     min_frequency: int = 1
+    # vocab: keep only the most frequent labels as classes
     max_vocab_size: Optional[int] = None
     num_classes: Optional[int] = None     # pre_encoded: ids must lie in [0, num_classes)
 
@@ -127,9 +132,12 @@ class XCSplitSpec:
 
     method: Optional[SplitMethod] = None  # hash | files (None: files if files are given)
     column: Optional[str] = None          # hash key column (tables; None: the row position)
+    # hash: the share of rows for valid (files: of the train files' rows, without a valid glob)
     valid_fraction: float = 0.1
+    # hash: the share of rows for test (files: as valid_fraction)
     test_fraction: float = 0.1
     seed: Optional[int] = None            # of the hash (None: 0)
+    # files: {test: GLOB, valid: GLOB} matched against the input files' paths or names
     files: Optional[dict[str, str]] = None
 
     @property
@@ -159,13 +167,16 @@ class XCIngestSpec:
     ``repairs.dense_non_finite_filled``).
     """
 
+    # this spec's family (pipelines.kind_of reads it)
     kind: str = "xc"
     name: Optional[str] = None            # default: the first input file's name
+    # the input files' layout
     input: XCInputSpec = field(default_factory=XCInputSpec)
     tokens: TokenSpec = field(default_factory=TokenSpec)
     labels: LabelSpec = field(default_factory=LabelSpec)
     dense: list[DenseSpec] = field(default_factory=list)  # optional float columns (tables)
     split: XCSplitSpec = field(default_factory=XCSplitSpec)
+    # the written parquet files' layout
     output: OutputSpec = field(default_factory=OutputSpec)
     dropped_line_examples: int = 20       # per drop reason: the report's first N lines (rows)
 
