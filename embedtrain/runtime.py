@@ -186,11 +186,13 @@ def local_ranks() -> int:
         return 1
 
 
-def threads_per_rank(requested: Optional[int] = None) -> tuple[int, str]:
+def threads_per_rank(requested: Optional[int] = None,
+                     ranks: Optional[int] = None) -> tuple[int, str]:
     """The intra-op threads of this rank and where the number comes from.
 
     Args:
         requested: ``train.threads_per_rank`` of the config (None: not set).
+        ranks: the ranks on this machine (None: this process's, :func:`local_ranks`).
 
     Returns:
         ``(threads, source)``; ``source`` says why, for the banner.
@@ -205,7 +207,7 @@ def threads_per_rank(requested: Optional[int] = None) -> tuple[int, str]:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"EMBEDTRAIN_THREADS: expected a positive integer, got {env!r}")
         return int(env), "EMBEDTRAIN_THREADS"
-    cores, ranks = usable_cores(), local_ranks()
+    cores, ranks = usable_cores(), ranks or local_ranks()
     return max(1, cores // ranks), f"cores / local ranks = {cores} / {ranks}"
 
 
