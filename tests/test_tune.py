@@ -523,3 +523,21 @@ def test_a_stopped_trial_started_again_is_reported_at_the_step_it_stopped(tmp_pa
     trial.run_trial({"optim.sparse_lr": 0.1}, setup)  # Ray starts it again
     assert len(trained) == 1
     assert reports == [{"finished": False, "step": 30}]
+
+
+@pytest.mark.slow
+def test_report_of_a_search_shows_its_trials_and_their_curves(search, tmp_path):
+    out = search[0]
+    before = {t.name: _hashes(t) for t in (out / "trials").iterdir()}
+    r = run_cli("report", str(out), "--out", str(tmp_path / "search.html"))
+    assert r.returncode == 0, r.stderr
+    assert {t.name: _hashes(t) for t in (out / "trials").iterdir()} == before
+    page = (tmp_path / "search.html").read_text()
+    trials = json.loads((out / "trials.json").read_text())
+    best = json.loads((out / "best.json").read_text())["trial"]
+    searched = page.split("<h2>Searches</h2>")[1]
+    for t in trials:
+        mark = "★ " if t["trial"] == best else ""
+        assert f"<td>{mark}{t['trial']}</td><td>{t['status']}</td>" in searched
+        ran = (out / "trials" / t["trial"] / "config.yaml").is_file()
+        assert (f"<b>{out.name}/{t['trial']}</b>" in page) == ran  # its run among the curves

@@ -1,6 +1,7 @@
 """The ``embedtrain`` command line: ``train``, ``eval``, ``tune``, ``plan``, ``ingest``,
-``datagen``, ``export``, ``predict`` and ``doctor``: one module per command
-(:mod:`embedtrain.cli.train`, ``tune``, ``plan``, ``ingest``, ``datagen``, ``export``, ``doctor``), the error handling in
+``datagen``, ``export``, ``predict``, ``report`` and ``doctor``: one module per command
+(:mod:`embedtrain.cli.train`, ``tune``, ``plan``, ``ingest``, ``datagen``, ``export``,
+``report``, ``doctor``), the error handling in
 :mod:`embedtrain.cli.errors`. Importing this package imports no torch: a command imports it
 when it needs it (``tune`` imports Ray), and only ``train``, ``eval`` and ``tune`` join a process
 group (``tune`` only to test a trial that ASHA stopped; its trials train in Ray's workers).
@@ -26,6 +27,7 @@ Examples:
     embedtrain plan configs/dlrm.yaml --cluster configs/clusters/h100-16x8.yaml --out plans/dlrm
     embedtrain export runs/demo --out exports/demo --quantize int8   # tables, dense program
     embedtrain predict exports/demo --input 'data/synthetic_ctr/test/*.parquet' --out preds.parquet
+    embedtrain report runs/dlrm runs/dcn --out compare.html   # runs side by side, one page
     embedtrain doctor --nproc 2      # versions against the verified stack, device, threads
 
 Bad input (a config typo, a missing file, a malformed data set, an unreadable checkpoint) ends
@@ -40,11 +42,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from embedtrain.cli import datagen, doctor, export, ingest, plan, train, tune
+from embedtrain.cli import datagen, doctor, export, ingest, plan, report, train, tune
 from embedtrain.cli.errors import UsageError, quiet_libraries, run_command
 from embedtrain.runtime import mark, tune_allocator
 
-COMMANDS = (train, tune, plan, ingest, datagen, export, doctor)
+COMMANDS = (train, tune, plan, ingest, datagen, export, report, doctor)
 
 
 def entry() -> None:
