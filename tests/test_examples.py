@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.xdist_group("examples")  # one worker starts the scripts, once
 SCRIPTS = sorted((ROOT / "examples").glob("*/run.sh"))
 
 

@@ -27,7 +27,6 @@ from pipelines.tabular.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.xdist_group("ray")  # test_tune's worker: one local Ray at a time
 
 
 @pytest.fixture(scope="module", autouse=True)

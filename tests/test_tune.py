@@ -25,7 +25,6 @@ import pytest
 
 from conftest import ROOT, run_cli
 
-pytestmark = pytest.mark.xdist_group("ray")  # one worker: its searches built once, one Ray at a time
 from embedtrain.cli.tune.space import Distribution, check_space, load_space
 from embedtrain.config import ConfigError, load_config
 from embedtrain.runtime import threads_per_rank
