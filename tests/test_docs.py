@@ -86,6 +86,18 @@ def test_the_site_builds_strict_with_the_generated_reference(tmp_path):
         assert key in spec, key
     api = (site / "reference" / "api" / "index.html").read_text()
     assert 'id="embedtrain.fit"' in api and 'id="embedtrain.export_run"' in api
+    assert not re.search(r":(class|func|meth|attr|mod|exc):`", api)  # roles shown as code
+
+
+def test_sphinx_roles_become_code_spans():
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        from roles import plain
+    finally:
+        sys.path.pop(0)
+    assert plain("See :class:`Trainer` and :func:`~embedtrain.api.fit`, :meth:`a.b <x>`.") == (
+        "See `Trainer` and `fit`, `a.b`.")
+    assert plain("``literal`` stays") == "``literal`` stays"
 
 
 def test_a_key_without_a_comment_fails_the_generator():

@@ -63,8 +63,8 @@ def register(sub) -> None:
                "  optim.warmup_steps: {randint: [0, 100]}     # hi excluded\n"
                "  train.max_steps: 600                         # the same for every trial\n\n"
                "Trials train with train.select: best (their selected checkpoint is their best "
-               "evaluation)\nunless the config or --set says train.select. See the README, "
-               "\"Hyperparameter search\".")
+               "evaluation)\nunless the config or --set says train.select. Guide: "
+               "docs/guides/tuning.md (make docs builds the site).")
     p.add_argument("config", help="YAML config file the trials start from (see configs/)")
     p.add_argument("--space", required=True, help="search space YAML (see configs/tune/)")
     p.add_argument("--trials", type=int, default=8, help="configurations to try (default: 8)")
