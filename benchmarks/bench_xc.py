@@ -74,7 +74,7 @@ from torch import Tensor, nn
 
 from embedtrain.config import HeadConfig, HeadKind, NegativeIndex, OptimConfig, load_config
 from embedtrain.heads.build import SHARDED_HEADS, build_head
-from embedtrain.recipes.xc import head_arguments
+from embedtrain.recipes.heads import head_arguments
 from embedtrain.train.optim import dense_optimizer_factory, sharded_head_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
