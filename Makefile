@@ -16,7 +16,7 @@ $(STAMP): $(REQUIREMENTS) requirements/docs.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r $(REQUIREMENTS)
-	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PY) -m pip install --quiet --no-deps torchrec==1.9.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -c "import torchrec, fbgemm_gpu, embedtrain; print('stack ok: torch', __import__('torch').__version__, 'torchrec', torchrec.__version__)"
 	touch $@

@@ -222,7 +222,6 @@ def time_heads(args: argparse.Namespace) -> dict[str, Any]:
         "round_step_ms": rounds,
         "ratios": ratios,
         "round_ratios": round_ratios,
-        "hard_negatives_refresh_step_ms": refresh_ms["hard_negatives"],
         "refresh_step_ms": refresh_ms,
         # the median step with its index's rebuild spread over the refresh_every steps
         "amortized_step_ms": {n: step_ms[n] + (ms - step_ms[n]) / heads[n].head.refresh_every

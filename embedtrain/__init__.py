@@ -26,6 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from embedtrain import fbgemm_cpu as _fbgemm_cpu  # noqa: E402
+
+_fbgemm_cpu.install()  # FBGEMM's CPU kernels JIT-generated (see embedtrain/fbgemm_cpu.py)
+
 _EXPORTS = {
     # configs
     "Config": "embedtrain.config", "ClusterConfig": "embedtrain.config",

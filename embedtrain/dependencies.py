@@ -16,7 +16,7 @@ from types import ModuleType
 
 # The stack this release is verified with (requirements/cpu.txt and gpu.txt, the Makefile's
 # torchrec): ``embedtrain doctor`` compares the installed versions with it; FBGEMM is either build.
-VERIFIED = {"torch": "2.13.0", "fbgemm-gpu-cpu|fbgemm-gpu": "1.8.0", "torchrec": "1.8.0",
+VERIFIED = {"torch": "2.14.1", "fbgemm-gpu-cpu|fbgemm-gpu": "1.9.0", "torchrec": "1.9.2",
             "ray": "2.60.0", "polars": "2.1.0", "pyarrow": "26.0.1", "numpy": "2.4.6"}
 
 

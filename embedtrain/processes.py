@@ -352,7 +352,8 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *args: Any,
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torchrec", __name__])  # before the server starts
+    # before the server starts; embedtrain first, so FBGEMM binds as embedtrain/fbgemm_cpu.py says
+    ctx.set_forkserver_preload(["embedtrain", "torch", "torchrec", __name__])
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="embedtrain-spawn-") as tmp:
         out = Path(tmp)

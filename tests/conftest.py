@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import embedtrain  # noqa: F401  (before any test imports TorchRec: embedtrain/fbgemm_cpu.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

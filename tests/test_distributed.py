@@ -284,7 +284,9 @@ def test_spawn_returns_the_results_when_only_teardown_hangs(monkeypatch):
 
 
 def _probe(rank, world):
-    return os.environ.get("EMBEDTRAIN_PROBE"), os.getcwd()
+    from embedtrain import fbgemm_cpu  # the server imported embedtrain before TorchRec
+
+    return os.environ.get("EMBEDTRAIN_PROBE"), os.getcwd(), fbgemm_cpu.state
 
 
 def test_spawned_ranks_take_the_callers_environment_and_directory(monkeypatch, tmp_path):
@@ -295,4 +297,4 @@ def test_spawned_ranks_take_the_callers_environment_and_directory(monkeypatch, t
     spawn(_probe, 2)  # the server runs from here on
     monkeypatch.setenv("EMBEDTRAIN_PROBE", "after")
     monkeypatch.chdir(tmp_path)
-    assert spawn(_probe, 2) == [("after", str(tmp_path))] * 2
+    assert spawn(_probe, 2) == [("after", str(tmp_path), "torch")] * 2

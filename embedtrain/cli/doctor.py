@@ -47,6 +47,7 @@ def _device() -> str:
 
 
 def _doctor(args) -> int:
+    from embedtrain.fbgemm_cpu import describe
     from embedtrain.dependencies import VERIFIED
     from embedtrain.runtime import allocator_setting, threads_per_rank, usable_cores
 
@@ -64,7 +65,8 @@ def _doctor(args) -> int:
               "platform": f"{platform.system()} {platform.machine()}",
               "verified": all(p["ok"] for p in packages), "packages": packages,
               "device": _device(), "cores": usable_cores(), "ranks": args.nproc,
-              "threads_per_rank": threads, "threads_from": why, "allocator": allocator_setting()}
+              "threads_per_rank": threads, "threads_from": why, "allocator": allocator_setting(),
+              "fbgemm_cpu_kernels": describe()}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -76,7 +78,8 @@ def _doctor(args) -> int:
         print("the verified combination" if report["verified"] else
               "not the verified combination: make install (or pip install -r "
               "requirements/cpu.txt) installs it")
-        print(f"device: {report['device']}")
+        print(f"device: {report['device']}; FBGEMM's CPU kernels: "
+              f"{report['fbgemm_cpu_kernels']}")
         print(f"cores: {report['cores']}; {args.nproc} rank(s) here get {threads} thread(s) "
               f"each ({why}); allocator: {report['allocator']}")
     sys.stdout.flush()

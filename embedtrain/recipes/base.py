@@ -524,8 +524,9 @@ def quiet_fx_tracing_warning() -> None:
     """Spends torch's once-per-process ``is_fx_tracing`` warning without printing it.
 
     TorchRec's modules call ``torch.fx._symbolic_trace.is_fx_tracing()`` in every forward; torch
-    2.13 logs a deprecation warning (once, through an ``lru_cache``) addressed to TorchRec, not
-    to users. Only that one message is swallowed: the logger is disabled just for the call.
+    2.13 and 2.14 log a deprecation warning (once, through an ``lru_cache``) addressed to
+    TorchRec, not to users. Only that one message is swallowed: the logger is disabled just for
+    the call.
     """
     try:
         from torch.fx import _symbolic_trace as fx_trace
