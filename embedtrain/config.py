@@ -192,6 +192,30 @@ class HeadConfig:
     # dtype bf16 / fp8: how updated rows are rounded back (stochastic: unbiased)
     rounding: Rounding = Rounding.STOCHASTIC
 
+    def __post_init__(self) -> None:
+        """Keys that only go together, refused when the config is loaded (so ``embedtrain
+        tune`` refuses a space that can draw them before any trial starts)."""
+        sharded = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES)
+        for name, default in (("dtype", HeadDtype.FP32), ("margin", Margin.NONE),
+                              ("loss", HeadLoss.SOFTMAX)):
+            value = getattr(self, name)
+            if self.kind not in sharded and value is not default:
+                raise ValueError(f"{name}: {value.value} needs a full, partial_fc or "
+                                 f"hard_negatives head, not {self.kind.value}")
+        if self.dtype is not HeadDtype.FP32 and self.optimizer not in (
+                HeadOptimizer.ROWWISE_ADAGRAD, HeadOptimizer.FACTORED_ADAGRAD):
+            raise ValueError(f"dtype: {self.dtype.value} needs optimizer: rowwise_adagrad or "
+                             f"factored_adagrad, not {self.optimizer.value} (they keep one "
+                             f"float32 a row and round the updated rows back; adagrad's state "
+                             f"would be a float32 copy of the head)")
+
+    @property
+    def corrects_sample(self) -> bool:
+        """Whether ``sample_correction`` applies: only partial_fc with softmax samples classes;
+        with another head it is ignored, with a line at the start of the run."""
+        return (self.sample_correction and self.kind is HeadKind.PARTIAL_FC
+                and self.loss is HeadLoss.SOFTMAX)
+
 
 @dataclass
 class XCConfig:
@@ -288,8 +312,8 @@ class TrainConfig:
     max_steps: Optional[int] = config_field(None, check=POSITIVE)
     # steps between validation evaluations; 0: only at the end
     eval_every: int = config_field(500, check=NON_NEGATIVE)
-    # cap on validation batches per evaluation
-    eval_max_batches: Optional[int] = config_field(None, check=POSITIVE)
+    # cap on validation batches per evaluation; all (or null): every batch of the split
+    eval_max_batches: Optional[int] = config_field(None, check=POSITIVE, none_spelled="all")
     # steps between checkpoints; 0: only at the end
     checkpoint_every: int = config_field(1000, check=NON_NEGATIVE)
     # the newest checkpoints kept (and the best one, with select: best)

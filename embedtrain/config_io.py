@@ -62,14 +62,18 @@ FANOUT = (lambda v: v > 0 or v == -1, "must be positive, or -1 for all neighbour
 
 def config_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
                  check: Optional[tuple[Callable[[Any], bool], str]] = None,
-                 path: bool = False, text: bool = False, component: bool = False) -> Any:
+                 path: bool = False, text: bool = False, component: bool = False,
+                 none_spelled: Optional[str] = None) -> Any:
     """A config field; ``check`` applies to the value (each element of a list), ``path`` marks
     a file path resolved against the config file's directory. ``text``: the field's strings
     also accept YAML numbers and booleans, as their text (``0`` -> ``"0"``, ``true`` ->
     ``"true"``), and a single value where a list of them is expected (values compared with a
     data column's text, e.g. a split column's). ``component``: the section may instead be a
-    :class:`Component` (``{_component_: package.module:Name, ...its keys}``)."""
-    metadata = {"check": check, "path": path, "text": text, "component": component}
+    :class:`Component` (``{_component_: package.module:Name, ...its keys}``). ``none_spelled``: a
+    word that means the field's ``None`` (``eval_max_batches: all``), and the error of a value the
+    check refuses names it."""
+    metadata = {"check": check, "path": path, "text": text, "component": component,
+                "none_spelled": none_spelled}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -340,7 +344,9 @@ def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "",
               ignore_unknown: bool = False) -> Any:
     """Builds dataclass ``cls`` from plain data, checking keys and types recursively.
 
-    A field without a default is required (``key: missing``). ``ignore_unknown`` skips keys
+    A field without a default is required (``key: missing``). A section's ``__post_init__``
+    may refuse values that cannot go together by raising ``ValueError("key: why")``: it becomes
+    the one-line :class:`ConfigError` of ``prefix`` + that key. ``ignore_unknown`` skips keys
     ``cls`` does not have at this level (a file that carries more than the reader needs, such
     as ``metadata.json``); otherwise they are errors.
     """
@@ -362,16 +368,25 @@ def from_dict(cls: type, data: Any, source: str = "<config>", prefix: str = "",
                 and COMPONENT_KEY in value):
             kwargs[key] = _component(value, source, key_path)
             continue
+        spelled = fields[key].metadata.get("none_spelled")
+        if spelled is not None and value == spelled:
+            kwargs[key] = None
+            continue
         kwargs[key] = _convert(hints[key], value, source, key_path,
                                text=fields[key].metadata.get("text", False))
         check = fields[key].metadata.get("check")
         if check is not None:
+            if spelled is not None:
+                check = (check[0], f"{check[1]} (or {spelled})")
             _check(kwargs[key], check, source, key_path)
     for name, f in fields.items():
         if (name not in kwargs and f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING):
             raise ConfigError(f"{source}: {prefix}{name}: missing")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a section's own check of its keys together (its __post_init__)
+        raise ConfigError(f"{source}: {prefix}{e}") from None
 
 
 def _check(value: Any, check: tuple[Callable[[Any], bool], str], source: str,

@@ -342,3 +342,15 @@ def test_text_fields_take_numbers_and_single_values_as_text():
     assert got.values == {"train": ["0"], "valid": ["1", "2.5"], "test": ["true"]}
     with pytest.raises(ConfigError, match=r"plain\[0\]: expected a string, got int 0"):
         from_dict(Split, {"plain": [0]})
+
+
+def test_all_is_a_spelling_of_no_cap():
+    # the cap on evaluation batches: "all" (or null) is every batch; 0 is refused, naming "all"
+    demo = str(ROOT / "configs" / "dlrm_synthetic.yaml")
+    assert load_config(demo, ["train.eval_max_batches=all"]).train.eval_max_batches is None
+    assert load_config(demo, ["train.eval_max_batches=4"]).train.eval_max_batches == 4
+    with pytest.raises(ConfigError, match=r"train\.eval_max_batches: must be positive \(or all\), "
+                                          r"got 0$"):
+        load_config(demo, ["train.eval_max_batches=0"])
+    with pytest.raises(ConfigError, match="expected an integer"):
+        load_config(demo, ["train.eval_max_batches=every"])

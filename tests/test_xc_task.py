@@ -137,7 +137,7 @@ def test_plan_counts_a_low_precision_head_and_its_rowwise_state(xc_data, tmp_pat
 
 
 @pytest.mark.parametrize("sets, message", [
-    (["head.dtype=bf16"], "head.dtype: bf16 needs head.optimizer: rowwise_adagrad "
+    (["head.dtype=bf16"], "head.dtype: bf16 needs optimizer: rowwise_adagrad "
                              "or factored_adagrad, not adagrad"),
     (["head.dtype=bf16", "head.kind=mach"], "head.dtype: bf16 needs a full, partial_fc "
                                                   "or hard_negatives head, not mach"),

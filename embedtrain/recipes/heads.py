@@ -11,6 +11,8 @@ replicated dense heads, all-reduced with the encoder.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -21,9 +23,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from embedtrain.config import (
     ClusterConfig,
     HeadConfig,
-    HeadDtype,
     HeadKind,
-    HeadOptimizer,
     Margin,
     NegativeIndex,
     ShardingType,
@@ -35,14 +35,14 @@ from embedtrain.recipes.export_parts import HeadExport
 from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.optim import head_optimizer_class, sharded_head_optimizer
 
-# head optimizers with one float32 a row, that low-precision rows can be rounded back by
-ROW_STATE_OPTIMIZERS = (HeadOptimizer.ROWWISE_ADAGRAD, HeadOptimizer.FACTORED_ADAGRAD)
 
 
 def head_arguments(h: HeadConfig) -> dict[str, Any]:
     """``build_head``'s keyword arguments from the ``head`` section: all its keys but the head's
-    kind, the top-k and the optimizer's."""
-    return {k: v for k, v in vars(h).items() if k not in ("kind", "top_k", "optimizer", "lr")}
+    kind, the top-k and the optimizer's; ``sample_correction`` where it applies
+    (:attr:`~embedtrain.config.HeadConfig.corrects_sample`)."""
+    args = {k: v for k, v in vars(h).items() if k not in ("kind", "top_k", "optimizer", "lr")}
+    return {**args, "sample_correction": h.corrects_sample}
 
 
 class ClassHeads:
@@ -62,13 +62,13 @@ class ClassHeads:
         return self.h.kind in SHARDED_HEADS
 
     def check(self) -> None:
-        """A low-precision head needs an optimizer with one float32 a row."""
+        """One line (rank 0) where ``head.sample_correction`` is ignored: only partial_fc with
+        softmax samples classes. The keys that cannot go together are refused when the config
+        loads (``HeadConfig.__post_init__``)."""
         h = self.h
-        if h.dtype is not HeadDtype.FP32 and h.optimizer not in ROW_STATE_OPTIMIZERS:
-            raise ValueError(f"head.dtype: {h.dtype.value} needs head.optimizer: "
-                             f"rowwise_adagrad or factored_adagrad, not {h.optimizer.value} "
-                             f"(they keep one float32 a row and round the updated rows back; "
-                             f"adagrad's state would be a float32 copy of the head)")
+        if h.sample_correction and not h.corrects_sample and os.environ.get("RANK", "0") == "0":
+            print(f"head.sample_correction: ignored: only partial_fc with loss softmax samples "
+                  f"classes (this head: {h.kind.value}, loss {h.loss.value})", file=sys.stderr)
 
     def build(self, **kwargs: Any) -> nn.Module:
         return build_head(self.h.kind, self.num_classes, self.dim, **head_arguments(self.h),
@@ -92,7 +92,7 @@ class ClassHeads:
         """Encoder on ``meta`` and the head: a sharded one as this rank's slice (its collectives
         on a process group of their own) with its optimizer, a replicated one on ``device``."""
         h = self.h
-        counts = class_counts() if h.kind is HeadKind.ADAPTIVE or h.sample_correction else None
+        counts = class_counts() if h.kind is HeadKind.ADAPTIVE or h.corrects_sample else None
         group = dist.new_group(list(range(dist.get_world_size()))) if self.sharded else None
         head = self.built = self.build(group=group, class_counts=counts, seed=seed)
         if not self.sharded:

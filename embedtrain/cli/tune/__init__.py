@@ -11,7 +11,9 @@ At the end the command prints a table of the trials and writes into ``DIR``:
   ``stopped`` by ASHA, ``error`` with the one-line ``error``), ``run_dir``;
 - ``best.yaml``: the whole winning config, for ``embedtrain train DIR/best.yaml``;
 - ``best.json``: the best trial's ``run_dir``, ``valid_value`` and the ``test`` metrics of its
-  selected checkpoint (from its summary; a trial ASHA stopped is evaluated on the test split);
+  selected checkpoint (from its summary; a trial ASHA stopped is evaluated on the test split),
+  ``trials`` and ``failed_trials``, and a ``warning`` (also above the table) where more than a
+  quarter of the trials failed;
 - ``search.png``: the metric against the trial number and against each searched key.
 
 Also ``base.yaml`` (the config every trial starts from), ``search.json`` (the search's settings,
@@ -260,7 +262,7 @@ def _finish(args: argparse.Namespace, out: Path, space: SearchSpace, run) -> int
     best = results.best_outcome(outcomes, higher)
     if best is not None:
         results.write_best_config(out, out / "base.yaml", space, best)
-        summary = results.write_best(out, best, metric, higher)
+        summary = results.write_best(out, best, metric, higher, outcomes)
         results.plot_search(out / "search.png", outcomes, space, metric, higher)
         test = summary["test"] or {}
         shown = f"; test {metric} {test[metric]:.4f}" if metric in test else ""

@@ -138,13 +138,25 @@ def write_best_config(out: Path, base_config: Path, space: SearchSpace,
     return path
 
 
-def write_best(out: Path, best: TrialOutcome, metric: str, higher: bool) -> dict[str, Any]:
+def failed_warning(outcomes: Sequence[TrialOutcome]) -> Optional[str]:
+    """One line when more than a quarter of the trials failed (the search then explored only
+    part of its space), else None."""
+    failed = sum(o.status is TrialStatus.ERROR for o in outcomes)
+    if outcomes and failed * 4 > len(outcomes):
+        return (f"warning: {failed} of {len(outcomes)} trials failed: the best is the best of "
+                f"the other {len(outcomes) - failed} (the errors are under the table)")
+    return None
+
+
+def write_best(out: Path, best: TrialOutcome, metric: str, higher: bool,
+               outcomes: Sequence[TrialOutcome] = ()) -> dict[str, Any]:
     """``DIR/best.json``: the best trial's run directory, validation value and test metrics.
 
     The test metrics are those of its selected checkpoint: from ``summary.json`` when it ran to
     the end; else (stopped by the scheduler) its checkpoint of the best evaluation, or its
     newest one, is evaluated on the test split here, as ``embedtrain eval RUN --split test
-    --checkpoint STEP`` would.
+    --checkpoint STEP`` would. ``outcomes``: every trial, for ``trials`` and ``failed_trials``
+    (and ``warning`` where more than a quarter failed).
     """
     summary_file = best.run_dir / SUMMARY_FILE
     if summary_file.is_file():
@@ -163,7 +175,12 @@ def write_best(out: Path, best: TrialOutcome, metric: str, higher: bool) -> dict
     result = {"trial": best.name, "run_dir": str(best.run_dir), "status": best.status.value,
               "config": best.config, "metric": metric, "mode": "max" if higher else "min",
               "valid_value": best.best_value, "valid_step": best.step,
-              "test": test, "test_step": step, "test_from": source}
+              "test": test, "test_step": step, "test_from": source,
+              "trials": len(outcomes),
+              "failed_trials": sum(o.status is TrialStatus.ERROR for o in outcomes)}
+    warning = failed_warning(outcomes)
+    if warning:
+        result["warning"] = warning
     write_atomic(out / "best.json", json.dumps(result, indent=2) + "\n")
     return result
 
@@ -195,7 +212,7 @@ def evaluate_checkpoint(run_dir: Path, step: int, split: str) -> Optional[dict[s
 def format_table(outcomes: Sequence[TrialOutcome], keys: Sequence[str],
                  metric: Optional[str]) -> str:
     """The trials as a text table: trial, the searched keys' values, best value, step, status;
-    the errors' lines below it."""
+    the errors' lines below it; above it, a warning where more than a quarter failed."""
     head = ["trial", *keys, f"best {metric or 'value'}", "step", "status"]
     rows = [[o.name, *(_short(o.config.get(k)) for k in keys),
              "-" if o.best_value is None else f"{o.best_value:.4f}",
@@ -203,6 +220,9 @@ def format_table(outcomes: Sequence[TrialOutcome], keys: Sequence[str],
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    warning = failed_warning(outcomes)
+    if warning:
+        lines.insert(0, warning)
     lines += [f"{o.name}: {o.error}" for o in outcomes if o.error]
     return "\n".join(lines)
 

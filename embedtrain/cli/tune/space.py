@@ -29,12 +29,14 @@ Example:
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import math
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 
 from embedtrain.config import ConfigError, load_config, to_dict
@@ -209,33 +211,82 @@ def check_space(space: SearchSpace, config: str | os.PathLike, overrides: list[s
                 ) -> SearchSpace:
     """Loads ``config`` with ``overrides``, the fixed values and each probe of every searched key
     (a choice's every value, the two ends of a range as floats; ``randint``'s ``lo`` and its
-    last integer, ``hi - 1``) through :func:`embedtrain.config.load_config`.
+    last integer, ``hi - 1``) through :func:`embedtrain.config.load_config`; then the probes of
+    the searched keys together (:func:`_check_together`), so that a space whose keys' values
+    cannot be combined is refused before any trial starts.
 
     Returns:
         The space with each choice's values as the loader resolved them (a path made absolute,
         as ``--set`` makes it).
 
     Raises:
-        ConfigError: an error of the loader, as one line naming the space file and the key.
+        ConfigError: an error of the loader, as one line naming the space file and the key (or
+            the two keys that cannot be combined).
     """
     for key, value in space.fixed.items():
         _load(space, config, [*overrides, *as_overrides({key: value})], key, None)
     base = [*overrides, *space.fixed_overrides()]
-    params = []
+    params, probes = [], []
     for p in space.params:
         if p.distribution is Distribution.CHOICE:
             values = tuple(_given(v, _load(space, config, base + as_overrides({p.key: v}),
                                            p.key, p)) for v in p.values)
             p = SearchParam(p.key, p.distribution, values)
+            probe = list(p.values)
         elif p.distribution is Distribution.RANDINT:
             lo, hi = p.values
-            for v in (lo, hi - 1):
-                _load(space, config, base + as_overrides({p.key: v}), p.key, p)
+            probe = [lo, hi - 1]
         else:  # uniform and loguniform draw floats, also between integer bounds
-            for v in p.values:
-                _load(space, config, base + as_overrides({p.key: float(v)}), p.key, p)
+            probe = [float(v) for v in p.values]
+        for v in probe if p.distribution is not Distribution.CHOICE else ():
+            _load(space, config, base + as_overrides({p.key: v}), p.key, p)
         params.append(p)
+        probes.append([(p.key, v) for v in probe])
+    _check_together(space, config, base, probes)
     return SearchSpace(space.path, tuple(params), dict(space.fixed))
+
+
+# the most combinations of the searched keys' probes loaded; a larger space is checked on this
+# many combinations drawn with a fixed seed (every pair of two keys' probes first)
+COMBINATIONS = 256
+
+
+def _check_together(space: SearchSpace, config: str | os.PathLike, base: list[str],
+                    probes: list[list[tuple[str, Any]]]) -> None:
+    """Loads the config with combinations of the keys' probes (all of them up to
+    :data:`COMBINATIONS`; else every pair of two keys' probes, then a seeded sample of whole
+    combinations); the first that fails is reduced to the two keys that fail together, if two
+    do, and refused in one line naming them and their values."""
+    if len(probes) < 2:
+        return
+    if math.prod(len(p) for p in probes) <= COMBINATIONS:
+        combos: Iterable[tuple[tuple[str, Any], ...]] = itertools.product(*probes)
+    else:
+        pairs = (c for a, b in itertools.combinations(probes, 2) for c in itertools.product(a, b))
+        rng = random.Random(0)
+        sample = (tuple(rng.choice(p) for p in probes) for _ in range(COMBINATIONS))
+        combos = itertools.chain(pairs, sample)
+    for combo in combos:
+        try:
+            load_config(config, base + as_overrides(dict(combo)))
+        except ConfigError as e:
+            culprits = next((pair for pair in itertools.combinations(combo, 2)
+                             if _fails(config, base, pair)), combo)
+            text = str(e)
+            text = text[len(f"{config}: "):] if text.startswith(f"{config}: ") else text
+            values = " with ".join(f"{k}={_show(v)}" for k, v in culprits)
+            raise ConfigError(f"{space.path}: {', '.join(k for k, _ in culprits)}: cannot be "
+                              f"combined: {values}: {text} (give these keys as one choice of "
+                              f"mappings, or fix one of them)") from None
+
+
+def _fails(config: str | os.PathLike, base: list[str], items: tuple[tuple[str, Any], ...]
+           ) -> bool:
+    try:
+        load_config(config, base + as_overrides(dict(items)))
+    except ConfigError:
+        return True
+    return False
 
 
 def _given(value: Any, resolved: Any) -> Any:
