@@ -54,6 +54,7 @@ from embedtrain.models.options import (
     SeqModel,
     TableKind,
     mlp_sizes,
+    replicated_head_refusal,
 )
 from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKind: cluster files)
     ClusterConfig,
@@ -195,13 +196,9 @@ class HeadConfig:
     def __post_init__(self) -> None:
         """Keys that only go together, refused when the config is loaded (so ``embedtrain
         tune`` refuses a space that can draw them before any trial starts)."""
-        sharded = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES)
-        for name, default in (("dtype", HeadDtype.FP32), ("margin", Margin.NONE),
-                              ("loss", HeadLoss.SOFTMAX)):
-            value = getattr(self, name)
-            if self.kind not in sharded and value is not default:
-                raise ValueError(f"{name}: {value.value} needs a full, partial_fc or "
-                                 f"hard_negatives head, not {self.kind.value}")
+        refusal = replicated_head_refusal(self.kind, self.dtype, self.margin, self.loss)
+        if refusal:
+            raise ValueError(refusal)
         if self.dtype is not HeadDtype.FP32 and self.optimizer not in (
                 HeadOptimizer.ROWWISE_ADAGRAD, HeadOptimizer.FACTORED_ADAGRAD):
             raise ValueError(f"dtype: {self.dtype.value} needs optimizer: rowwise_adagrad or "

@@ -18,10 +18,11 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from embedtrain.heads.low_precision import DTYPES
 from embedtrain.heads.sharded import HardNegativeHead, PartialFCHead, ShardedSoftmaxHead
-from embedtrain.models.options import HeadDtype, HeadKind, HeadLoss, Margin, NegativeIndex, Rounding
+from embedtrain.models.options import (  # noqa: F401  (SHARDED_HEADS: the heads layer's name)
+    SHARDED_HEADS, HeadDtype, HeadKind, HeadLoss, Margin, NegativeIndex, Rounding,
+    replicated_head_refusal)
 
 HEAD_TABLE = "class_head"  # the head's name in plans and reports
-SHARDED_HEADS = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES)
 
 
 def planning_head(num_classes: int, dim: int, head_dtype: HeadDtype = HeadDtype.FP32,
@@ -91,11 +92,9 @@ def build_head(kind: HeadKind, num_classes: int, dim: int, *, sample_rate: float
                                 index_clusters=index_clusters, index_probe=index_probe, **common)
     from embedtrain.heads import replicated as xc_heads
 
-    for name, value, default in (("margin", margin, Margin.NONE), ("loss", loss, HeadLoss.SOFTMAX),
-                                 ("dtype", dtype, HeadDtype.FP32)):
-        if value is not default:
-            raise ValueError(f"head.{name}: {value.value} needs a full, partial_fc or "
-                             f"hard_negatives head, not {kind.value}")
+    refusal = replicated_head_refusal(kind, HeadDtype(dtype), margin, loss)
+    if refusal:
+        raise ValueError(f"head.{refusal}")
     if kind is HeadKind.ADAPTIVE:
         order = xc_heads.frequency_order(class_counts) if class_counts is not None else None
         return xc_heads.AdaptiveSoftmaxHead(num_classes, dim, cutoffs=list(cutoffs) or None,

@@ -70,6 +70,26 @@ class Margin(enum.Enum):
     ARCFACE = "arcface"  # s * cos(theta + m)
 
 
+# the heads sharded over the ranks (each rank a slice of the classes); the others are replicated
+SHARDED_HEADS = (HeadKind.FULL, HeadKind.PARTIAL_FC, HeadKind.HARD_NEGATIVES)
+
+
+def replicated_head_refusal(kind: HeadKind, dtype: HeadDtype, margin: Margin,
+                            loss: HeadLoss) -> str | None:
+    """Why a replicated head (adaptive, mach) cannot take these settings (``"dtype: bf16 needs
+    a full, partial_fc or hard_negatives head, not mach"``), or None: a low-precision dtype, a
+    margin and the bce loss are the sharded heads' only. Used by the config loader and
+    :func:`~embedtrain.heads.build.build_head`."""
+    if kind in SHARDED_HEADS:
+        return None
+    for name, value, default in (("dtype", dtype, HeadDtype.FP32), ("margin", margin, Margin.NONE),
+                                 ("loss", loss, HeadLoss.SOFTMAX)):
+        if value is not default:
+            return (f"{name}: {value.value} needs a full, partial_fc or hard_negatives head, "
+                    f"not {kind.value}")
+    return None
+
+
 class GNNModel(enum.Enum):
     """What :class:`~embedtrain.models.gnn.GraphSAGE` computes from a seed node."""
 
