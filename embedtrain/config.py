@@ -70,9 +70,11 @@ from embedtrain.train.options import (
     DenseOptimizer,
     HeadOptimizer,
     LRDecay,
+    SIZED,
     PipelineKind,
     Selection,
     SparseOptimizer,
+    sized_schedule,
 )
 
 __all__ = [
@@ -303,12 +305,14 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    # passes over the training split
-    epochs: int = config_field(1, check=POSITIVE)
-    # stop early after this many steps (overrides epochs)
+    # passes over the training split; auto: at least 1,000 steps (at most 100 passes), or
+    # max_steps' worth (the sizing: embedtrain/train/state.py)
+    epochs: Optional[int] = config_field(None, check=POSITIVE, none_spelled="auto")
+    # stop after this many steps (overrides epochs)
     max_steps: Optional[int] = config_field(None, check=POSITIVE)
-    # steps between validation evaluations; 0: only at the end
-    eval_every: int = config_field(500, check=NON_NEGATIVE)
+    # steps between validation evaluations; 0: only at the end; auto: 4 a pass, at most 500
+    # steps apart
+    eval_every: Optional[int] = config_field(None, check=NON_NEGATIVE, none_spelled="auto")
     # cap on validation batches per evaluation; all (or null): every batch of the split
     eval_max_batches: Optional[int] = config_field(None, check=POSITIVE, none_spelled="all")
     # steps between checkpoints; 0: only at the end
@@ -325,18 +329,29 @@ class TrainConfig:
     # micro-batches per dense optimizer step
     grad_accumulation: int = config_field(1, check=POSITIVE)
     bf16_dense: bool = False  # run the dense part under bfloat16 autocast
-    # which checkpoint the final (test) metrics come from: last, or best on validation
-    select: Selection = Selection.LAST
+    # which checkpoint the final (test) metrics come from: last, or best on validation; auto:
+    # best on a small data set (a pass under 1,000 steps) when epochs and max_steps are auto,
+    # else last
+    select: Optional[Selection] = config_field(None, none_spelled="auto")
     # validation metric that picks the best checkpoint (default: the task's main metric)
     select_metric: Optional[str] = None
-    # stop after this many evaluations without a better select_metric (0: never)
-    early_stopping_patience: int = config_field(0, check=NON_NEGATIVE)
+    # stop after this many evaluations without a better select_metric (0: never); auto: three
+    # passes' worth on a small data set when epochs and max_steps are auto, else never
+    early_stopping_patience: Optional[int] = config_field(None, check=NON_NEGATIVE,
+                                                          none_spelled="auto")
     # the training step: none (the loop), sparse_dist (TorchRec's TrainPipelineSparseDist: the
     # next batch's input all-to-all overlaps this one's compute) or semi_sync (task ctr)
     pipeline: PipelineKind = PipelineKind.NONE
     # torch intra-op threads of each rank (default: the cores this process may use divided by
     # the ranks on this machine; env EMBEDTRAIN_THREADS also sets it; see embedtrain/runtime.py)
     threads_per_rank: Optional[int] = config_field(None, check=POSITIVE)
+
+    def sized(self, steps_per_epoch: int) -> "TrainConfig":
+        """This section with ``epochs``, ``eval_every``, ``select`` and
+        ``early_stopping_patience`` left auto sized to a training split of ``steps_per_epoch``
+        batches (:func:`embedtrain.train.options.sized_schedule`, as the trainer sizes them)."""
+        return dataclasses.replace(self, **sized_schedule(
+            {k: getattr(self, k) for k in SIZED}, self.max_steps, steps_per_epoch))
 
 
 @dataclass

@@ -405,7 +405,7 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, Component):
         return {COMPONENT_KEY: obj.path, **to_dict(obj.keys)}
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: _spelled(f, getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
@@ -413,6 +413,13 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+def _spelled(f: dataclasses.Field, value: Any) -> Any:
+    """A field's value as data: its ``none_spelled`` word for None (``epochs: auto``)."""
+    if value is None and f.metadata.get("none_spelled"):
+        return f.metadata["none_spelled"]
+    return to_dict(value)
 
 
 def dump_config(cfg: Any, path: str | os.PathLike) -> None:

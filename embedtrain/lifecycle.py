@@ -83,13 +83,17 @@ def check_start(run_dir: RunDir, cfg: Config, resume: bool, overwrite: bool, qui
 
 def _resumed_total(info: dict[str, Any], saved: Any, cfg: Any) -> Optional[int]:
     """The steps a resumed run would end at under ``cfg`` (None where it cannot be known without
-    the data: the saved run was bounded by ``max_steps`` and ``cfg`` counts in epochs)."""
+    the data: a checkpoint of an older run bounded by ``max_steps`` where ``cfg`` counts in
+    epochs). The length is sized as the trainer sizes it, with the checkpoint's steps a pass."""
     total = info.get("total_steps")
     if not isinstance(total, int):
         return None
-    old_max, epochs = saved.train.max_steps, saved.train.epochs
-    per_epoch = total // epochs if (old_max is None or old_max > total) and epochs else None
-    bounds = [b for b in (cfg.train.max_steps,
-                          cfg.train.epochs * per_epoch if per_epoch is not None else None)
-              if b is not None]
-    return min(bounds) if bounds else None
+    per_epoch = info.get("steps_per_epoch")
+    if not isinstance(per_epoch, int):  # written before checkpoints held it
+        old_max, epochs = saved.train.max_steps, saved.train.epochs
+        per_epoch = (total // epochs if (old_max is None or old_max > total) and epochs
+                     else None)
+    if per_epoch is None:
+        return cfg.train.max_steps
+    steps = cfg.train.sized(per_epoch).epochs * per_epoch
+    return min(steps, cfg.train.max_steps or steps)

@@ -219,7 +219,7 @@ def test_yaml_1_2_floats(tmp_path, text):
     ("optim:\n  dense_lr: -1e-3\n", "optim.dense_lr: must be positive, got -0.001"),
     ("optim:\n  sparse_lr: 0\n", "optim.sparse_lr: must be positive, got 0.0"),
     ("data:\n  batch_size: -8\n", "data.batch_size: must be positive, got -8"),
-    ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
+    ("train:\n  epochs: 0\n", "train.epochs: must be positive (or auto), got 0"),
     ("head:\n  sample_rate: 1.5\n", "head.sample_rate: must be in [0, 1], got 1.5"),
     ("gnn:\n  fanouts: [10, 0]\n", "gnn.fanouts[1]: must be positive, or -1 for all"),
     ("gnn:\n  dropout: 1.0\n", "gnn.dropout: must be in [0, 1), got 1.0"),

@@ -109,3 +109,19 @@ def test_a_search_where_more_than_a_quarter_failed_says_so(tmp_path):
     record = results.write_best(tmp_path, best, "auc", True, [_outcome(0, error), *(
         _outcome(i, done) for i in range(1, 4))])
     assert (record["trials"], record["failed_trials"]) == (4, 1) and "warning" not in record
+
+
+SPACES = sorted((ROOT / "configs" / "tune").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("space_file", SPACES, ids=lambda p: p.name)
+def test_every_shipped_space_is_valid_on_the_config_its_command_names(space_file):
+    """A shipped space runs as is: the config its header's command names loads with every
+    probe of its keys, alone and together (what `embedtrain tune` checks before a trial)."""
+    import re
+
+    commands = re.findall(r"embedtrain tune (\S+) --space (\S+)", space_file.read_text())
+    assert commands, f"{space_file.name}: no `embedtrain tune CONFIG --space ...` in its header"
+    for config, named in commands:
+        assert named == f"configs/tune/{space_file.name}"
+        check_space(load_space(space_file), ROOT / config, [])

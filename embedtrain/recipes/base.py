@@ -480,7 +480,7 @@ class Recipe:
     def check_selection(self, task: Task) -> None:
         """``train.select_metric`` is a metric of the task with a known better direction."""
         t = self.cfg.train
-        if t.select is not Selection.BEST and not t.early_stopping_patience:
+        if t.select is Selection.LAST and t.early_stopping_patience == 0:
             return
         metric = t.select_metric or task.main_metric
         try:
@@ -489,8 +489,9 @@ class Recipe:
             raise ValueError(f"train.select_metric: {e}") from None
 
     def total_steps(self, batches_per_epoch: int) -> int:
-        """Steps of the whole run (``train.epochs``, capped by ``train.max_steps``)."""
-        t = self.cfg.train
+        """Steps of the whole run (``train.epochs``, capped by ``train.max_steps``; sized to
+        the data where not given, as the trainer sizes them)."""
+        t = self.cfg.train.sized(batches_per_epoch)
         steps = t.epochs * batches_per_epoch
         return min(t.max_steps or steps, steps)
 

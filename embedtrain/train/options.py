@@ -1,4 +1,5 @@
-"""Choices of the training layer: optimizers and learning-rate schedules.
+"""Choices of the training layer: optimizers, learning-rate schedules, and the schedule of a run
+sized to its data (:func:`sized_schedule`).
 
 No torch import: the config schema imports these without building anything.
 """
@@ -6,6 +7,8 @@ No torch import: the config schema imports these without building anything.
 from __future__ import annotations
 
 import enum
+import math
+from typing import Any, Optional
 
 
 class SparseOptimizer(enum.Enum):
@@ -57,3 +60,61 @@ class PipelineKind(enum.Enum):
     NONE = "none"  # the trainer's loop: forward, backward, step on a batch already distributed
     SPARSE_DIST = "sparse_dist"  # TorchRec's TrainPipelineSparseDist (input dist of i+1 overlaps i)
     SEMI_SYNC = "semi_sync"  # TorchRec's TrainPipelineSemiSync (embeddings of i+1 looked up early)
+
+
+# A schedule sized to the data (the train options left None): a run of at least MIN_STEPS steps
+# (at most MAX_AUTO_EPOCHS passes), or max_steps' worth; EVALS_PER_EPOCH evaluations a pass, at
+# most EVAL_EVERY_CAP steps apart. A data set whose pass is shorter than MIN_STEPS steps is
+# small: a run of it whose length is sized too (neither epochs nor max_steps given) keeps the
+# best evaluation's checkpoint and stops after PATIENCE_EPOCHS passes without a better one: the
+# sized length is a bound, early stopping its end. A length the user gives is trained to.
+MIN_STEPS = 1000
+MAX_AUTO_EPOCHS = 100
+EVALS_PER_EPOCH = 4
+EVAL_EVERY_CAP = 500
+PATIENCE_EPOCHS = 3
+MIN_PATIENCE = 4  # evaluations
+SIZED = ("epochs", "eval_every", "select", "early_stopping_patience")
+
+
+def sized_schedule(given: dict[str, Any], max_steps: Optional[int],
+                   steps_per_epoch: int) -> dict[str, Any]:
+    """The :data:`SIZED` options (``given``: their values, None where left to the data) of a run
+    over a training split of ``steps_per_epoch`` batches, with ``max_steps`` (or None)."""
+    per = max(1, steps_per_epoch)
+    small = per < MIN_STEPS and max_steps is None and given["epochs"] is None
+    epochs = given["epochs"]
+    if epochs is None:
+        epochs = math.ceil((max_steps or MIN_STEPS) / per)
+        epochs = epochs if max_steps is not None else min(epochs, MAX_AUTO_EPOCHS)
+    every = given["eval_every"]
+    if every is None:
+        every = min(EVAL_EVERY_CAP, math.ceil(per / EVALS_PER_EPOCH))
+    select = given["select"]
+    if select is None:
+        select = Selection.BEST if small else Selection.LAST
+    patience = given["early_stopping_patience"]
+    if patience is None:
+        patience = (max(MIN_PATIENCE, round(PATIENCE_EPOCHS * per / every))
+                    if small and every else 0)
+    return {"epochs": epochs, "eval_every": every, "select": select,
+            "early_stopping_patience": patience}
+
+
+def sizing_line(derived: list[str], sized: dict[str, Any], steps_per_epoch: int
+                ) -> Optional[str]:
+    """One line saying what :func:`sized_schedule` chose (``sized``) for the options it was
+    left (``derived``), or None when it was left none."""
+    if not derived:
+        return None
+    patience = sized["early_stopping_patience"]
+    epochs = sized["epochs"]
+    said = {"epochs": f"{epochs} epoch{'s' if epochs != 1 else ''}",
+            "eval_every": f"evaluation every {sized['eval_every']:,} steps",
+            "select": f"select: {sized['select'].value}",
+            "early_stopping_patience": (f"early stopping after {patience} evaluations without a "
+                                        "better one" if patience else "no early stopping")}
+    kind = "small" if steps_per_epoch < MIN_STEPS else "large"
+    return (f"train: {', '.join(said[k] for k in derived)} (sized to the data: "
+            f"{steps_per_epoch:,} steps a pass, a {kind} data set; set "
+            f"{', '.join('train.' + k for k in derived)} to choose)")

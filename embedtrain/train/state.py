@@ -4,10 +4,13 @@ checkpoint)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Protocol
 
-from embedtrain.train.options import PipelineKind, Selection
+from embedtrain.train.options import (
+    SIZED, PipelineKind, Selection, sized_schedule, sizing_line,
+)
 
 
 class EpochData(Protocol):
@@ -39,11 +42,18 @@ class EpochData(Protocol):
 
 @dataclass
 class TrainerOptions:
-    """How long to train and how often to evaluate and checkpoint (0: only at the end)."""
+    """How long to train and how often to evaluate and checkpoint (0: only at the end).
 
-    epochs: int = 1
+    ``epochs``, ``eval_every``, ``select`` and ``early_stopping_patience`` left None are sized
+    to the data by :meth:`sized` (the trainer calls it with its training data's batches): a
+    small data set trains for enough steps, evaluates a few times a pass, keeps its best
+    checkpoint and stops when validation stops improving; a large one trains one pass and keeps
+    the last.
+    """
+
+    epochs: Optional[int] = None  # None: sized to the data
     max_steps: Optional[int] = None
-    eval_every: int = 500
+    eval_every: Optional[int] = None  # None: sized to the data
     eval_max_batches: Optional[int] = None
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
@@ -51,10 +61,28 @@ class TrainerOptions:
     grad_accumulation: int = 1  # micro-batches per dense optimizer step
     pipeline: PipelineKind = PipelineKind.NONE  # a TorchRec train pipeline drives the steps
     bf16_dense: bool = False  # forward under bfloat16 autocast (TorchRec's kernels stay fp32)
-    select: Selection = Selection.LAST  # the checkpoint the final (test) metrics come from
+    # the checkpoint the final (test) metrics come from (None: sized to the data)
+    select: Optional[Selection] = None
     select_metric: Optional[str] = None  # validation metric of BEST (None: the task's main one)
-    early_stopping_patience: int = 0  # stop after this many evaluations without a better one
+    # stop after this many evaluations without a better one (0: never; None: sized to the data)
+    early_stopping_patience: Optional[int] = None
     status_every_s: float = 30.0  # without a bar: seconds between status lines (0: none)
+
+    @property
+    def derived(self) -> list[str]:
+        """The options still to be sized to the data (None)."""
+        return [k for k in SIZED if getattr(self, k) is None]
+
+    def sized(self, steps_per_epoch: int) -> "TrainerOptions":
+        """These options with every one left None sized to a training split of
+        ``steps_per_epoch`` batches (:func:`embedtrain.train.options.sized_schedule`)."""
+        return dataclasses.replace(self, **sized_schedule(
+            {k: getattr(self, k) for k in SIZED}, self.max_steps, steps_per_epoch))
+
+    def sizing_line(self, sized: "TrainerOptions", steps_per_epoch: int) -> Optional[str]:
+        """One line saying what :meth:`sized` chose (``sized``: its result) for the options
+        these left None, or None when every one was given."""
+        return sizing_line(self.derived, {k: getattr(sized, k) for k in SIZED}, steps_per_epoch)
 
 
 @dataclass

@@ -102,7 +102,10 @@ class Trainer:
     ) -> None:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
-        self.run_dir, self.options = run_dir, options
+        # the options left None sized to the training data (TrainerOptions.sized)
+        self.run_dir, self.options = run_dir, options.sized(len(train_data))
+        self.sizing = options.sizing_line(self.options, len(train_data))
+        self.sized_keys = options.derived
         self.dataset_name = dataset_name
         self.extra_summary = extra_summary or {}
         self.reference = reference
@@ -160,6 +163,8 @@ class Trainer:
         started = time.perf_counter()
         if resume:
             self.resume()
+        if self.sizing and self.rank == 0:
+            print(self.sizing, file=sys.stderr)
         opts, st = self.options, self.state
         bar = progress_display(self.total_steps, st.step, len(self.train_data), opts.epochs,
                                opts.progress, opts.status_every_s, self.rank)
@@ -392,7 +397,7 @@ class Trainer:
         if self.before_checkpoint is not None:
             self.before_checkpoint(self.model)
         info = {**asdict(self.state), "world_size": self.world_size, "finished": final,
-                "total_steps": self.total_steps}
+                "total_steps": self.total_steps, "steps_per_epoch": len(self.train_data)}
         if final:
             info["final_valid"] = self._final_valid
         self._saved_final = final
@@ -503,6 +508,13 @@ class Trainer:
             tqdm.write(f"resumed from {path} at step {self.state.step}")
         return path
 
+    def _schedule_record(self) -> dict[str, Any]:
+        """The run's schedule as trained, and which of its options were sized to the data."""
+        o = self.options
+        return {"epochs": o.epochs, "max_steps": o.max_steps, "eval_every": o.eval_every,
+                "select": o.select.value, "early_stopping_patience": o.early_stopping_patience,
+                "steps_per_epoch": len(self.train_data), "sized_to_data": self.sized_keys}
+
     def _write_summary(self, test: dict, valid: dict, split: str, wall_s: float,
                        selected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         st = self.state
@@ -528,6 +540,7 @@ class Trainer:
             **(startup_record(self._first_step_at) if self._first_step_at is not None
                else {"startup_s": None, "startup": {}}),
             "valid": valid,
+            "schedule": self._schedule_record(),
             "pipeline": {"kind": self.options.pipeline.value,
                          "pipelined_modules": self.pipelined.modules if self.pipelined else []},
             **self.extra_summary,

@@ -32,7 +32,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -88,7 +87,7 @@ def register(sub) -> None:
                    help="asha: stop trials that fall behind at each rung (default); none: "
                         "train every trial to the end")
     p.add_argument("--grace-steps", type=int, help="ASHA: training steps before a trial can "
-                   "be stopped (default: two evaluations, 2 x train.eval_every)")
+                   "be stopped (default: two evaluations, however train.eval_every spaces them)")
     p.add_argument("--reduction-factor", type=int, default=3,
                    help="ASHA: about 1 in this many trials goes on at each rung (default: 3)")
     p.add_argument("--engine", choices=[e.value for e in Engine], default="local",
@@ -112,8 +111,6 @@ def _tune(args: argparse.Namespace) -> int:
     search_overrides = [*args.overrides, *_trial_defaults(args, space)]
     space = check_space(space, args.config, search_overrides)
     cfg = load_config(args.config, [*search_overrides, *space.fixed_overrides()])
-    if options.grace_steps is None:
-        options = dataclasses.replace(options, grace_steps=max(1, 2 * cfg.train.eval_every))
     out = Path(args.out or Path("runs") / f"tune_{Path(args.config).stem}").resolve()
     resume = _check_out(out, args.resume, cfg, space, options)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,9 +230,9 @@ def _print_header(args: argparse.Namespace, out: Path, space: SearchSpace,
     metric = args.metric or cfg.train.select_metric
     metric = f"valid {metric}" if metric else "the task's main validation metric"
     if options.scheduler is Scheduler.ASHA:
-        how = (f"ASHA on {metric}: grace {options.grace_steps:,} steps, reduction factor "
+        how = (f"ASHA on {metric}: grace {options.describe_grace()}, reduction factor "
                f"{options.reduction_factor}")
-        if not cfg.train.eval_every:
+        if cfg.train.eval_every == 0:
             how += " (train.eval_every is 0: one evaluation per trial, so none is stopped)"
     else:
         how = f"no early stopping; on {metric}"

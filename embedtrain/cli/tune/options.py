@@ -23,6 +23,9 @@ class Engine(enum.Enum):
     RAY = "ray"  # a running Ray cluster; trials side by side
 
 
+GRACE_EVALUATIONS = 2  # ASHA's default grace period: evaluations before a trial can be stopped
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """How to search.
@@ -31,7 +34,8 @@ class SearchOptions:
         trials: configurations to try.
         seed: of the sampler (the same seed draws the same configurations).
         scheduler: how trials are stopped early.
-        grace_steps: ASHA's grace period, in training steps: no trial is stopped before it.
+        grace_steps: ASHA's grace period, in training steps: no trial is stopped before it;
+            None: two evaluations (the trial's schedule, sized to the data or not, spaces them).
         reduction_factor: ASHA's: about 1 in this many trials goes on at each rung.
         engine: where trials run.
         address: the cluster of ``Engine.RAY`` (None: ``RAY_ADDRESS``, else ``auto``).
@@ -43,7 +47,7 @@ class SearchOptions:
     trials: int
     seed: int = 0
     scheduler: Scheduler = Scheduler.ASHA
-    grace_steps: int = 1
+    grace_steps: Optional[int] = None
     reduction_factor: int = 3
     engine: Engine = Engine.LOCAL
     address: Optional[str] = None
@@ -56,6 +60,17 @@ class SearchOptions:
         keep = ("trials", "seed", "scheduler", "grace_steps", "reduction_factor")
         return {k: v.value if isinstance(v, enum.Enum) else v
                 for k, v in asdict(self).items() if k in keep}
+
+    def grace(self) -> tuple[str, int]:
+        """ASHA's time attribute and grace period: ``("step", grace_steps)``, or two reports
+        (Ray's ``training_iteration``: a trial reports each evaluation)."""
+        if self.grace_steps is None:
+            return "training_iteration", GRACE_EVALUATIONS
+        return "step", self.grace_steps
+
+    def describe_grace(self) -> str:
+        attr, n = self.grace()
+        return f"{n:,} steps" if attr == "step" else f"{n} evaluations"
 
     def trial_cpus(self) -> int:
         """CPUs (and torch threads) of each trial: all of this machine's with ``local``."""

@@ -107,8 +107,9 @@ def run_search(out: Path, space: SearchSpace, options: SearchOptions, resume: bo
 
 def _tune_config(options: SearchOptions) -> Any:
     if options.scheduler is Scheduler.ASHA:
-        scheduler = ASHAScheduler(metric="score", mode="max", time_attr="step",
-                                  grace_period=options.grace_steps,
+        time_attr, grace = options.grace()
+        scheduler = ASHAScheduler(metric="score", mode="max", time_attr=time_attr,
+                                  grace_period=grace,
                                   reduction_factor=options.reduction_factor,
                                   max_t=ASHA_MAX_STEPS, stop_last_trials=False)
     else:
