@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedtrain.datagen.graph import GraphDataSpec, generate_graph, homophily
+from embedtrain.datagen.graph import (
+    GraphDataSpec, NodeFeatures, PlantedGraph, generate_graph, homophily)
+from embedtrain.datagen.graph_words import TopicWords
 from embedtrain.graph.csr import csr_from_edges, hold_out_edges, row_blocks
 from embedtrain.graph.store import load_graph, write_graph
 from embedtrain.features import DatasetError
@@ -236,6 +238,84 @@ def test_spec_validation_names_the_field():
         GraphDataSpec(degree_exponent=1.5)
     with pytest.raises(ValueError, match=r"GraphDataSpec\.mixing"):
         GraphDataSpec(mixing=1.5)
+
+
+# --- bag-of-words node features ----------------------------------------------------------------
+
+BOW = GraphDataSpec(nodes=3_000, avg_degree=4, communities=5, seed=2, features=NodeFeatures.BOW,
+                    vocab=400, words_per_node=15, topic_share=0.2)
+
+
+def test_bow_features_are_deterministic_word_sets_with_a_community_signal(tmp_path):
+    """Every node holds exactly ``words_per_node`` distinct words (0/1 floats in the layout the
+    GNN reader reads); the same seed gives the same bytes; a community's topic words are clearly
+    more frequent inside it than outside; a naive Bayes classifier fitted on the train
+    nodes' word counts scores near, and not above, the recorded feature-only Bayes accuracy."""
+    meta = generate_graph(BOW, tmp_path / "a", progress=False)
+    again = generate_graph(BOW, tmp_path / "b", progress=False)
+    assert meta == again
+    for rel in ("nodes/features.npy", "nodes/labels.npy", "graph/indices.npy"):
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+    other = generate_graph(GraphDataSpec(**{**BOW.__dict__, "seed": 3}), tmp_path / "c",
+                           progress=False)
+    assert other["generator"]["feature_bayes_accuracy"] != meta["generator"][
+        "feature_bayes_accuracy"]
+    g = load_graph(tmp_path / "a")
+    x, y = np.asarray(g.features), np.asarray(g.labels)
+    assert meta["num_features"] == 400 and x.shape == (3_000, 400) and x.dtype == np.float32
+    assert set(np.unique(x).tolist()) == {0.0, 1.0} and np.all(x.sum(axis=1) == 15)
+    assert meta["generator"]["spec"]["features"] == "bow"
+    topics = PlantedGraph(BOW).words.topics
+    freq = np.stack([x[y == k].mean(axis=0) for k in range(5)])       # (K, V) word frequencies
+    for k in range(5):
+        inside = freq[k, topics[k]].mean()
+        outside = np.delete(freq, k, axis=0)[:, topics[k]].mean()
+        assert inside > 1.6 * outside, (k, inside, outside)
+    train, test = g.splits["train"], g.splits["test"]
+    counts = np.stack([x[train][y[train] == k].sum(axis=0) for k in range(5)]) + 1.0
+    log_p = np.log(counts / counts.sum(axis=1, keepdims=True))
+    fitted = float(np.mean(np.argmax(x[test] @ log_p.T, axis=1) == y[test]))
+    bayes = meta["generator"]["feature_bayes_accuracy"]["test"]
+    assert 0.4 < bayes < 0.95 and bayes - 0.12 < fitted < bayes + 0.04, (bayes, fitted)
+    assert meta["generator"]["one_hop_bayes_accuracy"]["test"] > bayes
+
+
+def test_bow_word_sets_follow_their_exact_likelihood():
+    """The sampler draws each set of words with the probability the Bayes figures use: all 15
+    two-word sets of a 6-word vocabulary, enumerated, sum to 1 and match 100k draws."""
+    words = TopicWords(communities=2, vocab=6, words_per_node=2, topic_share=0.5, seed=[1])
+    sets = np.zeros((15, 6))
+    for i, pair in enumerate(itertools.combinations(range(6), 2)):
+        sets[i, list(pair)] = 1.0
+    p = np.exp(words.log_likelihoods(sets))
+    assert np.allclose(p.sum(axis=0), 1.0)
+    for k in range(2):
+        x = words.sample(np.random.default_rng(k), np.full(100_000, k))
+        drawn = (x @ (2 ** np.arange(6)))[:, None] == (sets @ (2 ** np.arange(6)))[None]
+        assert np.all(drawn.sum(axis=1) == 1)
+        assert np.abs(drawn.mean(axis=0) - p[:, k]).max() < 0.005
+
+
+def test_bow_cli_flags(tmp_path, capsys):
+    from embedtrain.cli import main
+
+    out = tmp_path / "g"
+    argv = ["datagen", "graph", "--nodes", "300", "--avg-degree", "4", "--communities", "3",
+            "--out", str(out)]
+    assert main(argv + ["--features", "bow", "--vocab", "50", "--words-per-node", "5",
+                        "--topic-share", "0.3"]) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    spec = meta["generator"]["spec"]
+    assert meta["num_features"] == 50 and (spec["words_per_node"], spec["topic_share"]) == (5, .3)
+    capsys.readouterr()
+    for bad, says in [(["--features", "bag"], "--features: expected one of gaussian, bow"),
+                      (["--vocab", "50"], "--vocab: only with --features bow"),
+                      (["--features", "bow", "--feature-dim", "8"], "--feature-dim: not with"),
+                      (["--features", "bow", "--words-per-node", "0"],
+                       "--words-per-node must be an integer in [1, min(vocab, 512)]")]:
+        assert main(argv + bad) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0] and "Spec." not in err[0], err
 
 
 # --- write_graph / load_graph ------------------------------------------------------------------

@@ -340,6 +340,31 @@ def test_cli(tmp_path, capsys):
     assert not (tmp_path / "no").exists()
 
 
+def test_cli_length_flags(tmp_path, capsys):
+    """``--mean-extra-events`` and ``--max-events`` reach the spec: long histories (~100 events
+    a user, as in small public logs), capped; a bad value is one line naming the flag."""
+    from embedtrain.cli import main
+
+    out = tmp_path / "long"
+    argv = ["datagen", "seq", "--users", "300", "--items", "500", "--clusters", "5",
+            "--max-length", "200", "--min-length", "20", "--out", str(out)]
+    assert main(argv + ["--mean-extra-events", "80", "--max-events", "150"]) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    gen = meta["generator"]
+    assert gen["mean_extra_events"] == 80 and gen["max_events"] == 150
+    assert 80 * 300 < meta["events"] < 110 * 300
+    lengths = [len(x) for x in pq.read_table(out / meta["splits"]["test"]["files"][0])
+               .column("items").to_pylist()]
+    assert min(lengths) == 19 and max(lengths) == 149  # n - 1 events before the test target
+    capsys.readouterr()
+    for bad, says in [(["--max-events", "10"], "--min-length must be an integer in [3, "
+                                               "max_events=10]"),
+                      (["--mean-extra-events", "-1"], "--mean-extra-events must be")]:
+        assert main(argv + bad) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+
+
 def test_progress_goes_to_stderr(tmp_path, capsys):
     spec = SeqDataSpec(users=300, items=200, clusters=5)
     generate_seq(spec, tmp_path / "on", progress=True)

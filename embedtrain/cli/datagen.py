@@ -103,7 +103,21 @@ def register(sub) -> None:
                    help="GiB the CSR build may sort in memory (default: a quarter of the RAM); a "
                         "bigger graph is drawn in chunks and built out of core: the same files")
     g.add_argument("--communities", type=int, default=16, help="communities = classes")
-    g.add_argument("--feature-dim", type=int, default=32, help="node feature dimension")
+    g.add_argument("--feature-dim", type=int, default=None,
+                   help="node feature dimension of the gaussian features (default 32)")
+    # Not argparse's choices: a bad value is then one line naming the option.
+    g.add_argument("--features", default="gaussian", metavar="{gaussian,bow}",
+                   help="gaussian (default): dense features, the class mean plus noise; bow: "
+                        "sparse bag-of-words rows as in a citation graph (--vocab 0/1 columns, "
+                        "--words-per-node distinct words a node from a mix of a common "
+                        "background and the community's topic words)")
+    g.add_argument("--vocab", type=int, default=None,
+                   help="with --features bow: words in the vocabulary (default 1433)")
+    g.add_argument("--words-per-node", type=int, default=None,
+                   help="with --features bow: distinct words of every node (default 18)")
+    g.add_argument("--topic-share", type=float, default=None,
+                   help="with --features bow: share of a community's word weight on its topic "
+                        "words, the rest on the common background (default 0.15)")
     g.add_argument("--link-fraction", type=float, default=0.0,
                    help="share of edges held out as valid/test link-prediction positives")
     # Not argparse's choices: a bad value is then one line naming the option.
@@ -122,6 +136,11 @@ def register(sub) -> None:
     g.add_argument("--max-length", type=int, default=50,
                    help="history length L kept in a row (train rows: L + 1 items; default 50)")
     g.add_argument("--min-length", type=int, default=5, help="events per user, at least (>= 3)")
+    g.add_argument("--mean-extra-events", type=float,
+                   help="mean of the geometric number of events a user has above --min-length "
+                        "(default 15; e.g. --min-length 20 --mean-extra-events 80 --max-events "
+                        "700: ~100 events a user, a long tail)")
+    g.add_argument("--max-events", type=int, help="events per user, at most (default 200)")
     for name, what in (("successor-prob", "the next item follows the last one's successors"),
                        ("interest-prob", "the next item is drawn from the user's interest "
                                          "cluster"),
@@ -247,6 +266,7 @@ def _datagen_xc(args: argparse.Namespace) -> int:
 
 def _datagen_graph(args: argparse.Namespace) -> int:
     from embedtrain.datagen import GraphDataSpec, generate_graph
+    from embedtrain.datagen.graph import NodeFeatures
     from embedtrain.graph.store import FeatureDtype
 
     try:
@@ -256,15 +276,28 @@ def _datagen_graph(args: argparse.Namespace) -> int:
                          f"{', '.join(d.value for d in FeatureDtype)}, got "
                          f"{args.feature_dtype!r}") from None
     try:
+        kind = NodeFeatures(args.features)
+    except ValueError:
+        raise UsageError(f"--features: expected one of "
+                         f"{', '.join(f.value for f in NodeFeatures)}, got "
+                         f"{args.features!r}") from None
+    words = {k: v for k in ("vocab", "words_per_node", "topic_share")
+             if (v := getattr(args, k)) is not None}
+    if kind is NodeFeatures.BOW and args.feature_dim is not None:
+        raise UsageError("--feature-dim: not with --features bow (its columns are --vocab)")
+    if kind is not NodeFeatures.BOW and words:
+        raise UsageError(f"--{next(iter(words)).replace('_', '-')}: only with --features bow")
+    try:
         if args.edges is not None and args.edges < 1:
             raise UsageError(f"--edges must be a positive integer, got {args.edges}")
         if args.memory_gb is not None and not args.memory_gb > 0:
             raise UsageError(f"--memory-gb must be > 0, got {args.memory_gb}")
         degree = args.avg_degree if args.edges is None else 2 * args.edges / max(args.nodes, 1)
         spec = GraphDataSpec(nodes=args.nodes, avg_degree=degree,
-                             communities=args.communities, feature_dim=args.feature_dim,
-                             link_fraction=args.link_fraction, seed=args.seed,
-                             feature_dtype=dtype)
+                             communities=args.communities, link_fraction=args.link_fraction,
+                             seed=args.seed, feature_dtype=dtype, features=kind, **words,
+                             **({} if args.feature_dim is None
+                                else {"feature_dim": args.feature_dim}))
         with writing(args.out) as out:
             meta = generate_graph(spec, out, memory_gb=args.memory_gb)
     except ValueError as e:  # "GraphDataSpec.avg_degree must be ..." -> the flag's name
@@ -292,7 +325,8 @@ def _datagen_seq(args: argparse.Namespace) -> int:
     spec = SeqDataSpec(users=args.users, items=args.items, clusters=args.clusters,
                        max_length=args.max_length, min_length=args.min_length, seed=args.seed,
                        transition=args.transition,
-                       **{k: v for k in (*SEQ_MIXTURE, "successors")
+                       **{k: v for k in (*SEQ_MIXTURE, "successors", "mean_extra_events",
+                                         "max_events")
                           if (v := getattr(args, k)) is not None})
     where = None
     if args.events is not None:

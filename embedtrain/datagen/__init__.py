@@ -10,7 +10,8 @@
 - :mod:`embedtrain.datagen.xc`: extreme classification with the Bayes-optimal P@k
   (:func:`generate_xc`);
 - :mod:`embedtrain.datagen.graph`: a degree-corrected block model graph with the Bayes
-  accuracies (:func:`generate_graph`);
+  accuracies (:func:`generate_graph`), its node features Gaussian or bags of words
+  (:mod:`embedtrain.datagen.graph_words`);
 - :mod:`embedtrain.datagen.seq`: sequential recommendation (users' item sequences, leave-last-out
   splits, optionally the raw event log) with the Bayes-optimal HR@10 / NDCG@10
   (:func:`generate_seq`).

@@ -19,12 +19,20 @@ The generative model (all parameters derived from the spec's seed):
   community ``~ theta``, else from another community (chosen by size) ``~ theta``. Self-loops and
   repeated edges are dropped (counted), so the graph has slightly fewer edges than drawn and a
   homophily slightly below ``1 - mixing``.
-- Features ``x = mu_label + feature_noise * N(0, I)``, ``mu_k`` random unit vectors, drawn in
-  float32 and stored as ``feature_dtype`` (float32, or float16: the same draws rounded, half the
-  bytes; the Bayes figures are computed on the stored values).
-  The Bayes-optimal classifier on features alone picks ``argmax_k log pi_k + <mu_k, x> /
+- Features (``features``), either
+  ``gaussian`` (the default): ``x = mu_label + feature_noise * N(0, I)``, ``mu_k`` random unit
+  vectors, drawn in float32 and stored as ``feature_dtype`` (float32, or float16: the same draws
+  rounded, half the bytes; the Bayes figures are computed on the stored values). The
+  Bayes-optimal classifier on features alone picks ``argmax_k log pi_k + <mu_k, x> /
   feature_noise**2``; with the defaults (16 communities, 32 dims, noise 0.5) it is right ~57% of
-  the time, against ~90% for the one-hop Bayes classifier (average degree 10).
+  the time, against ~90% for the one-hop Bayes classifier (average degree 10);
+  or ``bow``: sparse bag-of-words rows as in a citation graph, ``words_per_node`` distinct words
+  of a ``vocab``-word vocabulary stored as 0/1 floats (``vocab`` columns; ``feature_dim`` and
+  ``feature_noise`` unused), whose distribution mixes a Zipfian background common to all
+  communities with the community's topic words (``topic_share`` of the weight;
+  :class:`~embedtrain.datagen.graph_words.TopicWords`). Their likelihood is exact, so the Bayes
+  figures below keep their meaning: with 7 communities, 1,433 words, 18 words a node and the
+  default ``topic_share`` 0.15, the feature-only Bayes classifier is right ~67% of the time.
 - Node splits are random; ``link_fraction`` of the distinct edges are held out (half valid, half
   test) as link-prediction positives and are not in the CSR.
 
@@ -45,6 +53,7 @@ Example:
 from __future__ import annotations
 
 import math
+import enum
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -53,6 +62,8 @@ import numpy as np
 from tqdm import tqdm
 
 from embedtrain.datagen.ctr import check_fields, is_real
+from embedtrain.datagen.graph_words import (
+    BACKGROUND_ZIPF_A, MAX_TABLE_CELLS, MAX_WORDS, TopicWords, topic_size)
 from embedtrain.graph.csr import csr_from_edges, hold_out_edges, row_blocks
 from embedtrain.graph.csr_external import (
     ENTRY_BYTES,
@@ -67,6 +78,14 @@ _FEATURE_CHUNK = 1 << 20     # nodes per feature chunk (also fixes the per-chunk
 _EDGE_CHUNK = 1 << 26        # edges drawn at once (~1.5 GB of working memory at most)
 _ONE_HOP_NODES = 20_000      # test nodes scored by the one-hop Bayes classifier
 _HILL_TAIL = 0.01            # share of the nodes in the tail of the Hill estimate
+_WORD_CHUNK = 1 << 16        # nodes per bag-of-words chunk (V floats a node, drawn word by word)
+
+
+class NodeFeatures(enum.Enum):
+    """What the node features are (``GraphDataSpec.features``)."""
+
+    GAUSSIAN = "gaussian"  # feature_dim dims: the class mean plus Gaussian noise
+    BOW = "bow"            # vocab 0/1 columns: words_per_node distinct words of a topic mixture
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,15 @@ class GraphDataSpec:
     test_fraction: float = 0.1
     link_fraction: float = 0.0            # share of edges held out for link prediction
     feature_dtype: FeatureDtype = FeatureDtype.FLOAT32  # the features' type on disk
+    features: NodeFeatures = NodeFeatures.GAUSSIAN  # gaussian, or bow (bag-of-words rows)
+    vocab: int = 1_433                    # bow: words in the vocabulary (= feature columns)
+    words_per_node: int = 18              # bow: distinct words of every node
+    topic_share: float = 0.15             # bow: a community's word weight on its topic words
+
+    @property
+    def num_features(self) -> int:
+        """The stored feature columns: ``vocab`` (bow) or ``feature_dim`` (gaussian)."""
+        return self.vocab if self.features is NodeFeatures.BOW else self.feature_dim
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,8 +139,22 @@ class GraphDataSpec:
             ("link_fraction", is_real, lambda v: 0 <= v < 1, "in [0, 1)"),
             ("feature_dtype", lambda v: isinstance(v, FeatureDtype), lambda v: True,
              "a FeatureDtype (" + ", ".join(d.value for d in FeatureDtype) + ")"),
+            ("features", lambda v: isinstance(v, NodeFeatures), lambda v: True,
+             "a NodeFeatures (" + ", ".join(f.value for f in NodeFeatures) + ")"),
         ]
+        if self.features is NodeFeatures.BOW:
+            checks += [
+                ("vocab", is_int, lambda v: 1 <= v < 2**31, "a positive integer"),
+                ("words_per_node", is_int, lambda v: 1 <= v <= min(self.vocab, MAX_WORDS),
+                 f"an integer in [1, min(vocab, {MAX_WORDS})]"),
+                ("topic_share", is_real, lambda v: 0 <= v <= 1, "in [0, 1]"),
+            ]
         check_fields(self, checks)
+        cells = self.communities * (self.vocab + 1) * (self.words_per_node + 1)
+        if self.features is NodeFeatures.BOW and cells > MAX_TABLE_CELLS:
+            raise ValueError(f"GraphDataSpec.vocab: communities * (vocab + 1) * (words_per_node "
+                             f"+ 1) must be at most {MAX_TABLE_CELLS:,} (the word sampler's "
+                             f"tables), got {cells:,}")
         if self.valid_fraction + self.test_fraction >= 1:
             raise ValueError("GraphDataSpec.valid_fraction + test_fraction must be < 1, got "
                              f"{self.valid_fraction + self.test_fraction!r}")
@@ -152,11 +194,16 @@ class PlantedGraph:
         means = np.add.reduceat(theta, self.starts[:-1]) / sizes
         self.theta = theta / np.repeat(means, sizes)      # mean 1 in every community
         self.mass = sizes.astype(np.float64)              # sum of theta per community
-        f = spec.feature_dim
-        mu = rng.standard_normal((k, f))
+        self.prior = sizes / n
+        self.words: Optional[TopicWords] = None
+        if spec.features is NodeFeatures.BOW:  # a stream of its own; the class means unused
+            self.words = TopicWords(k, spec.vocab, spec.words_per_node, spec.topic_share,
+                                    [spec.seed, 6])
+            self.class_means = np.zeros((k, 0), dtype=np.float32)
+            return
+        mu = rng.standard_normal((k, spec.feature_dim))
         self.class_means = (mu / np.maximum(np.linalg.norm(mu, axis=1, keepdims=True), 1e-12)
                             ).astype(np.float32)
-        self.prior = sizes / n
 
     def draw_edges(self, spec: GraphDataSpec) -> tuple[np.ndarray, np.ndarray]:
         """``E = N * avg_degree / 2`` undirected edges as ``(src, dst)`` node ids (all chunks of
@@ -227,16 +274,23 @@ class PlantedGraph:
         Raises:
             ValueError: a float16 feature out of range (a huge ``feature_noise``), naming it.
         """
-        out = np.empty((spec.nodes, spec.feature_dim), dtype=spec.feature_dtype.numpy)
+        out = np.empty((spec.nodes, spec.num_features), dtype=spec.feature_dtype.numpy)
         for lo, hi, part in self.feature_chunks(spec, labels):
             out[lo:hi] = part
         return out
 
     def feature_chunks(self, spec: GraphDataSpec, labels: np.ndarray
                        ) -> Iterator[tuple[int, int, np.ndarray]]:
-        """:meth:`features` a chunk of :data:`_FEATURE_CHUNK` nodes at a time: ``(lo, hi,
-        rows)``."""
+        """:meth:`features` a chunk of :data:`_FEATURE_CHUNK` nodes (bag-of-words:
+        :data:`_WORD_CHUNK`) at a time: ``(lo, hi, rows)``."""
         n, f = spec.nodes, spec.feature_dim
+        if self.words is not None:
+            for i, lo in enumerate(range(0, n, _WORD_CHUNK)):
+                hi = min(lo + _WORD_CHUNK, n)
+                rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 3, i]))
+                rows = self.words.sample(rng, labels[lo:hi])  # 0/1: exact in float16 too
+                yield lo, hi, rows.astype(spec.feature_dtype.numpy, copy=False)
+            return
         for i, lo in enumerate(range(0, n, _FEATURE_CHUNK)):
             hi = min(lo + _FEATURE_CHUNK, n)
             rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 3, i]))
@@ -254,7 +308,7 @@ class PlantedGraph:
         """:meth:`features` written to the ``.npy`` file ``path`` a chunk at a time (plain
         writes: no page of it is held by this process), with :meth:`feature_bayes`'s predictions
         made on each chunk as written. Returns ``(features memory-mapped read-only, preds)``."""
-        shape = (spec.nodes, spec.feature_dim)
+        shape = (spec.nodes, spec.num_features)
         pred = np.empty(spec.nodes, dtype=np.int64)
         with open(path, "wb") as f:
             np.lib.format.write_array_header_1_0(f, {
@@ -266,7 +320,10 @@ class PlantedGraph:
         return np.load(path, mmap_mode="r"), pred
 
     def log_likelihoods(self, spec: GraphDataSpec, x: np.ndarray) -> np.ndarray:
-        """``log p(x | k)`` up to a term constant in ``k`` (the class means have equal norms)."""
+        """``log p(x | k)`` up to a term constant in ``k`` (gaussian: the class means have equal
+        norms; bow: exact)."""
+        if self.words is not None:
+            return self.words.log_likelihoods(x)
         return (x @ self.class_means.T).astype(np.float64) / spec.feature_noise**2
 
     def feature_bayes(self, spec: GraphDataSpec, x: np.ndarray) -> np.ndarray:
@@ -358,12 +415,20 @@ def degree_statistics(indptr: np.ndarray) -> dict[str, Any]:
 
 def planted_description(spec: GraphDataSpec) -> str:
     """One-line human description of the planted model."""
+    if spec.features is NodeFeatures.BOW:
+        features = (f"{spec.words_per_node} distinct words of {spec.vocab} (0/1 columns), "
+                    f"P(words | k) ~ prod of p_k(word), p_k = {1 - spec.topic_share:g} Zipf("
+                    f"{BACKGROUND_ZIPF_A}) background + {spec.topic_share:g} uniform on the "
+                    f"community's {topic_size(spec.communities, spec.vocab, spec.words_per_node)}"
+                    f" topic words")
+    else:
+        features = (f"unit class mean + N(0, {spec.feature_noise:g}^2 I) in {spec.feature_dim} "
+                    f"dims")
     return (f"degree-corrected SBM: {spec.communities} communities (sizes ~ rank^-"
             f"{spec.community_size_exponent}), theta ~ Pareto(tail {spec.degree_exponent - 1:g}) "
             f"capped at expected degree sqrt(N*avg_degree), {spec.avg_degree:g} expected "
             f"neighbours, {1 - spec.mixing:.0%} of edges inside the community; label = "
-            f"community; features = unit class mean + N(0, {spec.feature_noise:g}^2 I) in "
-            f"{spec.feature_dim} dims")
+            f"community; features = {features}")
 
 
 def _log(bar: tqdm, what: str) -> None:
@@ -430,7 +495,7 @@ def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm, budget: int,
             progress=lambda msg: bar.set_postfix_str(msg, refresh=True))
         drawn = counts.input_edges
         _log(bar, f"{drawn:,} edges drawn")
-        if spec.feature_dim:
+        if spec.num_features:
             features, pred = model.write_features(spec, labels, scratch.path() / "features.npy")
     _log(bar, f"CSR of {indices.shape[0]:,} entries")
     edge_splits: Optional[dict[str, np.ndarray]] = None
@@ -455,7 +520,8 @@ def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm, budget: int,
 
     generator = {
         "model": "degree-corrected stochastic block model",
-        "spec": {**asdict(spec), "feature_dtype": spec.feature_dtype.value},
+        "spec": {**asdict(spec), "feature_dtype": spec.feature_dtype.value,
+                 "features": spec.features.value},
         "planted": planted_description(spec),
         "community_sizes": model.sizes.tolist(),
         "edges_drawn": drawn,
@@ -469,7 +535,8 @@ def _generate(spec: GraphDataSpec, out_dir: str | Path, bar: tqdm, budget: int,
         "one_hop_bayes_accuracy": {"test": acc(one_hop, sample), "nodes": int(sample.shape[0])},
         "degree": degree_statistics(indptr),
     }
-    meta = write_graph(out_dir, indptr, indices, features=features if spec.feature_dim else None,
+    stored = features if spec.num_features else None
+    meta = write_graph(out_dir, indptr, indices, features=stored,
                        labels=labels, num_classes=spec.communities, splits=splits,
                        edge_splits=edge_splits, directed=False, name="synthetic_graph",
                        extra_meta={"generator": generator}, feature_dtype=spec.feature_dtype)
