@@ -264,23 +264,22 @@ def _datagen_xc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choice(flag: str, kind, value: str):
+    """``kind(value)`` (an enum), or one line naming ``flag`` and the values it takes."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise UsageError(f"{flag}: expected one of {', '.join(k.value for k in kind)}, got "
+                         f"{value!r}") from None
+
+
 def _datagen_graph(args: argparse.Namespace) -> int:
     from embedtrain.datagen import GraphDataSpec, generate_graph
     from embedtrain.datagen.graph import NodeFeatures
     from embedtrain.graph.store import FeatureDtype
 
-    try:
-        dtype = FeatureDtype(args.feature_dtype)
-    except ValueError:
-        raise UsageError(f"--feature-dtype: expected one of "
-                         f"{', '.join(d.value for d in FeatureDtype)}, got "
-                         f"{args.feature_dtype!r}") from None
-    try:
-        kind = NodeFeatures(args.features)
-    except ValueError:
-        raise UsageError(f"--features: expected one of "
-                         f"{', '.join(f.value for f in NodeFeatures)}, got "
-                         f"{args.features!r}") from None
+    dtype = _choice("--feature-dtype", FeatureDtype, args.feature_dtype)
+    kind = _choice("--features", NodeFeatures, args.features)
     words = {k: v for k in ("vocab", "words_per_node", "topic_share")
              if (v := getattr(args, k)) is not None}
     if kind is NodeFeatures.BOW and args.feature_dim is not None:
