@@ -122,3 +122,15 @@ def test_a_resumed_runs_length_is_sized_from_its_checkpoints_steps_a_pass():
     assert total("train.max_steps=60") == 60
     assert total() == 13 * math.ceil(state.MIN_STEPS / 13)  # sized: at least MIN_STEPS steps
     assert total("train.epochs=5", "train.max_steps=60") == 60
+
+
+def test_tunes_default_grace_is_a_pass_of_sized_evaluations():
+    """ASHA judges a trial no earlier than a pass over the data (where the cadence is sized),
+    counted in the trial's reports (one per evaluation); --grace-steps counts steps."""
+    from embedtrain.cli.tune.options import SearchOptions
+
+    per_epoch = 13
+    sized = TrainerOptions().sized(per_epoch)
+    attr, grace = SearchOptions(trials=1).grace()
+    assert attr == "training_iteration" and grace * sized.eval_every >= per_epoch - 1
+    assert SearchOptions(trials=1, grace_steps=30).grace() == ("step", 30)

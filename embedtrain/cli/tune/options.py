@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from embedtrain.runtime import usable_cores
+from embedtrain.train.options import EVALS_PER_EPOCH
 
 
 class Scheduler(enum.Enum):
@@ -23,7 +24,10 @@ class Engine(enum.Enum):
     RAY = "ray"  # a running Ray cluster; trials side by side
 
 
-GRACE_EVALUATIONS = 2  # ASHA's default grace period: evaluations before a trial can be stopped
+# ASHA's default grace period, in evaluations before a trial can be stopped: a pass over the data
+# under the sized cadence (EVALS_PER_EPOCH a pass); fewer judged trials on their first few
+# batches (on 2,400 labelled nodes, every trial's accuracy after two steps was 0.36-0.46)
+GRACE_EVALUATIONS = EVALS_PER_EPOCH
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class SearchOptions:
         seed: of the sampler (the same seed draws the same configurations).
         scheduler: how trials are stopped early.
         grace_steps: ASHA's grace period, in training steps: no trial is stopped before it;
-            None: two evaluations (the trial's schedule, sized to the data or not, spaces them).
+            None: :data:`GRACE_EVALUATIONS` evaluations (a pass, where the cadence is sized).
         reduction_factor: ASHA's: about 1 in this many trials goes on at each rung.
         engine: where trials run.
         address: the cluster of ``Engine.RAY`` (None: ``RAY_ADDRESS``, else ``auto``).
@@ -62,8 +66,9 @@ class SearchOptions:
                 for k, v in asdict(self).items() if k in keep}
 
     def grace(self) -> tuple[str, int]:
-        """ASHA's time attribute and grace period: ``("step", grace_steps)``, or two reports
-        (Ray's ``training_iteration``: a trial reports each evaluation)."""
+        """ASHA's time attribute and grace period: ``("step", grace_steps)``, or
+        :data:`GRACE_EVALUATIONS` reports (Ray's ``training_iteration``: a trial reports each
+        evaluation)."""
         if self.grace_steps is None:
             return "training_iteration", GRACE_EVALUATIONS
         return "step", self.grace_steps
