@@ -106,7 +106,9 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """
     import signal
 
-    from embedtrain.processes import free_port, run_supervised
+    import uuid
+
+    from embedtrain.processes import run_supervised
     from embedtrain.train.launch import RUN_DIR_ENV, stopped_line
 
     rest, skip = [], False
@@ -120,9 +122,12 @@ def _launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if a.startswith(("--nproc=", "--max-restarts=")):
             continue
         rest.append(a)
+    # The c10d rendezvous on port 0 (torchrun's --standalone, on 127.0.0.1): torchrun's store
+    # binds a free port itself; a port chosen here and bound later could be taken in between.
     cmd = [sys.executable, "-m", "embedtrain.train.launch", f"--nproc-per-node={args.nproc}",
-           f"--max-restarts={args.max_restarts}", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", "-m", "embedtrain", *rest]
+           f"--max-restarts={args.max_restarts}", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}", "-m", "embedtrain",
+           *rest]
     print(f"launching {args.nproc} processes: torchrun --nproc-per-node={args.nproc} "
           f"--max-restarts={args.max_restarts} -m embedtrain {' '.join(rest)}", file=sys.stderr)
     out = str(args.out) if args.out else str(Path("runs") / Path(args.config).stem)
