@@ -252,9 +252,11 @@ class SeqConfig:
 class GNNConfig:
     """GraphSAGE on sampled neighbourhoods: node-id table + features -> one SAGEConv per hop."""
 
-    # sage (SAGEConv), gcn (GCNConv, mean-normalised), gat (GATConv), or mlp: the same layers on
-    # the node alone (a no-graph baseline)
+    # sage (SAGEConv), gcn (GCNConv, mean-normalised), gat (GATConv), mlp: the same layers on
+    # the node alone (a no-graph baseline), or appnp: those layers on each node, then a step of
+    # personalised-PageRank propagation a hop (predict, then propagate; any number of layers)
     model: GNNModel = GNNModel.SAGE
+    alpha: float = config_field(0.1, check=PROBABILITY)  # appnp: the teleport probability
     heads: int = config_field(4, check=POSITIVE)  # gat: attention heads a layer (concatenated)
     # neighbours per hop (-1: all)
     fanouts: list[int] = config_field(factory=lambda: [15, 10], check=FANOUT)

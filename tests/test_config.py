@@ -18,6 +18,8 @@ from embedtrain.config import (
     to_dict,
 )
 
+from embedtrain.sharding.planner import PlanError
+
 ROOT = Path(__file__).parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -184,6 +186,11 @@ def test_shipped_configs_build_on_meta_and_plan(path, tiny_data):
         cfg.data.path = str(tiny_data[cfg.task])
     cluster = load_cluster(ROOT / "configs/clusters" /
                            ("h100-16x8.yaml" if big else "cpu-1x2.yaml"))
+    if cfg.task is TaskKind.GNN_NODE and not cfg.gnn.embedding_dim:  # features only
+        with pytest.raises(PlanError, match=r"nothing to plan: the model has no embedding "
+                                            r"tables .* holding its whole [0-9.]+ MiB dense"):
+            plan_model(cfg, cluster)
+        cfg.gnn.embedding_dim = 8  # the same model with a node-id table plans
     report = plan_model(cfg, cluster).report.to_dict()
     assert report["model"]["task"] == cfg.task.value
     assert report["tables"] and all(t["shards"] for t in report["tables"])

@@ -406,9 +406,9 @@ def test_gnn_exports_its_node_table_and_every_nodes_outputs(tmp_path, capsys):
     data = tiny_graph_dataset(tmp_path / "graph", nodes=1000)
     run = _train("gnn_node.yaml", data, tmp_path / "run", "data.batch_size=64",
                  "data.num_workers=0", "train.max_steps=2", "train.eval_every=0",
-                 "train.progress=false")
+                 "train.progress=false", "gnn.embedding_dim=8")
     assert main(["export", str(run), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
-    assert "node outputs scores [1,000, 4], embeddings [1,000, 128]" in capsys.readouterr().out
+    assert "node outputs scores [1,000, 4], embeddings [1,000, 64]" in capsys.readouterr().out
     m = load_manifest(tmp_path / "out")
     assert [t.name for t in m.tables] == ["t_node"] and m.tables[0].rows == 1000
     assert m.dense_program is None and "layer-wise full-graph inference" in m.note

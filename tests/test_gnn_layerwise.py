@@ -46,7 +46,8 @@ def _sampled(model, graph, seeds):
 
 @pytest.mark.parametrize("aggr,kind", [*((a, GNNModel.SAGE) for a in Aggregation),
                                        (Aggregation.MEAN, GNNModel.GCN),
-                                       (Aggregation.MEAN, GNNModel.GAT)])
+                                       (Aggregation.MEAN, GNNModel.GAT),
+                                       (Aggregation.MEAN, GNNModel.APPNP)])
 def test_layerwise_equals_the_sampled_model_when_fanouts_cover_every_neighbour(graph, aggr, kind):
     """Node table and features, 2 SAGE (GCN, GAT) layers, many chunks (of at most 200 entries
     and nodes)."""
@@ -60,6 +61,33 @@ def test_layerwise_equals_the_sampled_model_when_fanouts_cover_every_neighbour(g
                                rtol=0)
     np.testing.assert_allclose(model.out(torch.from_numpy(out.embeddings)).detach().numpy(),
                                out.outputs, atol=1e-6, rtol=0)
+
+
+def test_appnp_is_an_mlp_then_personalised_pagerank_steps(graph):
+    """APPNP with one MLP layer and 2 hops, against a dense reference: H = MLP(x), then twice
+    Z <- (1 - alpha) D^-1 (A + I) Z + alpha H, then out(Z); sampled and layer-wise alike."""
+    torch.manual_seed(0)
+    model = GraphSAGE(graph.num_nodes, graph.num_features, 8, [16], 5, dropout=0.5,
+                      kind=GNNModel.APPNP, hops=2, alpha=0.2).eval()
+    n = graph.num_nodes
+    with torch.no_grad():
+        x = torch.cat([model.embed_nodes(torch.arange(n)),
+                       torch.from_numpy(np.asarray(graph.features, np.float32))], dim=1)
+        h = torch.relu(model.convs[0](x))
+        a = torch.eye(n, dtype=torch.float64)
+        rows = np.repeat(np.arange(n), np.diff(graph.indptr))
+        np.add.at(a.numpy(), (rows, np.asarray(graph.indices)), 1.0)  # row v: v's sources
+        a = (a / a.sum(dim=1, keepdim=True)).float()
+        z = h
+        for _ in range(2):
+            z = 0.8 * a @ z + 0.2 * h
+        expected = model.out(z).numpy()
+    seeds = np.arange(0, n, 7)
+    np.testing.assert_allclose(_sampled(model, graph, seeds), expected[seeds], atol=1e-5,
+                               rtol=0)
+    out = layerwise_inference(model, graph, chunk_entries=50)
+    np.testing.assert_allclose(out.outputs, expected, atol=1e-5, rtol=0)
+    assert out.embeddings.shape == (n, 16)
 
 
 @pytest.fixture(scope="module")

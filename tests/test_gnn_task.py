@@ -88,7 +88,8 @@ def _params(trainer) -> dict:
 
 @pytest.mark.slow
 def test_cli_trains_and_plans_the_node_table(graph, tmp_path):
-    """`embedtrain train configs/gnn_node.yaml` end to end; the node table is in the plan."""
+    """`embedtrain train configs/gnn_node.yaml` end to end with a node table (the shipped
+    config has none); the table is in the plan."""
     import json
     import os
     import subprocess
@@ -101,7 +102,7 @@ def test_cli_trains_and_plans_the_node_table(graph, tmp_path):
     r = subprocess.run([sys.executable, "-m", "embedtrain", "train", "configs/gnn_node.yaml",
                         "--out", str(run), "--no-progress", "--set", f"data.path={graph}",
                         "--set", "train.max_steps=20", "--set", "train.eval_every=10",
-                        "--set", "data.batch_size=256"],
+                        "--set", "data.batch_size=256", "--set", "gnn.embedding_dim=32"],
                        capture_output=True, text=True, cwd=root, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
@@ -110,7 +111,8 @@ def test_cli_trains_and_plans_the_node_table(graph, tmp_path):
     assert [t["name"] for t in plan["tables"]] == ["t_node"]
     r = subprocess.run([sys.executable, "-m", "embedtrain", "plan", "configs/gnn_node.yaml",
                         "--cluster", "configs/clusters/h100-16x8.yaml", "--out",
-                        str(tmp_path / "plan"), "--set", f"data.path={graph}"],
+                        str(tmp_path / "plan"), "--set", f"data.path={graph}",
+                        "--set", "gnn.embedding_dim=32"],
                        capture_output=True, text=True, cwd=root, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "t_node" in (tmp_path / "plan" / "plan.md").read_text()
@@ -151,7 +153,8 @@ def _gnn_step(rank, world, data, out, task):
     config = "configs/gnn_node.yaml" if task == "node" else "configs/gnn_link.yaml"
     cfg = _cfg(config, data, "gnn.fanouts=[-1,-1]", "gnn.embedding_dim=8", "gnn.negatives=2",
                "gnn.out_dim=16", "optim.sparse=sgd", "optim.dense=sgd", "optim.momentum=0.0",
-               "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "data.batch_size=64")
+               "optim.sparse_lr=0.5", "optim.dense_lr=0.5", "data.batch_size=64",
+               "gnn.dropout=0.0")  # each rank draws its own dropout masks
     run = build_run(cfg, out)
     model, optimizer, graph = run.trainer.model, run.trainer.optimizer, run.recipe.dataset
     with torch.no_grad():  # the same weights on any number of ranks

@@ -61,10 +61,20 @@ class GraphSAGE(nn.Module):
             degrees, not its sources'); :attr:`GNNModel.GAT` (PyG ``GATConv``, ``heads`` heads
             concatenated, self-loops added); or :attr:`GNNModel.MLP` to make the layers plain
             linear ones on each seed node alone (an MLP on its id embedding and features): the
-            baseline that shows what the graph adds. GCN and GAT take a node's own row as its
-            self-loop: the targets must be the first rows of the sources (the sampler's blocks
-            are; layer-wise inference orders its chunks so).
+            baseline that shows what the graph adds. GCN, GAT and APPNP take a node's own row
+            as its self-loop: the targets must be the first rows of the sources (the sampler's
+            blocks are; layer-wise inference orders its chunks so).
+            :attr:`GNNModel.APPNP`: predict, then propagate (Klicpera et al., ICLR 2019): the
+            layers run on each node alone (an MLP, with dropout on its input too), then each hop
+            is a step of personalised-PageRank propagation without weights, ``z <- (1 - alpha)
+            * mean(z over the node and its neighbours) + alpha * h`` (``h``: the node's MLP
+            output), and ``out`` scores ``z``; ``hops`` steps, any number of layers. Its
+            layers carry ``[z | h]`` from hop to hop. Propagating before the linear ``out``
+            equals propagating its outputs, since each step's weights sum to 1.
         heads: GAT's attention heads (each hidden size divisible by it).
+        hops: the APPNP kind's propagation steps (the sampler's hops); the other kinds have one
+            layer a hop.
+        alpha: the APPNP kind's teleport probability.
         dynamic: make the node-id table dynamic (:mod:`embedtrain.tables.dynamic`): its
             ``capacity`` rows for the nodes looked up most recently (or often), not one per node.
     """
@@ -73,7 +83,7 @@ class GraphSAGE(nn.Module):
                  hidden: Sequence[int], out_dim: int, aggr: Aggregation = Aggregation.MEAN,
                  dropout: float = 0.0, device: Optional[torch.device] = None,
                  kind: GNNModel = GNNModel.SAGE, dynamic: Optional[DynamicTable] = None,
-                 heads: int = 4) -> None:
+                 heads: int = 4, hops: Optional[int] = None, alpha: float = 0.1) -> None:
         super().__init__()
         pyg = import_optional("torch_geometric.nn", "torch-geometric", "GNN models")
 
@@ -83,7 +93,8 @@ class GraphSAGE(nn.Module):
             raise TypeError(f"aggr must be an Aggregation and kind a GNNModel, got {aggr!r} and "
                             f"{kind!r}")
         if num_nodes <= 0 and num_features <= 0:
-            raise ValueError("gnn: the graph has no node features, so a node-id table is needed")
+            raise ValueError("gnn.embedding_dim: the graph has no node features, so the model "
+                             "needs a node-id table: set it above 0 (e.g. 32)")
         self.ebc = None
         if num_nodes > 0 and embedding_dim > 0:
             rows = dynamic.capacity if dynamic is not None else num_nodes
@@ -112,6 +123,15 @@ class GraphSAGE(nn.Module):
         self.convs = nn.ModuleList(convs)
         self.out = nn.Linear(width, out_dim)
         self.dropout = dropout
+        self.alpha = alpha
+        self.num_layers = len(convs)  # the layer() calls: one a hop
+        self.layer_widths = list(hidden)  # each layer's output width
+        if kind is GNNModel.APPNP:
+            self.num_layers = len(hidden) if hops is None else hops
+            if self.num_layers < 1 or not 0.0 <= alpha <= 1.0:
+                raise ValueError(f"appnp: needs at least one hop and alpha in [0, 1], got "
+                                 f"{self.num_layers} and {alpha}")
+            self.layer_widths = [2 * width] * (self.num_layers - 1) + [width]  # [z | h], then z
 
     def forward(self, blocks: SampledBlocks, node_ids: Optional[KeyedJaggedTensor] = None,
                 features: Optional[Tensor] = None) -> Tensor:
@@ -139,11 +159,12 @@ class GraphSAGE(nn.Module):
                 x = self.layer(i, x)
             return self.out(x)
         hops = len(blocks.edge_index)
-        if hops != len(self.convs):
+        if hops != self.num_layers:
             raise ValueError(f"the sampler draws {hops} hop(s) but the model has "
-                             f"{len(self.convs)} SAGEConv layer(s): gnn.fanouts and gnn.hidden "
-                             f"must have the same length")
-        for i in range(len(self.convs)):
+                             f"{self.num_layers} layer(s) a hop: " + (
+                                 "build it with hops=len(fanouts)" if self.kind is GNNModel.APPNP
+                                 else "gnn.fanouts and gnn.hidden must have the same length"))
+        for i in range(self.num_layers):
             # Layer i updates the nodes within hops - i - 1 of the seeds from their sampled
             # neighbours: edge_index[h - 1] holds the edges of hops 1 .. h (trim-to-layer).
             h = hops - i
@@ -205,8 +226,10 @@ class GraphSAGE(nn.Module):
                 MLP kind takes none.
 
         Returns:
-            ``[len(x_dst), hidden[i]]``.
+            ``[len(x_dst), layer_widths[i]]``.
         """
+        if self.kind is GNNModel.APPNP:
+            return self._propagate(i, x, edge_index)
         if self.kind is GNNModel.MLP:
             x = self.convs[i](x[1] if isinstance(x, tuple) else x)
         elif self.kind is GNNModel.GCN:  # the mean over the target and its neighbours
@@ -220,6 +243,28 @@ class GraphSAGE(nn.Module):
         if i < len(self.convs) - 1:
             x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
         return x
+
+    def _propagate(self, i: int, x: Tensor | tuple[Tensor, Tensor],
+                   edge_index: Tensor) -> Tensor:
+        """The APPNP kind's hop ``i``: layer 0 runs the MLP on every source (the targets are
+        the first sources), the others read ``[z | h]``; then one propagation step to the
+        targets, over each target and its neighbours."""
+        x_src, x_dst = x if isinstance(x, tuple) else (x, x)
+        if i == 0:
+            h = nn.functional.dropout(x_src, self.dropout, self.training)
+            for conv in self.convs:
+                h = nn.functional.dropout(torch.relu(conv(h)), self.dropout, self.training)
+            z = h
+        else:
+            z, h = x_src.chunk(2, dim=1)
+        n = len(x_dst)
+        loops = torch.arange(n).expand(2, -1)
+        edges = torch.cat([edge_index, loops], dim=1)
+        scatter = import_optional("torch_geometric.utils", "torch-geometric", "GNN models").scatter
+        count = torch.bincount(edges[1], minlength=n).clamp(min=1).unsqueeze(1)
+        mean = scatter(z.index_select(0, edges[0]), edges[1], 0, n, reduce="sum")
+        z = (1.0 - self.alpha) * mean / count + self.alpha * h[:n]
+        return z if i == self.num_layers - 1 else torch.cat([z, h[:n]], dim=1)
 
 
 @contextlib.contextmanager

@@ -143,7 +143,7 @@ def layerwise_inference(model: nn.Module, graph: GraphData, nodes: Optional[Arra
     sage = _graphsage(model)
     n = graph.num_nodes
     inputs = _InputRows(sage, graph, node_embeddings)
-    widths = [sage.input_width, *sage.hidden]
+    widths = [sage.input_width, *sage.layer_widths]
     if chunk_entries is None:
         chunk_entries = max(1, CHUNK_BYTES // (20 * max(widths)))
     if chunk_entries < 1:
@@ -157,7 +157,7 @@ def layerwise_inference(model: nn.Module, graph: GraphData, nodes: Optional[Arra
             raise ValueError(f"nodes: node id {bad} outside [0, {n}) (the graph "
                              f"{graph.root} has {n:,} nodes)")
     # sets[l]: the nodes whose h_l is computed (None: all), l = 1 .. L
-    layers = len(sage.convs)
+    layers = sage.num_layers
     sets: list[Optional[np.ndarray]] = [None] * (layers + 1)
     sets[layers] = wanted
     for l in range(layers - 1, 0, -1):
@@ -217,12 +217,12 @@ def layerwise_inference(model: nn.Module, graph: GraphData, nodes: Optional[Arra
 def _layer_chunk(model: nn.Module, layer: int, graph: GraphData, targets: np.ndarray,
                  rows: Callable[[np.ndarray], Tensor]) -> Tensor:
     """Layer ``layer``'s output at ``targets`` (ascending) from the layer's input ``rows`` of
-    the targets and of their neighbours (every CSR entry of their rows). GCN and GAT take the
-    targets as the first sources (their self-loops pair source ``i`` with target ``i``, as in
-    the sampler's blocks)."""
+    the targets and of their neighbours (every CSR entry of their rows). GCN, GAT and APPNP
+    take the targets as the first sources (their self-loops pair source ``i`` with target
+    ``i``, as in the sampler's blocks)."""
     neighbours, degrees = _csr_rows(graph, targets)
     sources, position = np.unique(neighbours, return_inverse=True)
-    if model.kind in (GNNModel.GCN, GNNModel.GAT):
+    if model.kind in (GNNModel.GCN, GNNModel.GAT, GNNModel.APPNP):
         sources = np.concatenate([targets, sources[~np.isin(sources, targets)]])
         order = np.argsort(sources, kind="stable")
         position = order[np.searchsorted(sources[order], neighbours)]

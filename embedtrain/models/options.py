@@ -97,6 +97,9 @@ class GNNModel(enum.Enum):
     GCN = "gcn"  # one GCNConv per hop: the mean over the node and its neighbours, D^-1 (A + I)
     GAT = "gat"  # one GATConv per hop: attention over the node and its neighbours
     MLP = "mlp"  # the same layers on the node alone: a no-graph baseline
+    # the layers on each node alone, then one step of personalised-PageRank propagation a hop:
+    # predict, then propagate (Klicpera et al., ICLR 2019)
+    APPNP = "appnp"
 
 
 class SeqModel(enum.Enum):

@@ -58,7 +58,7 @@ from embedtrain.sharding.measure import (
     plan_vs_measured,
 )
 from embedtrain.sharding.dynamic import settle_dynamic_tables
-from embedtrain.sharding.planner import PlanResult, plan_sharding
+from embedtrain.sharding.planner import PlanError, PlanResult, plan_sharding
 from embedtrain.sharding.report import write_report
 from embedtrain.sharding.sharders import embedding_sharders
 from embedtrain.train.dist import init_process_group
@@ -290,6 +290,12 @@ class Recipe:
         """Dry-run plan of the config's model on ``cluster``: built on ``meta``, no GPU."""
         cfg, info = self.cfg, self.dataset_info()
         model = model if model is not None else self.planning_model()
+        if not any(isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+                   for m in model.modules()):
+            mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+            raise PlanError(f"nothing to plan: the model has no embedding tables (e.g. "
+                            f"gnn.embedding_dim: 0); it trains data-parallel, each rank holding "
+                            f"its whole {mib:.2f} MiB dense model")
         sharding = cfg.sharding
         extra = self.planning_constraints()
         if extra:

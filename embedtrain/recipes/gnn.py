@@ -59,14 +59,15 @@ class GraphRecipe(Recipe):
         """``gnn``'s GraphSAGE on ``meta`` (node-id table fused), one layer per hop."""
         g, graph = self.cfg.gnn, self.dataset
         out = self.target.out_dim()
-        if len(g.fanouts) != len(g.hidden):
+        if len(g.fanouts) != len(g.hidden) and g.model is not GNNModel.APPNP:
             raise ValueError(f"gnn.fanouts ({len(g.fanouts)} hops) and gnn.hidden "
                              f"({len(g.hidden)} layers) must have the same length")
         tables = [NODE_TABLE] if self._has_node_table() else []
         dynamic = dynamic_tables(self.cfg, tables).get(NODE_TABLE)
         model = GraphSAGE(graph.num_nodes, graph.num_features, g.embedding_dim, g.hidden, out,
                           aggr=g.aggr, dropout=g.dropout, device=torch.device("meta"),
-                          kind=g.model, dynamic=dynamic, heads=g.heads)
+                          kind=g.model, dynamic=dynamic, heads=g.heads,
+                          hops=len(g.fanouts), alpha=g.alpha)
         return self.fuse_sparse(model)
 
     def _has_node_table(self) -> bool:
