@@ -275,7 +275,8 @@ def test_sampled_blocks_equal_sage_on_the_sampled_graph():
     xs = x[blocks.n_id]
     plain = _full_graph(model, xs, blocks.edge_index[-1])[:blocks.num_seeds]
     torch.testing.assert_close(model(blocks, features=xs), plain, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="draws 2 hop.*has 3 SAGEConv layer"):
+    with pytest.raises(ValueError, match=r"draws 2 hop.*has 3 layer\(s\) a hop: gnn.fanouts "
+                                         r"and gnn.hidden must have the same length"):
         _sage((16, 16, 4))(blocks, features=xs)
 
 
