@@ -234,9 +234,8 @@ class GraphSAGE(nn.Module):
             x = self.convs[i](x[1] if isinstance(x, tuple) else x)
         elif self.kind is GNNModel.GCN:  # the mean over the target and its neighbours
             x_src, x_dst = x if isinstance(x, tuple) else (x, x)
-            loops = torch.arange(len(x_dst)).expand(2, -1)
-            edges = torch.cat([edge_index, loops], dim=1)
-            weight = 1.0 / torch.bincount(edges[1], minlength=len(x_dst)).to(x_src.dtype)
+            edges, degree = _with_self_loops(edge_index, len(x_dst))
+            weight = 1.0 / degree.to(x_src.dtype)
             x = self.convs[i](x_src, edges, weight[edges[1]])[: len(x_dst)]
         else:
             x = self.convs[i](x, edge_index)
@@ -258,13 +257,18 @@ class GraphSAGE(nn.Module):
         else:
             z, h = x_src.chunk(2, dim=1)
         n = len(x_dst)
-        loops = torch.arange(n).expand(2, -1)
-        edges = torch.cat([edge_index, loops], dim=1)
+        edges, degree = _with_self_loops(edge_index, n)
         scatter = import_optional("torch_geometric.utils", "torch-geometric", "GNN models").scatter
-        count = torch.bincount(edges[1], minlength=n).clamp(min=1).unsqueeze(1)
-        mean = scatter(z.index_select(0, edges[0]), edges[1], 0, n, reduce="sum")
-        z = (1.0 - self.alpha) * mean / count + self.alpha * h[:n]
+        total = scatter(z.index_select(0, edges[0]), edges[1], 0, n, reduce="sum")
+        z = (1.0 - self.alpha) * total / degree.unsqueeze(1) + self.alpha * h[:n]
         return z if i == self.num_layers - 1 else torch.cat([z, h[:n]], dim=1)
+
+
+def _with_self_loops(edge_index: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """``edge_index`` with a self-loop ``(i, i)`` for each of the ``n`` targets (the targets
+    are the first sources), and each target's degree counting it (at least 1)."""
+    edges = torch.cat([edge_index, torch.arange(n).expand(2, -1)], dim=1)
+    return edges, torch.bincount(edges[1], minlength=n)
 
 
 @contextlib.contextmanager
