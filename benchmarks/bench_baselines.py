@@ -31,8 +31,8 @@ set's ``train`` split, selected on ``valid`` and scored on ``test`` (the files o
 
 The baselines' code is ``benchmarks/baseline_models.py``. ``--model CONFIG`` (repeatable) also
 trains the shipped config on the data set, once per seed: ``embedtrain train CONFIG --set
-data.path=DIR --set train.seed=S --out WORK/<config>_seedS --no-progress`` (nothing else changed),
-and reads the test metrics of the run's ``summary.json``. The planted oracle of a datagen set is
+data.path=DIR --set train.seed=S --out WORK/<config>_seedS --no-progress`` (nothing else changed
+but what ``--set KEY=VALUE`` gives, for every ``--model`` run; the row names it), and reads the test metrics of the run's ``summary.json``. The planted oracle of a datagen set is
 shown too (a graph's: the one-hop and the features-only Bayes accuracy). Figures: the mean and
 population standard deviation of each metric over seeds 0 .. ``--seeds`` - 1 (the model runs':
 ``--model-seeds``, default the same); a deterministic baseline runs once.
@@ -65,7 +65,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -172,11 +172,14 @@ def single_row(name: str, fit: Callable[[], dict]) -> dict:
                                          "seconds": round(time.perf_counter() - start, 2)}])
 
 
-def train_model(config: Path, data: Path, seed: int, out: Path) -> dict[str, Any]:
-    """``embedtrain train CONFIG --set data.path=DATA --set train.seed=SEED --out OUT``; the
-    test metrics of its ``summary.json`` (or ``error``: the log's path)."""
+def train_model(config: Path, data: Path, seed: int, out: Path,
+                overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """``embedtrain train CONFIG --set data.path=DATA --set train.seed=SEED [--set KEY=VALUE
+    of overrides] --out OUT``; the test metrics of its ``summary.json`` (or ``error``: the log's
+    path)."""
     argv = [*TRAIN, str(config), "--set", f"data.path={data.resolve()}", "--set",
-            f"train.seed={seed}", "--out", str(out), "--no-progress"]
+            f"train.seed={seed}", *[a for o in overrides for a in ("--set", o)],
+            "--out", str(out), "--no-progress"]
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
@@ -190,17 +193,18 @@ def train_model(config: Path, data: Path, seed: int, out: Path) -> dict[str, Any
     return {**metrics, "split": summary.get("split"), "run": str(out)}
 
 
-def model_row(config: Path, data: Path, seeds: int, work: Path) -> dict:
+def model_row(config: Path, data: Path, seeds: int, work: Path,
+              overrides: Sequence[str] = ()) -> dict:
     runs = []
     for seed in range(seeds):
         progress(f"model {config}: seed {seed}: training ...")
         start = time.perf_counter()
-        metrics = train_model(config, data, seed, work / f"{config.stem}_seed{seed}")
+        metrics = train_model(config, data, seed, work / f"{config.stem}_seed{seed}", overrides)
         runs.append({"seed": seed, "metrics": metrics,
                      "seconds": round(time.perf_counter() - start, 1)})
         progress(f"model {config}: seed {seed}: {metrics.get('error') or 'done'}")
     ok = [r for r in runs if "error" not in r["metrics"]]
-    row = summarise(f"model: {config.name}", "model", ok)
+    row = summarise(" ".join([f"model: {config.name}", *overrides]), "model", ok)
     row["runs"], row["failed"] = runs, len(runs) - len(ok)
     return row
 
@@ -276,6 +280,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="seeds 0..N-1 of the --model runs (default: --seeds)")
     p.add_argument("--work", type=Path, help="the model runs' directories (default: a new "
                    "temporary folder)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override of every --model run (repeatable)")
     p.add_argument("--json", type=Path, help="write the figures and the command here")
     g = p.add_argument_group("ctr baselines")
     g.add_argument("--epochs", type=int, default=10, help="at most (default 10)")
@@ -310,7 +316,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = BASELINES[args.family](args.data, meta, args)
     if args.model:
         work = args.work or Path(tempfile.mkdtemp(prefix="bench_baselines_"))
-        rows += [model_row(c, args.data, model_seeds, work) for c in args.model]
+        rows += [model_row(c, args.data, model_seeds, work, args.set) for c in args.model]
     rows += oracle_rows(args.family, meta)
     metrics = FAMILIES[args.family]
     print_table(rows, metrics, f"{args.family} on {args.data} (test split; mean ± std over "

@@ -244,6 +244,8 @@ class SeqConfig:
     heads: int = config_field(2, check=POSITIVE)      # attention heads (dim divisible by them)
     # dropout in the encoder's blocks, in training only
     dropout: float = config_field(0.2, check=PROBABILITY)
+    # dropout on the attention weights (0: SASRec's blocks take torch's fused causal attention)
+    attention_dropout: float = config_field(0.0, check=PROBABILITY)
     # evaluation ranks only items outside each history (a target in its history is then a miss)
     exclude_history: bool = False
 

@@ -155,8 +155,9 @@ def test_gcn_beats_chance_deterministically(tmp_path):
 
 def test_script_shows_baselines_beside_model_runs(tmp_path, monkeypatch, capsys):
     """``--model``: one ``embedtrain train CONFIG --set data.path=DIR --set train.seed=S`` a seed
-    (a stand-in trainer here, which records its arguments and writes a summary.json), read back
-    into the table and the JSON with the baselines, the oracle and the command."""
+    with the ``--set`` overrides given (a stand-in trainer here, which records its arguments and
+    writes a summary.json), read back into the table and the JSON with the baselines, the oracle
+    and the command; the overrides name the row."""
     from embedtrain.datagen import SeqDataSpec, generate_seq
 
     data = tmp_path / "seq"
@@ -173,22 +174,23 @@ def test_script_shows_baselines_beside_model_runs(tmp_path, monkeypatch, capsys)
     out = tmp_path / "b.json"
     argv = ["--family", "seq", "--data", str(data), "--seeds", "2", "--model",
             str(ROOT / "configs/seq_synthetic.yaml"), "--work", str(tmp_path / "runs"),
-            "--json", str(out)]
+            "--json", str(out), "--set", "seq.attention_dropout=0.2"]
     assert bb.main(argv) == 0
     record = json.loads(out.read_text())
     assert record["command"].startswith("python benchmarks/bench_baselines.py --family seq")
     rows = {r["name"]: r for r in record["rows"]}
-    assert list(rows) == ["popularity", "cooccurrence", "model: seq_synthetic.yaml",
-                          "oracle (Bayes)"]
+    name = "model: seq_synthetic.yaml seq.attention_dropout=0.2"  # --set names its row
+    assert list(rows) == ["popularity", "cooccurrence", name, "oracle (Bayes)"]
     assert rows["cooccurrence"]["mean"]["hr@10"] > rows["popularity"]["mean"]["hr@10"]
-    model = rows["model: seq_synthetic.yaml"]
+    model = rows[name]
     assert model["mean"]["hr@10"] == pytest.approx(0.55) and model["std"]["hr@10"] == (
         pytest.approx(0.05))
     for seed, run in enumerate(model["runs"]):
         summary = json.loads((Path(run["metrics"]["run"]) / "summary.json").read_text())
         assert summary["argv"] == [str(ROOT / "configs/seq_synthetic.yaml"), "--set",
                                    f"data.path={data.resolve()}", "--set",
-                                   f"train.seed={seed}", "--out", run["metrics"]["run"],
+                                   f"train.seed={seed}", "--set", "seq.attention_dropout=0.2",
+                                   "--out", run["metrics"]["run"],
                                    "--no-progress"]
     assert rows["oracle (Bayes)"]["mean"]["hr@10"] == meta["oracle_hr@10"]["test"]
     printed = capsys.readouterr().out

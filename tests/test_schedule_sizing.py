@@ -42,6 +42,44 @@ def test_sizing_follows_the_data(per_epoch):
         assert o.early_stopping_patience == 0
 
 
+@pytest.mark.parametrize("per_epoch,eval_steps", [(4, 4), (4, 9), (13, 2), (13, 5), (40, 25),
+                                                  (4096, 900), (100_000, 20_000)])
+def test_an_evaluation_is_no_closer_than_the_training_rows_it_reads(per_epoch, eval_steps):
+    """An evaluation reading as many rows as ``eval_steps`` training steps comes no sooner than
+    those steps after the last (on 1,000 users it reads a pass's rows: once a pass, not four
+    times), and still at least once a pass and within the cap; patience stays in passes."""
+    base, o = TrainerOptions().sized(per_epoch), TrainerOptions().sized(per_epoch, eval_steps)
+    assert o.eval_every >= base.eval_every
+    assert o.eval_every >= min(eval_steps, per_epoch, state.EVAL_EVERY_CAP)
+    assert o.eval_every <= min(per_epoch, state.EVAL_EVERY_CAP)
+    if eval_steps <= base.eval_every:
+        assert o == base
+    if per_epoch < state.MIN_STEPS:
+        passes = o.early_stopping_patience * o.eval_every / per_epoch
+        assert passes == pytest.approx(state.PATIENCE_EPOCHS, rel=0.5) \
+            or o.early_stopping_patience == state.MIN_PATIENCE
+
+
+def test_an_evaluations_rows_in_training_steps():
+    """The trainer sizes its cadence with the validation rows it reads (``eval_max_batches``
+    of them, or all) counted in training steps of the training split's rows."""
+    from embedtrain.train.trainer import _evaluation_steps
+
+    class Split:
+        def __init__(self, rows, batches):
+            self.total_rows, self.batches = rows, batches
+
+        def __len__(self):
+            return self.batches
+
+    users = Split(1000, 4)  # 1,000 users, batches of 256: a seq data set's split
+    assert _evaluation_steps(users, Split(1000, 1), 10) == 4
+    assert _evaluation_steps(users, Split(10_000, 10), 1) == 4  # the first batch of ten
+    assert _evaluation_steps(users, Split(10_000, 10), None) == 40
+    assert _evaluation_steps(Split(80_000, 40), Split(10_000, 1), 4) == 5
+    assert _evaluation_steps(users, None, 10) == 0
+
+
 def test_given_options_are_kept_and_max_steps_fixes_the_run():
     given = TrainerOptions(epochs=2, eval_every=0, select=Selection.LAST,
                            early_stopping_patience=0)
@@ -124,13 +162,11 @@ def test_a_resumed_runs_length_is_sized_from_its_checkpoints_steps_a_pass():
     assert total("train.epochs=5", "train.max_steps=60") == 60
 
 
-def test_tunes_default_grace_is_a_pass_of_sized_evaluations():
-    """ASHA judges a trial no earlier than a pass over the data (where the cadence is sized),
-    counted in the trial's reports (one per evaluation); --grace-steps counts steps."""
+def test_tunes_default_grace_is_a_pass_over_the_data():
+    """ASHA judges a trial no earlier than a pass over the data, whatever the cadence (a trial
+    reports its passes with each evaluation); --grace-steps counts steps."""
     from embedtrain.cli.tune.options import SearchOptions
 
-    per_epoch = 13
-    sized = TrainerOptions().sized(per_epoch)
-    attr, grace = SearchOptions(trials=1).grace()
-    assert attr == "training_iteration" and grace * sized.eval_every >= per_epoch - 1
+    assert SearchOptions(trials=1).grace() == ("passes", 1)
+    assert SearchOptions(trials=1).describe_grace() == "1 pass"
     assert SearchOptions(trials=1, grace_steps=30).grace() == ("step", 30)

@@ -300,3 +300,26 @@ def test_two_ranks_step_like_one(seq_data, tmp_path):
     for name in one["dense"]:
         for r in two:
             torch.testing.assert_close(r["dense"][name], one["dense"][name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sasrec", "hstu"])
+def test_attention_dropout_drops_the_attention_weights_in_training_only(kind):
+    """``seq.attention_dropout`` reaches every block's attention weights: with it (and no other
+    dropout) two training forwards differ, without it they agree; in evaluation it does
+    nothing."""
+    from embedtrain.models.seq import encode
+
+    def encoder(p):
+        torch.manual_seed(0)
+        return SeqEncoder(20, 8, 6, layers=2, heads=2, dropout=0.0, model=kind,
+                          attention_dropout=p)
+
+    with_it, without = encoder(0.5), encoder(0.0)
+    history, lengths = torch.randn(3, 6, 8), torch.tensor([6, 3, 1])
+    with torch.no_grad():
+        assert not torch.equal(encode(with_it, history, lengths),
+                               encode(with_it, history, lengths))
+        assert torch.equal(encode(without, history, lengths), encode(without, history, lengths))
+        with_it.eval(), without.eval()
+        torch.testing.assert_close(encode(with_it, history, lengths),
+                                   encode(without, history, lengths))

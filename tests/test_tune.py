@@ -510,14 +510,15 @@ def test_a_stopped_trial_started_again_is_reported_at_the_step_it_stopped(tmp_pa
 
     def stopped_by_the_scheduler(setup, config, run_dir, reporter, log):
         trained.append(run_dir)
-        reporter(SimpleNamespace(select_metric="auc"), {"step": 30, "auc": 0.7})
+        trainer = SimpleNamespace(select_metric="auc", train_data=range(20))  # 20 steps a pass
+        reporter(trainer, {"step": 30, "auc": 0.7})
         raise SystemExit(0)  # what tune.report does to a trial the scheduler stops
 
     monkeypatch.setattr(trial, "_train", stopped_by_the_scheduler)
     setup = trial.TrialSetup(out=str(tmp_path), base_config="unused.yaml")
     with pytest.raises(SystemExit):
         trial.run_trial({"optim.sparse_lr": 0.1}, setup)
-    assert reports == [{"step": 30, "value": 0.7, "score": 0.7}]
+    assert reports == [{"step": 30, "passes": 1.5, "value": 0.7, "score": 0.7}]
     reports.clear()
     trial.run_trial({"optim.sparse_lr": 0.1}, setup)  # Ray starts it again
     assert len(trained) == 1

@@ -77,7 +77,8 @@ class SeqRecipe(Recipe):
         model = SeqModel(self.dataset.features.num_classes, s.dim, self.max_length, s.layers,
                          s.heads, s.dropout, head, feature=self.dataset.features.sparse[0].name,
                          device=torch.device("meta"), head_dtype=self.cfg.head.dtype,
-                         exclude_history=s.exclude_history, model=s.model.value, blocks=blocks)
+                         exclude_history=s.exclude_history, model=s.model.value, blocks=blocks,
+                         attention_dropout=s.attention_dropout)
         self.fuse_sparse(model.encoder)
         return model
 

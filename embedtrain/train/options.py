@@ -64,7 +64,9 @@ class PipelineKind(enum.Enum):
 
 # A schedule sized to the data (the train options left None): a run of at least MIN_STEPS steps
 # (at most MAX_AUTO_EPOCHS passes), or max_steps' worth; EVALS_PER_EPOCH evaluations a pass, at
-# most EVAL_EVERY_CAP steps apart. A data set whose pass is shorter than MIN_STEPS steps is
+# most EVAL_EVERY_CAP steps apart, but no closer than the training steps whose rows number an
+# evaluation's (on 1,000 users an evaluation reads as many rows as a pass trains on: evaluating
+# four times a pass took half the run) and at least once a pass. A data set whose pass is shorter than MIN_STEPS steps is
 # small: a run of it whose length is sized too (neither epochs nor max_steps given) keeps the
 # best evaluation's checkpoint and stops after PATIENCE_EPOCHS passes without a better one: the
 # sized length is a bound, early stopping its end. A length the user gives is trained to.
@@ -78,9 +80,11 @@ SIZED = ("epochs", "eval_every", "select", "early_stopping_patience")
 
 
 def sized_schedule(given: dict[str, Any], max_steps: Optional[int],
-                   steps_per_epoch: int) -> dict[str, Any]:
+                   steps_per_epoch: int, eval_steps: int = 0) -> dict[str, Any]:
     """The :data:`SIZED` options (``given``: their values, None where left to the data) of a run
-    over a training split of ``steps_per_epoch`` batches, with ``max_steps`` (or None)."""
+    over a training split of ``steps_per_epoch`` batches, with ``max_steps`` (or None);
+    ``eval_steps``: the training steps whose rows number an evaluation's
+    (:func:`evaluation_steps`)."""
     per = max(1, steps_per_epoch)
     small = per < MIN_STEPS and max_steps is None and given["epochs"] is None
     epochs = given["epochs"]
@@ -89,7 +93,7 @@ def sized_schedule(given: dict[str, Any], max_steps: Optional[int],
         epochs = epochs if max_steps is not None else min(epochs, MAX_AUTO_EPOCHS)
     every = given["eval_every"]
     if every is None:
-        every = min(EVAL_EVERY_CAP, math.ceil(per / EVALS_PER_EPOCH))
+        every = min(EVAL_EVERY_CAP, per, max(math.ceil(per / EVALS_PER_EPOCH), eval_steps))
     select = given["select"]
     if select is None:
         select = Selection.BEST if small else Selection.LAST
@@ -99,6 +103,17 @@ def sized_schedule(given: dict[str, Any], max_steps: Optional[int],
                     if small and every else 0)
     return {"epochs": epochs, "eval_every": every, "select": select,
             "early_stopping_patience": patience}
+
+
+def evaluation_steps(train_rows: int, train_batches: int, valid_rows: int,
+                     valid_batches: int, max_batches: Optional[int]) -> int:
+    """The training steps (of ``train_batches`` over ``train_rows``) whose rows number one
+    evaluation's: the first ``max_batches`` (None or 0: all) of ``valid_batches`` over
+    ``valid_rows``; 0 without validation data."""
+    if not (train_rows and train_batches and valid_rows and valid_batches):
+        return 0
+    batches = min(valid_batches, max_batches or valid_batches)
+    return math.ceil(valid_rows * batches / valid_batches / (train_rows / train_batches))
 
 
 def sizing_line(derived: list[str], sized: dict[str, Any], steps_per_epoch: int

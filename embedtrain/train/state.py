@@ -73,11 +73,12 @@ class TrainerOptions:
         """The options still to be sized to the data (None)."""
         return [k for k in SIZED if getattr(self, k) is None]
 
-    def sized(self, steps_per_epoch: int) -> "TrainerOptions":
+    def sized(self, steps_per_epoch: int, eval_steps: int = 0) -> "TrainerOptions":
         """These options with every one left None sized to a training split of
-        ``steps_per_epoch`` batches (:func:`embedtrain.train.options.sized_schedule`)."""
+        ``steps_per_epoch`` batches, whose evaluation reads as many rows as ``eval_steps``
+        training steps (:func:`embedtrain.train.options.sized_schedule`)."""
         return dataclasses.replace(self, **sized_schedule(
-            {k: getattr(self, k) for k in SIZED}, self.max_steps, steps_per_epoch))
+            {k: getattr(self, k) for k in SIZED}, self.max_steps, steps_per_epoch, eval_steps))
 
     def sizing_line(self, sized: "TrainerOptions", steps_per_epoch: int) -> Optional[str]:
         """One line saying what :meth:`sized` chose (``sized``: its result) for the options

@@ -35,7 +35,7 @@ from embedtrain.train.loggers import Logger
 from embedtrain.train.run_dir import RunDir
 from embedtrain.train.state import EpochData, TrainerOptions, TrainState  # noqa: F401 (public here)
 from embedtrain.train.status import progress_display
-from embedtrain.train.options import PipelineKind, Selection
+from embedtrain.train.options import PipelineKind, Selection, evaluation_steps
 from embedtrain.train.pipeline import BatchArgs, PipelinedSteps
 from embedtrain.train.steps import closing_iterator, train_steps
 from embedtrain.train.task import StepOutput, Task, higher_is_better
@@ -103,7 +103,8 @@ class Trainer:
         self.task, self.model, self.optimizer = task, model, optimizer
         self.train_data, self.valid_data = train_data, valid_data
         # the options left None sized to the training data (TrainerOptions.sized)
-        self.run_dir, self.options = run_dir, options.sized(len(train_data))
+        self.run_dir, self.options = run_dir, options.sized(
+            len(train_data), _evaluation_steps(train_data, valid_data, options.eval_max_batches))
         self.sizing = options.sizing_line(self.options, len(train_data))
         self.sized_keys = options.derived
         self.dataset_name = dataset_name
@@ -552,6 +553,15 @@ class Trainer:
                                      reference=self.reference)
             self.run_dir.write_summary(summary)
         return summary
+
+
+def _evaluation_steps(train: EpochData, valid: Optional[EpochData],
+                      max_batches: Optional[int]) -> int:
+    """The training steps whose rows number an evaluation's (0: no validation data)."""
+    if valid is None:
+        return 0
+    return evaluation_steps(train.total_rows, len(train), valid.total_rows, len(valid),
+                            max_batches)
 
 
 def _max_over_ranks(value: int, device: str = "cpu") -> int:

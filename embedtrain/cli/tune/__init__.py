@@ -87,7 +87,7 @@ def register(sub) -> None:
                    help="asha: stop trials that fall behind at each rung (default); none: "
                         "train every trial to the end")
     p.add_argument("--grace-steps", type=int, help="ASHA: training steps before a trial can "
-                   "be stopped (default: 4 evaluations, a pass where train.eval_every is sized)")
+                   "be stopped (default: a pass over the training data)")
     p.add_argument("--reduction-factor", type=int, default=3,
                    help="ASHA: about 1 in this many trials goes on at each rung (default: 3)")
     p.add_argument("--engine", choices=[e.value for e in Engine], default="local",

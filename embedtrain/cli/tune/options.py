@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from embedtrain.runtime import usable_cores
-from embedtrain.train.options import EVALS_PER_EPOCH
 
 
 class Scheduler(enum.Enum):
@@ -24,10 +23,10 @@ class Engine(enum.Enum):
     RAY = "ray"  # a running Ray cluster; trials side by side
 
 
-# ASHA's default grace period, in evaluations before a trial can be stopped: a pass over the data
-# under the sized cadence (EVALS_PER_EPOCH a pass); fewer judged trials on their first few
+# ASHA's default grace period, in passes over the training data before a trial can be stopped
+# (a trial reports its passes with each evaluation): fewer judged trials on their first few
 # batches (on 2,400 labelled nodes, every trial's accuracy after two steps was 0.36-0.46)
-GRACE_EVALUATIONS = EVALS_PER_EPOCH
+GRACE_PASSES = 1
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class SearchOptions:
         seed: of the sampler (the same seed draws the same configurations).
         scheduler: how trials are stopped early.
         grace_steps: ASHA's grace period, in training steps: no trial is stopped before it;
-            None: :data:`GRACE_EVALUATIONS` evaluations (a pass, where the cadence is sized).
+            None: :data:`GRACE_PASSES` passes over the data.
         reduction_factor: ASHA's: about 1 in this many trials goes on at each rung.
         engine: where trials run.
         address: the cluster of ``Engine.RAY`` (None: ``RAY_ADDRESS``, else ``auto``).
@@ -65,17 +64,17 @@ class SearchOptions:
         return {k: v.value if isinstance(v, enum.Enum) else v
                 for k, v in asdict(self).items() if k in keep}
 
-    def grace(self) -> tuple[str, int]:
+    def grace(self) -> tuple[str, float]:
         """ASHA's time attribute and grace period: ``("step", grace_steps)``, or
-        :data:`GRACE_EVALUATIONS` reports (Ray's ``training_iteration``: a trial reports each
-        evaluation)."""
+        :data:`GRACE_PASSES` ``passes`` (a trial reports the passes over its training data
+        with each evaluation)."""
         if self.grace_steps is None:
-            return "training_iteration", GRACE_EVALUATIONS
+            return "passes", GRACE_PASSES
         return "step", self.grace_steps
 
     def describe_grace(self) -> str:
         attr, n = self.grace()
-        return f"{n:,} steps" if attr == "step" else f"{n} evaluations"
+        return f"{n:,} steps" if attr == "step" else f"{n:g} pass{'es' if n != 1 else ''}"
 
     def trial_cpus(self) -> int:
         """CPUs (and torch threads) of each trial: all of this machine's with ``local``."""

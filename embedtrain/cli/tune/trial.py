@@ -177,7 +177,8 @@ class EvaluationReporter:
             raise ValueError(f"train.select_metric: {self.metric!r} is not a validation metric of "
                              f"this task ({', '.join(known)}); choose another --metric")
         self.last_step = record["step"]
-        tune.report({"step": record["step"], "value": value,
+        passes = record["step"] / max(1, len(trainer.train_data))
+        tune.report({"step": record["step"], "passes": passes, "value": value,
                      "score": value if self.higher else -value, **self._best()})
 
     def report_end(self, finished: bool = False, error: Optional[str] = None,
