@@ -32,8 +32,9 @@ set's ``train`` split, selected on ``valid`` and scored on ``test`` (the files o
 The baselines' code is ``benchmarks/baseline_models.py``. ``--model CONFIG`` (repeatable) also
 trains the shipped config on the data set, once per seed: ``embedtrain train CONFIG --set
 data.path=DIR --set train.seed=S --out WORK/<config>_seedS --no-progress`` (nothing else changed
-but what ``--set KEY=VALUE`` gives, for every ``--model`` run; the row names it), and reads the test metrics of the run's ``summary.json``. The planted oracle of a datagen set is
-shown too (a graph's: the one-hop and the features-only Bayes accuracy). Figures: the mean and
+but what ``--set KEY=VALUE`` gives, for every ``--model`` run; the row names it), and reads the
+test metrics of the run's ``summary.json``. The planted oracle of a datagen set is shown too
+(a graph's: the one-hop and the features-only Bayes accuracy). Figures: the mean and
 population standard deviation of each metric over seeds 0 .. ``--seeds`` - 1 (the model runs':
 ``--model-seeds``, default the same); a deterministic baseline runs once.
 

@@ -66,10 +66,11 @@ class PipelineKind(enum.Enum):
 # (at most MAX_AUTO_EPOCHS passes), or max_steps' worth; EVALS_PER_EPOCH evaluations a pass, at
 # most EVAL_EVERY_CAP steps apart, but no closer than the training steps whose rows number an
 # evaluation's (on 1,000 users an evaluation reads as many rows as a pass trains on: evaluating
-# four times a pass took half the run) and at least once a pass. A data set whose pass is shorter than MIN_STEPS steps is
-# small: a run of it whose length is sized too (neither epochs nor max_steps given) keeps the
-# best evaluation's checkpoint and stops after PATIENCE_EPOCHS passes without a better one: the
-# sized length is a bound, early stopping its end. A length the user gives is trained to.
+# four times a pass took half the run) and at least once a pass. A data set whose pass is
+# shorter than MIN_STEPS steps is small: a run of it whose length is sized too (neither epochs
+# nor max_steps given) keeps the best evaluation's checkpoint and stops after PATIENCE_EPOCHS
+# passes without a better one: the sized length is a bound, early stopping its end. A length
+# the user gives is trained to.
 MIN_STEPS = 1000
 MAX_AUTO_EPOCHS = 100
 EVALS_PER_EPOCH = 4
