@@ -48,6 +48,9 @@ from typing import Optional
 
 _IMPORTED_AT = time.time()
 _MARKS: dict[str, float] = {}
+# where this process's current run's start-up is counted from (None: the process's start)
+_RUN_STARTED_AT: Optional[float] = None
+_RUNS = 0  # runs begun in this process (begin_run)
 _SETTINGS: dict[str, str] = {}
 
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: the largest, 2 GiB of free heap top kept
@@ -223,19 +226,32 @@ def process_start_time() -> float:
         return _IMPORTED_AT
 
 
+def begin_run() -> None:
+    """A run begins in this process: its start-up counts from the process's start when it is the
+    process's first run and the command line started it (``embedtrain train`` marked
+    ``imports``), else from now, with no marks of an earlier run (a search's trial in a reused
+    worker, a run started from a notebook)."""
+    global _RUN_STARTED_AT, _RUNS
+    _RUNS += 1
+    if _RUNS > 1 or "imports" not in _MARKS:
+        _RUN_STARTED_AT = time.time()
+        _MARKS.clear()
+
+
 def mark(name: str) -> None:
     """Records that start-up reached ``name`` now (see :func:`startup_record`)."""
     _MARKS.setdefault(name, time.time())
 
 
 def startup_record(first_step: float) -> dict[str, object]:
-    """``startup_s`` (process start to ``first_step``, a ``time.time()``) and its parts.
+    """``startup_s`` (process start, or :func:`begin_run`'s, to ``first_step``, a
+    ``time.time()``) and its parts.
 
     The parts are the seconds between consecutive marks (:func:`mark`), in order, the last one
     ending at ``first_step``: e.g. ``{"imports_s": 0.3, "build_s": 4.1, "first_batch_s": 0.2}``
     when the CLI marked ``imports`` and ``build`` and the trainer ``first_batch``.
     """
-    start = process_start_time()
+    start = process_start_time() if _RUN_STARTED_AT is None else _RUN_STARTED_AT
     parts, previous = {}, start
     for name, at in sorted(_MARKS.items(), key=lambda item: item[1]):
         if at <= first_step:

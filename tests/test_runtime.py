@@ -132,3 +132,33 @@ train: {{max_steps: 3, eval_every: 0, progress: false, threads_per_rank: 1}}
     assert list(parts) == ["imports_s", "torch_s", "libraries_s", "build_s", "first_batch_s"]
     assert summary["startup_s"] > 0 and all(v >= 0 for v in parts.values())
     assert sum(parts.values()) == pytest.approx(summary["startup_s"], abs=0.01)
+
+
+def test_startup_of_a_run_counts_from_its_own_start_where_the_process_ran_before(monkeypatch):
+    """The command line's run counts start-up from the process's start; a later run in the same
+    process (a search's trial in a reused worker) or one started from Python counts from its
+    own begin, without the marks of the runs before it."""
+    from embedtrain import runtime
+
+    now = [200.0]
+    monkeypatch.setattr(runtime.time, "time", lambda: now[0])
+    monkeypatch.setattr(runtime, "process_start_time", lambda: 90.0)
+    monkeypatch.setattr(runtime, "_RUN_STARTED_AT", None)
+    monkeypatch.setattr(runtime, "_RUNS", 0)
+    monkeypatch.setattr(runtime, "_MARKS", {"imports": 100.0})  # `embedtrain train` marked it
+    runtime.begin_run()
+    runtime.mark("build")
+    first = runtime.startup_record(210.0)
+    assert first == {"startup_s": 120.0, "startup": {"imports_s": 10.0, "build_s": 100.0,
+                                                     "first_batch_s": 10.0}}
+    now[0] = 500.0
+    runtime.begin_run()  # the next trial in this worker
+    runtime.mark("build")
+    now[0] = 530.0
+    assert runtime.startup_record(540.0) == {"startup_s": 40.0, "startup": {
+        "build_s": 0.0, "first_batch_s": 40.0}}
+    monkeypatch.setattr(runtime, "_RUNS", 0)
+    monkeypatch.setattr(runtime, "_MARKS", {})  # a notebook's first fit: no command line
+    now[0] = 500.0
+    runtime.begin_run()
+    assert runtime.startup_record(512.0)["startup_s"] == 12.0

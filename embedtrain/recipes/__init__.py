@@ -30,7 +30,7 @@ from embedtrain.recipes.gnn import GraphRecipe
 from embedtrain.recipes.seq import SeqRecipe
 from embedtrain.recipes.xc import XCRecipe
 from embedtrain.lifecycle import check_start
-from embedtrain.runtime import allocator_setting, mark, threads_per_rank
+from embedtrain.runtime import allocator_setting, begin_run, mark, threads_per_rank
 from embedtrain.sharding.planner import PlanResult
 from embedtrain.train.run_dir import RunDir, RunDirError, env_rank
 
@@ -88,6 +88,7 @@ def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
     Raises:
         RunDirError: the directory cannot hold this run (one line).
     """
+    begin_run()  # start-up counted from here where the process ran something before
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
     run_dir = RunDir(out_dir, create=False)
