@@ -104,6 +104,38 @@ def test_multi_label_is_softmax_over_positives():
     torch.testing.assert_close(features.grad, ref_features.grad)
 
 
+# (multi-label, margin, loss)
+_CASES = [(False, "none", "softmax"), (True, "none", "softmax"), (False, "arcface", "softmax"),
+          (True, "none", "bce"), (False, "cosface", "bce")]
+
+
+@pytest.mark.parametrize("multi,margin,loss", _CASES)
+def test_rows_without_a_label_change_nothing(multi, margin, loss):
+    """Unlabelled rows (all -1: a history's padded positions, an epoch's last padding rows) leave
+    the loss and the class weights' gradient as the labelled rows alone give them, and get no
+    gradient themselves (the head leaves them out before its logits)."""
+    weight, features, labels = _reference(multi=multi)
+    labels[2::3] = -1
+
+    def run(rows):
+        head = ShardedSoftmaxHead(C, D, margin=Margin(margin), margin_value=0.3, scale=8.0,
+                                  loss=HeadLoss(loss))
+        with torch.no_grad():
+            head.weight.copy_(weight)
+        x = features.detach()[rows].clone().requires_grad_(True)
+        out = head(x, labels[rows])
+        out.backward()
+        return out, head.weight.grad, x.grad
+
+    labelled = (labels.view(len(labels), -1) >= 0).any(dim=1).nonzero().squeeze(1)
+    loss_all, grad_all, x_grad_all = run(torch.arange(len(labels)))
+    loss_some, grad_some, x_grad_some = run(labelled)
+    torch.testing.assert_close(loss_all, loss_some)
+    torch.testing.assert_close(grad_all, grad_some)
+    torch.testing.assert_close(x_grad_all[labelled], x_grad_some)
+    assert not x_grad_all[2::3].any()
+
+
 @pytest.mark.parametrize("margin", ["cosface", "arcface"])
 def test_margins_match_their_formulas(margin):
     weight, features, labels = _reference()
@@ -124,9 +156,6 @@ def test_margins_match_their_formulas(margin):
     assert loss > plain
 
 
-# (multi-label, margin, loss)
-_CASES = [(False, "none", "softmax"), (True, "none", "softmax"), (False, "arcface", "softmax"),
-          (True, "none", "bce"), (False, "cosface", "bce")]
 
 
 def _bce_reference(logits, labels, classes=C):

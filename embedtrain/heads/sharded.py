@@ -251,6 +251,12 @@ class ShardedSoftmaxHead(nn.Module):
         else:  # a sparse gradient: only the candidate rows are touched
             weight = gather_rows(self.weight, candidates, self._workspace(candidates))
         local_targets = self._local_targets(targets, candidates)
+        labelled = counts > 0
+        if not bool(labelled.all()) and bool(labelled.any()):
+            # rows without a label (a history's padded positions: about half a seq step's rows)
+            # add nothing to the loss or the gradient: left out before the logits, not after
+            rows = labelled.nonzero(as_tuple=True)[0]
+            gathered, local_targets, counts = gathered[rows], local_targets[rows], counts[rows]
         logits = self._correct(self._logits(gathered, weight, local_targets), targets, candidates)
         self.steps += 1
         if self.loss is HeadLoss.BCE:
