@@ -85,8 +85,7 @@ __all__ = [
     "ModelConfig", "NegativeIndex", "NegativeSampling", "OptimConfig", "PipelineKind", "Pooling",
     "RESUME_SAFE_KEYS", "RETIRED_KEYS", "Rounding", "Selection", "SeqConfig", "SeqModel",
     "ShardingConfig", "ShardingType", "SparseOptimizer", "TableConstraint", "TableKind",
-    "TableSpec", "TaskKind",
-    "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
+    "TableSpec", "TaskKind", "TrainConfig", "XCConfig", "changed_keys", "check_world_size", "dump_config", "load_cluster",
     "load_config", "load_run_config", "parse_scalar", "to_dict", "with_derived_sizes",
 ]
 
@@ -97,6 +96,7 @@ class TaskKind(enum.Enum):
     GNN_NODE = "gnn_node"  # node classification with GraphSAGE on sampled neighbourhoods (``gnn``)
     GNN_LINK = "gnn_link"  # link prediction with GraphSAGE on sampled neighbourhoods (``gnn``)
     SEQ = "seq"  # next item from a user's history: sequence encoder (``seq``) + ``head``
+    RETRIEVAL = "retrieval"  # query and item towers (``model``: a component), in-batch softmax
 
 
 @dataclass

@@ -8,8 +8,9 @@ from embedtrain.train.ctr import CTRTask as BinaryClassification
 from embedtrain.train.ctr import Regression
 from embedtrain.train.gnn import LinkPredictionTask as LinkPrediction
 from embedtrain.train.gnn import NodeClassificationTask as NodeClassification
+from embedtrain.train.retrieval import Retrieval
 from embedtrain.train.seq import SeqTask as NextItem
 from embedtrain.train.xc import XCTask as ExtremeClassification
 
 __all__ = ["BinaryClassification", "ExtremeClassification", "LinkPrediction", "NextItem",
-           "NodeClassification", "Regression"]
+           "NodeClassification", "Regression", "Retrieval"]

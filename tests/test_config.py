@@ -15,6 +15,7 @@ from embedtrain.config import (
     TaskKind,
     load_cluster,
     load_config,
+    task_family,
     to_dict,
 )
 
@@ -28,8 +29,15 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 def test_shipped_configs_load(path):
     cfg = load_config(path)
     assert isinstance(cfg, Config)
-    # the MLPs list hidden layers; their ends (embedding_dim, the logit) are derived
-    assert cfg.model.bottom_mlp[-1] != cfg.model.embedding_dim and cfg.model.top_mlp[-1] != 1
+    from embedtrain.components import Component, check_keys, resolve
+
+    for key in ("model", "task"):  # a component's keys are its signature's
+        spec = getattr(cfg, key)
+        if isinstance(spec, Component):
+            check_keys(resolve(spec.path, key), spec.keys, key, {"features", "items", "device"})
+    if not isinstance(cfg.model, Component):
+        # the MLPs list hidden layers; their ends (embedding_dim, the logit) are derived
+        assert cfg.model.bottom_mlp[-1] != cfg.model.embedding_dim and cfg.model.top_mlp[-1] != 1
 
 
 def _write(tmp_path, text):
@@ -164,14 +172,16 @@ def test_duplicate_keys_are_refused_with_their_lines(tmp_path, text, line):
 def tiny_data(tmp_path_factory):
     """A tiny data set of each task family, for the shipped configs that train on local data."""
     from embedtrain.testing import (
-        tiny_ctr_dataset, tiny_graph_dataset, tiny_seq_dataset, tiny_xc_dataset)
+        tiny_ctr_dataset, tiny_graph_dataset, tiny_retrieval_dataset, tiny_seq_dataset,
+        tiny_xc_dataset)
 
     root = tmp_path_factory.mktemp("shipped")
     graph = tiny_graph_dataset(root / "graph")
     return {TaskKind.CTR: tiny_ctr_dataset(root / "ctr", rows=3000),
             TaskKind.XC: tiny_xc_dataset(root / "xc"),
             TaskKind.GNN_NODE: graph, TaskKind.GNN_LINK: graph,
-            TaskKind.SEQ: tiny_seq_dataset(root / "seq")}
+            TaskKind.SEQ: tiny_seq_dataset(root / "seq"),
+            TaskKind.RETRIEVAL: tiny_retrieval_dataset(root / "retrieval")}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -181,9 +191,10 @@ def test_shipped_configs_build_on_meta_and_plan(path, tiny_data):
     from embedtrain.recipes import plan_model
 
     cfg = load_config(path)
+    family = task_family(cfg)
     big = "datasets" in Path(cfg.data.path).parts
     if not big:
-        cfg.data.path = str(tiny_data[cfg.task])
+        cfg.data.path = str(tiny_data[family])
     cluster = load_cluster(ROOT / "configs/clusters" /
                            ("h100-16x8.yaml" if big else "cpu-1x2.yaml"))
     if cfg.task is TaskKind.GNN_NODE and not cfg.gnn.embedding_dim:  # features only
@@ -192,7 +203,7 @@ def test_shipped_configs_build_on_meta_and_plan(path, tiny_data):
             plan_model(cfg, cluster)
         cfg.gnn.embedding_dim = 8  # the same model with a node-id table plans
     report = plan_model(cfg, cluster).report.to_dict()
-    assert report["model"]["task"] == cfg.task.value
+    assert report["model"]["task"] == family.value
     assert report["tables"] and all(t["shards"] for t in report["tables"])
     assert report["summary"]["peak_rank_memory_bytes"] <= report["summary"][
         "rank_memory_capacity_bytes"]

@@ -27,7 +27,7 @@ from embedtrain.cli.errors import UsageError
 # the pattern of its files
 DATAGEN_ENTRIES = {"metadata.json": False, "metadata.json.tmp": False, "datagen.json": False,
                    "train": True, "valid": True, "test": True, "graph": True, "nodes": True,
-                   "splits": True,
+                   "splits": True, "items.parquet": False, "items.parquet.tmp": False,
                    "events": r"part-\d{5}\.(parquet|csv)(\.tmp)?"}  # datagen seq --events
 TSV_PARTS = r"part-\d{5}\.tsv"
 SEQ_MIXTURE = ("successor_prob", "interest_prob", "global_prob", "successor_locality")
@@ -166,6 +166,26 @@ def register(sub) -> None:
     # Not argparse's choices: a bad value is then one line naming the option.
     g.add_argument("--events-format", default="parquet", metavar="{parquet,csv}",
                    help="the event log's format (default parquet)")
+    g = gen.add_parser("retrieval", help="retrieval: query rows (user, segment, history) "
+                                         "labelled with an item, an item table (category, "
+                                         "brand), a planted two-tower model and its recall@k")
+    for name, default, what in (
+            ("users", 100_000, "users"), ("items", 50_000, "items: ids 0..N-1"),
+            ("dim", 16, "the planted vectors' dimension"), ("segments", 50, "user segments"),
+            ("categories", 100, "item categories"), ("brands", 1_000, "item brands"),
+            ("min-events", 4, "events per user, at least (>= 3)"),
+            ("max-events", 50, "events per user, at most"),
+            ("max-length", 20, "the history kept in a row")):
+        g.add_argument(f"--{name}", type=int, default=default, help=f"{what} (default {default:,})")
+    for name, default, what in (
+            ("mean-extra-events", 6.0, "mean of the geometric count of events above --min-events"),
+            ("cold-fraction", 0.05, "share of items never drawn for training (cold)"),
+            ("sharpness", 25.0, "P(item | user) ∝ exp(sharpness <user, item>)"),
+            ("user-noise", 0.6, "a user's own part beside its segment's"),
+            ("item-noise", 0.3, "an item's own part beside its brand's")):
+        g.add_argument(f"--{name}", type=float, default=default, help=f"{what} (default {default})")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_datagen)
 
 
@@ -189,6 +209,8 @@ def _generate(args: argparse.Namespace) -> int:
         return _datagen_graph(args)
     if args.kind == "seq":
         return _datagen_seq(args)
+    if args.kind == "retrieval":
+        return _datagen_retrieval(args)
     if args.drift:
         if args.structure != "criteo":
             raise UsageError("--structure: not with --drift (the drifting data set has its own "
@@ -358,4 +380,24 @@ def _datagen_seq(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {spec.users:,} users, {spec.items:,} items, {meta['events']:,} "
           f"events, rows: {rows}, oracle HR@10 on test {meta['oracle_hr@10']['test']:.4f}, "
           f"NDCG@10 {meta['oracle_ndcg@10']['test']:.4f}{log}")
+    return 0
+
+
+def _datagen_retrieval(args: argparse.Namespace) -> int:
+    from embedtrain.datagen.retrieval import RetrievalDataSpec, generate_retrieval
+
+    keys = ("users", "items", "dim", "segments", "categories", "brands", "min_events",
+            "max_events", "max_length", "mean_extra_events", "cold_fraction", "sharpness",
+            "user_noise", "item_noise", "seed")
+    spec = RetrievalDataSpec(**{k: getattr(args, k) for k in keys})
+    try:
+        with writing(args.out) as out_dir:
+            meta = generate_retrieval(spec, out_dir)
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
+    print(f"wrote {args.out}: {spec.users:,} users, {spec.items:,} items ({meta['cold_items']:,} "
+          f"cold), {meta['events']:,} events, rows: {rows}, oracle recall@10 on test "
+          f"{meta['oracle_recall@10']['test']:.4f}, recall@50 "
+          f"{meta['oracle_recall@50']['test']:.4f}")
     return 0

@@ -54,13 +54,19 @@ def _select(scores: Tensor, k: int) -> TopK:
     if torch.isnan(vals).any():  # topk ranks NaN highest, so any NaN in the row shows up here
         raise ValueError("scores contain NaN")
     kth = vals[:, kk - 1:kk]
-    if kk == n or bool((vals[:, kk] < kth[:, 0]).all()):
+    if kk == n:
         return vals[:, :kk], cols[:, :kk]
-    equal = scores == kth
-    need = kk - (scores > kth).sum(dim=1, keepdim=True)
-    take = (scores > kth) | (equal & (equal.cumsum(dim=1) <= need))
-    cols = take.nonzero()[:, 1].view(b, kk)  # row-major: ascending columns within a row
-    return scores.gather(1, cols), cols
+    tied = (vals[:, kk] >= kth[:, 0]).nonzero(as_tuple=True)[0]
+    vals, cols = vals[:, :kk], cols[:, :kk]
+    if len(tied):  # only those rows are scanned again (a B x n cumulative count is slow)
+        sub, sub_kth = scores[tied], kth[tied]
+        equal = sub == sub_kth
+        need = kk - (sub > sub_kth).sum(dim=1, keepdim=True)
+        take = (sub > sub_kth) | (equal & (equal.cumsum(dim=1) <= need))
+        picked = take.nonzero()[:, 1].view(len(tied), kk)  # row-major: ascending columns
+        vals, cols = vals.clone(), cols.clone()
+        vals[tied], cols[tied] = sub.gather(1, picked), picked
+    return vals, cols
 
 
 def _merge(scores: Tensor, indices: Tensor, k: int) -> TopK:

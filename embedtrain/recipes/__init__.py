@@ -27,6 +27,7 @@ from embedtrain.recipes.base import Recipe
 from embedtrain.recipes.run import Run
 from embedtrain.recipes.ctr import CTRRecipe
 from embedtrain.recipes.gnn import GraphRecipe
+from embedtrain.recipes.retrieval import RetrievalRecipe
 from embedtrain.recipes.seq import SeqRecipe
 from embedtrain.recipes.xc import XCRecipe
 from embedtrain.lifecycle import check_start
@@ -40,6 +41,7 @@ RECIPES: dict[TaskKind, type[Recipe]] = {
     TaskKind.GNN_NODE: GraphRecipe,
     TaskKind.GNN_LINK: GraphRecipe,
     TaskKind.SEQ: SeqRecipe,
+    TaskKind.RETRIEVAL: RetrievalRecipe,
 }
 
 

@@ -46,6 +46,17 @@ def tiny_seq_dataset(out_dir: str | os.PathLike, users: int = 2000, items: int =
     return Path(out_dir)
 
 
+def tiny_retrieval_dataset(out_dir: str | os.PathLike, users: int = 1000, items: int = 300,
+                           seed: int = 0) -> Path:
+    """A small retrieval data set (``embedtrain datagen retrieval``)."""
+    from embedtrain.datagen.retrieval import RetrievalDataSpec, generate_retrieval
+
+    generate_retrieval(RetrievalDataSpec(users=users, items=items, brands=30, categories=6,
+                                         segments=5, max_length=8, seed=seed),
+                       out_dir, progress=False)
+    return Path(out_dir)
+
+
 def tiny_graph_dataset(out_dir: str | os.PathLike, nodes: int = 2000, seed: int = 0,
                        link_fraction: float = 0.1) -> Path:
     """A small graph data set (``embedtrain datagen graph``) with node splits and held-out edges."""

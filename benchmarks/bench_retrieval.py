@@ -1,0 +1,180 @@
+"""Retrieval on a ``datagen retrieval`` data set: the two-tower model against the oracle and three
+classic baselines, every figure over the full item corpus on the same test split.
+
+- ``oracle``: the planted model's ranking (``metadata.json``);
+- ``popularity``: items by their count in the train split;
+- ``cooccurrence``: item-to-item: items by how often they share a user with the row's history
+  items in the train split (``sum over history items i of C[i, j]``, ``C`` the item x item count
+  of users' train events), ties by popularity;
+- ``als``: implicit-feedback matrix factorisation (Hu, Koren and Volinsky, 2008) from the
+  ``implicit`` package on the users x items train matrix, its factors, regularisation and
+  confidence scale chosen on the valid split; a test row's user factor is recomputed from its
+  train and valid events (``recalculate_user``);
+- ``model``: ``embedtrain train CONFIG`` on the data (``--steps``), and ``model_no_log_q`` the
+  same with ``task.log_q=false``: their summaries' test recall@k, training examples/s.
+
+Usage:
+    embedtrain datagen retrieval --users 100000 --items 50000 --out data/retrieval
+    python benchmarks/bench_retrieval.py --data data/retrieval --json benchmarks/out/ret.json
+
+Writes ``--json`` (keys ``recall@10.{model,model_no_log_q,oracle,als,cooccurrence,popularity}``,
+the same for ``recall@50``, ``train_examples_per_s``, ``als_params``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+
+KS = (10, 50)
+
+
+def read_split(root: Path, meta: dict, split: str) -> dict[str, np.ndarray]:
+    """A split's ``user``, ``item`` and ``history`` (as ``offsets``, ``values``)."""
+    table = pq.read_table([root / f for f in meta["splits"][split]["files"]]
+                          if len(meta["splits"][split]["files"]) > 1
+                          else root / meta["splits"][split]["files"][0])
+    hist = table.column("history").combine_chunks()
+    offsets = hist.offsets.to_numpy().astype(np.int64)
+    return {"user": table.column("user").to_numpy(), "item": table.column("item").to_numpy(),
+            "offsets": offsets - offsets[0], "values": hist.flatten().to_numpy()}
+
+
+def recall(top: np.ndarray, targets: np.ndarray) -> dict[int, float]:
+    return {k: float((top[:, :k] == targets[:, None]).any(axis=1).mean()) for k in KS}
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    part = np.argpartition(-scores, k, axis=1)[:, :k]
+    rows = np.arange(scores.shape[0])[:, None]
+    order = np.argsort(-scores[rows, part], axis=1, kind="stable")
+    return part[rows, order]
+
+
+def history_matrix(split: dict, items: int) -> sp.csr_matrix:
+    rows = np.repeat(np.arange(len(split["item"])), np.diff(split["offsets"]))
+    return sp.csr_matrix((np.ones(len(rows), np.float32), (rows, split["values"])),
+                         shape=(len(split["item"]), items))
+
+
+def user_items(parts: list[dict], users: int, items: int) -> sp.csr_matrix:
+    u = np.concatenate([p["user"] for p in parts])
+    i = np.concatenate([p["item"] for p in parts])
+    m = sp.csr_matrix((np.ones(len(u), np.float32), (u, i)), shape=(users, items))
+    m.sum_duplicates()
+    return m
+
+
+def popularity(train: dict, test: dict, items: int) -> tuple[dict, np.ndarray]:
+    pop = np.bincount(train["item"], minlength=items).astype(np.float64)
+    top = top_k(pop[None, :] - np.arange(items)[None, :] * 1e-9, max(KS))
+    return recall(np.repeat(top, len(test["item"]), 0), test["item"]), pop
+
+
+def cooccurrence(train: dict, test: dict, users: int, items: int, pop: np.ndarray) -> dict:
+    x = user_items([train], users, items)
+    x.data[:] = 1.0
+    c = (x.T @ x).tocsr()
+    c.setdiag(0)
+    h = history_matrix(test, items)
+    tie = pop / (pop.max() + 1) * 1e-3
+    tops = []
+    for lo in range(0, h.shape[0], 2048):
+        scores = (h[lo:lo + 2048] @ c).toarray() + tie[None, :]
+        tops.append(top_k(scores, max(KS)))
+    return recall(np.concatenate(tops), test["item"])
+
+
+def als(train: dict, valid: dict, test: dict, users: int, items: int, threads: int
+        ) -> tuple[dict, dict]:
+    from implicit.cpu.als import AlternatingLeastSquares
+
+    base = user_items([train], users, items)
+    with_valid = user_items([train, valid], users, items)
+
+    def fit(factors, reg, alpha):
+        model = AlternatingLeastSquares(factors=factors, regularization=reg, alpha=alpha,
+                                        iterations=15, random_state=0, num_threads=threads)
+        model.fit(base, show_progress=False)
+        return model
+
+    def evaluate(model, split, matrix):
+        ids, _ = model.recommend(split["user"], matrix[split["user"]], N=max(KS),
+                                 filter_already_liked_items=False,
+                                 recalculate_user=matrix is not base)
+        return recall(ids, split["item"])
+
+    best, best_params = -1.0, None
+    for factors in (32, 64, 128):
+        for reg in (0.01, 0.1, 1.0):
+            for alpha in (1.0, 10.0):
+                got = evaluate(fit(factors, reg, alpha), valid, base)[10]
+                if got > best:
+                    best, best_params = got, {"factors": factors, "regularization": reg,
+                                              "alpha": alpha}
+    model = fit(**best_params)
+    return evaluate(model, test, with_valid), {**best_params, "valid_recall@10": best}
+
+
+def train_model(config: str, data: Path, out: Path, sets: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "embedtrain", "train", config, "--out", str(out), "--overwrite",
+           "--set", f"data.path={data}", "--set", "train.progress=false",
+           *[a for s in sets for a in ("--set", s)]]
+    print("$", " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True)
+    return json.loads((out / "summary.json").read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default="data/retrieval", type=Path)
+    p.add_argument("--config", default="configs/retrieval_synthetic.yaml")
+    p.add_argument("--work", default=Path("runs/bench_retrieval"), type=Path)
+    p.add_argument("--set", action="append", default=[], dest="sets",
+                   help="KEY=VALUE for the model runs (repeatable)")
+    p.add_argument("--skip-model", action="store_true", help="the baselines only")
+    p.add_argument("--json", required=True)
+    args = p.parse_args()
+    meta = json.loads((args.data / "metadata.json").read_text())
+    if meta.get("task") != "retrieval":
+        raise SystemExit(f"{args.data}/metadata.json: not a retrieval data set")
+    users, items = meta["num_users"], meta["num_classes"]
+    train, valid, test = (read_split(args.data, meta, s) for s in ("train", "valid", "test"))
+    out: dict = {"data": str(args.data), "users": users, "items": items,
+                 "test_rows": len(test["item"])}
+    figures: dict[str, dict] = {"oracle": {k: meta[f"oracle_recall@{k}"]["test"] for k in KS}}
+    t = time.perf_counter()
+    figures["popularity"], pop = popularity(train, test, items)
+    figures["cooccurrence"] = cooccurrence(train, test, users, items, pop)
+    figures["als"], out["als_params"] = als(train, valid, test, users, items,
+                                            os.cpu_count() or 1)
+    out["baselines_s"] = time.perf_counter() - t
+    if not args.skip_model:
+        speed = {}
+        for name, extra in (("model", []), ("model_no_log_q", ["task.log_q=false"])):
+            summary = train_model(args.config, args.data, args.work / name, args.sets + extra)
+            figures[name] = {k: summary[f"recall@{k}"] for k in KS}
+            speed[name] = summary.get("train_examples_per_s")
+            out[f"{name}_steps"] = summary.get("steps")
+        out["train_examples_per_s"] = speed
+    for k in KS:
+        out[f"recall@{k}"] = {name: f[k] for name, f in figures.items()}
+    print(f"{'':16}" + "".join(f"{f'recall@{k}':>12}" for k in KS))
+    for name, f in figures.items():
+        print(f"{name:16}" + "".join(f"{f[k]:12.4f}" for k in KS))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
