@@ -25,8 +25,19 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
     p.add_argument("--aot", action="store_true", help="also compile the dense program with "
                    "AOTInductor (dense.aoti.pt2; needs a C++ compiler, tens of seconds)")
+    p.add_argument("--index", help="retrieval: the item index: auto (exact flat up to 200,000 "
+                   "items, hnsw above; the default), flat, hnsw or ivf (FAISS; the recall of an "
+                   "approximate one against exact search is measured and written to model.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_export)
+
+    p = sub.add_parser("add-items", help="retrieval: add items to an export without "
+                       "retraining (embedded by its item tower, added to its index)")
+    p.add_argument("export_dir", help="a retrieval export (embedtrain export)")
+    p.add_argument("--items", required=True, help="parquet file of the new items: the item "
+                   "table's feature columns (and optionally item, numbering on from the "
+                   "export's items)")
+    p.set_defaults(func=_add_items)
 
     p = sub.add_parser("predict", help="score rows with an export (streaming): parquet rows in "
                        "the data set's layout, or raw rows (--raw); GNN exports: node ids "
@@ -72,7 +83,7 @@ def _export(args: argparse.Namespace) -> int:
         result = export_run(args.run_dir, args.out, checkpoint=args.checkpoint,
                             quantize=args.quantize, formats=args.format.split(","),
                             overwrite=args.overwrite, progress=not args.no_progress,
-                            aot=args.aot)
+                            aot=args.aot, index=args.index)
     except Stopped as e:
         return _stopped("export", e)
     m, mib = result.manifest, 2**20
@@ -90,7 +101,14 @@ def _export(args: argparse.Namespace) -> int:
         held = sum(t.ids_held or 0 for t in dynamic)
         print(f"  id maps      {len(dynamic)} dynamic table(s): {held:,} ids -> rows "
               f"(tables/<table>.ids.parquet; other ids take their shard's default row)")
-    if m.head is not None:
+    if m.items is not None:
+        i = m.items
+        recall = (f"recall@10 vs exact {i.recall_at_10_vs_exact:.3f} on {i.recall_queries:,} "
+                  f"queries, " if i.index != "flat" else "exact, ")
+        params = ", ".join(f"{k} {v}" for k, v in i.params.items())
+        print(f"  items        {i.num_items:,} x {m.head.dim} ({m.head.files.npy}); index "
+              f"{i.index}{f' ({params})' if params else ''}: {recall}built in {i.build_s:.1f} s")
+    elif m.head is not None:
         print(f"  class head   {m.head.num_classes:,} x {m.head.dim} ({m.head.kind}), "
               f"{m.head.bytes / mib:,.1f} MiB {m.head.dtype}, {len(m.head.shards)} shard(s)")
     if m.dense_program is not None:
@@ -136,4 +154,13 @@ def _predict(args: argparse.Namespace) -> int:
     for k, v in result.metrics.items():
         print(f"  {k:<12} {v:.6f}" if isinstance(v, float) else f"  {k:<12} {v:,}")
     print(f"written: {result.out}")
+    return 0
+
+
+def _add_items(args: argparse.Namespace) -> int:
+    from embedtrain.export.items import add_items
+
+    before = add_items(args.export_dir, args.items)
+    print(f"added items to {args.export_dir}: now {before.num_items:,} items ("
+          f"{before.added_items:,} added since export), index {before.index}")
     return 0

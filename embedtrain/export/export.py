@@ -30,37 +30,24 @@ program, a class head, a note). How:
    shard, never widened to float32 (a 50M x 128 head is 12.8 GB, not 25.6); its parquet copy
    (``npy,parquet``) is float32 lists, widened one row block at a time. ``--quantize`` applies
    to the tables only: the head stays as it was trained.
-4. Dynamic tables (:mod:`embedtrain.tables.dynamic`: raw int64 ids remapped to rows) also get
-   their id -> row map, ``tables/<table>.ids.parquet`` (``id``: the raw id, ``row``: its row,
-   int64, sorted by id; only ids that own a row), read whole from the remapper's checkpointed
-   buffers (16 bytes a row: the sorted mixed ids, their rows; and the run's row-wise shard
-   starts, from which the manifest's ``segments`` and ``default_rows`` come). Serving maps an
-   id by binary search in ``id``, falling back to ``default_rows[shard of mix_ids(id)]``
-   (:func:`embedtrain.tables.dynamic.mix_ids`, :func:`embedtrain.tables.dynamic.
-   checkpoint_default_rows`): what training's evaluation looks up. The manifest's
-   ``features.sparse[i].encoding`` is ``raw`` for raw features (details:
-   :mod:`embedtrain.export.manifest`).
-5. Vocabularies of ingested features are copied next to the tables; the run's config and the
-   data set's ``metadata.json`` are copied too; ``model.json`` says what each file is and what
-   preprocessing rows need.
+4. Dynamic tables (:mod:`embedtrain.tables.dynamic`) also get their id -> row map,
+   ``tables/<table>.ids.parquet``, read from the remapper's checkpointed buffers; serving maps
+   an id as training's evaluation does (details: :mod:`embedtrain.export.manifest`).
+5. Vocabularies, the run's config and the data set's ``metadata.json`` are copied;
+   ``model.json`` says what each file is and what preprocessing rows need.
 
-Tables are listed in the model's own feature order (a model with dynamic tables keeps its static
-and dynamic tables in two collections, but its sparse arch stacks the pooled embeddings in the
-features' order): the order the dense program's ``pooled`` input takes them in.
+Tables are listed in the model's own feature order: the order the dense program's ``pooled``
+input takes them in.
 
-GNN runs export their node table (if the model has one) and every node's outputs, computed by
-layer-wise full-graph inference (:mod:`embedtrain.models.layerwise`: each SAGE layer over all
-nodes in chunks with their full neighbourhoods, no sampling) with the run's layers (loaded from
-the checkpoint) over the node table just written (read through its memory map, and its id map
-for a dynamic table), before that table is converted (parquet, quantized): ``nodes/scores.npy``
-and ``nodes/embeddings.npy`` (node classification) or ``nodes/embeddings.npy`` (link
-prediction), written chunk by chunk (:class:`~embedtrain.recipes.export_parts.NodeOutputsExport`,
-``model.json``'s ``nodes``). There is no dense program: a node's output needs its
-neighbourhood, not a row. XC runs need a sharded head (``full``, ``partial_fc``, ``hard_negatives``); the
-recipes say so. Sequence runs (``task: seq``) export their item table (a TorchRec
-``EmbeddingCollection``'s: pooling ``none``, looked up per position at predict, so float32 only),
-the encoder's blocks as the dense program (the padded rows of a history -> its newest position's
-features) and the item head.
+GNN runs export their node table (if any) and every node's outputs by layer-wise full-graph
+inference with the run's layers over the node table just written, before it is converted
+(:class:`~embedtrain.recipes.export_parts.NodeOutputsExport`, ``model.json``'s ``nodes``); no
+dense program. XC runs need a sharded head; sequence runs export their item table (looked up per
+position: float32 only), the encoder's blocks as the dense program and the item head. Retrieval
+runs export the query tower as the dense program and the item side
+(:class:`~embedtrain.recipes.export_parts.ItemsExport`): every item embedded by the item tower
+over the item tables just written, its program, the item table and a FAISS index
+(:mod:`embedtrain.export.items`, ``model.json``'s ``items``).
 
 Example:
     >>> result = export_run("runs/demo", "exports/demo", quantize="int8")
@@ -115,6 +102,7 @@ from embedtrain.export.tables import (
     write_id_map,
     write_parquet,
 )
+from embedtrain.export.items import export_item_side, optional_index
 from embedtrain.export.programs import (
     TableSpec,
     aot_package,
@@ -183,8 +171,8 @@ class _Tensor:
 
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] = None,
                quantize: str = "none", formats: Sequence[str] = ("npy",),
-               overwrite: bool = False, progress: bool = True, aot: bool = False
-               ) -> ExportResult:
+               overwrite: bool = False, progress: bool = True, aot: bool = False,
+               index: Optional[str] = None) -> ExportResult:
     """Exports a run's checkpoint (see the module docstring).
 
     Args:
@@ -203,6 +191,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
         progress: show a progress bar (rows of the tables), and say when AOTInductor compiles.
         aot: also compile the dense program with AOTInductor (:data:`~embedtrain.export.programs.AOT_FILE`; a
             ``torch.export`` program only).
+        index: retrieval: the item index, ``auto`` (the default: exact ``flat`` up to
+            :data:`~embedtrain.export.items.AUTO_FLAT_MAX` items, ``hnsw`` above), ``flat``,
+            ``hnsw`` or ``ivf`` (:mod:`embedtrain.export.items`).
 
     Raises:
         ExportError: bad arguments, not a run directory, a model that cannot be exported
@@ -228,6 +219,13 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
                           f"(a sequence's items), which the quantized kernels do not do; export "
                           f"it as float32 (--quantize none)")
     parts = recipe.export_parts(model, [(t.name, t.rows, t.dim) for t in tables])
+    if index is not None and parts.items is None:
+        raise ExportError(f"--index: a {parts.model} export has no item index (retrieval only)")
+    if parts.items is not None and quantize != "none":
+        raise ExportError(f"--quantize {quantize}: a retrieval export's item embeddings are "
+                          f"computed from its float tables; export it as float32 "
+                          f"(--quantize none)")
+    index = optional_index(index)
     if aot and parts.dense is None:
         raise ExportError(f"--aot: a {parts.model} export has no dense program to compile "
                           f"({parts.note or 'none'}); export without --aot")
@@ -245,7 +243,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
     with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt:
         result = _export_checkpoint(cfg, recipe, parts, tables, run_dir, out, ckpt,
                                     manager.info(ckpt), quantize, formats, progress, overwrite,
-                                    start, aot)
+                                    start, aot, index)
     result.chosen = chosen
     return result
 
@@ -253,7 +251,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
 def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list[TableSpec],
                        run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
                        formats: Sequence[str], progress: bool, overwrite: bool,
-                       start: float, aot: bool) -> ExportResult:
+                       start: float, aot: bool, index: str = "auto") -> ExportResult:
     saved = checkpoint_tensors(ckpt)
     h = parts.head
     remapped = [(f"{t.remap}.{b}", (t.rows,)) for t in tables if t.remap
@@ -273,7 +271,7 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list[TableSpec],
             with writing(out):  # a write error naming no file names the export
                 return _export(task_family(cfg).value, recipe.dataset_info(), parts, tables, run_dir,
                                out, ckpt, info, quantize, formats, progress, start, aot,
-                               head_dtype)
+                               head_dtype, index)
         except BaseException:
             shutil.rmtree(out, ignore_errors=True)  # no half-written export is left behind
             raise
@@ -282,7 +280,7 @@ def _export_checkpoint(cfg, recipe, parts: ExportParts, tables: list[TableSpec],
 def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[TableSpec],
             run_dir: Path, out: Path, ckpt: Path, info: dict[str, Any], quantize: str,
             formats: Sequence[str], progress: bool, start: float, aot: bool,
-            head_dtype: str) -> ExportResult:
+            head_dtype: str, index: str = "auto") -> ExportResult:
     # 1. The dense model (small; it also loads what reading a checkpoint needs, so that the
     # baseline below holds every library the tables' phase uses).
     program = _dense_program(parts.dense, ckpt, out, aot, progress)
@@ -315,6 +313,9 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
             bar.update(t.shape[0])
     if nodes is not None and node_entry is None:  # a model without a node table
         node_entry = _node_outputs(nodes, ckpt, out, None, progress)
+    items_entry = None
+    if parts.items is not None:  # retrieval: every item embedded, then indexed
+        head_entry, items_entry = export_item_side(parts.items, ckpt, out, index, progress)
     peak = _peak_rss() if can_reset else None
 
     # 3. Vocabularies, config, data set metadata, model.json.
@@ -332,7 +333,7 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
             step=int(info["step"]), world_size=int(info.get("world_size", 1)),
             dataset=str(data.root), dataset_name=data.name),
         dense_program=program, head=head_entry, note=parts.note, nodes=node_entry,
-        score=parts.score)
+        score=parts.score, items=items_entry)
     with writing(out / MANIFEST_FILE):
         write_manifest(manifest, out)
     largest = max((t.shape[0] * t.shape[1] * NPY_DTYPES[t.dtype].itemsize for t in todo),

@@ -28,6 +28,10 @@ An export (``embedtrain export RUN_DIR --out DIR``) is a directory::
                                   prediction, the embeddings whose dot products score a link
     DIR/nodes/ids.parquet         GNN, where the data set has them: its original node ids (id,
                                   row = dense id), copied
+    DIR/items/embeddings.npy      retrieval: float32 [items, D], every item's embedding by the
+                                  item tower (row = item id); items/items.parquet the item
+                                  table, items/dense.pt2 the item tower after its lookups,
+                                  items/index.faiss a FAISS index of the embeddings
     DIR/vocab/<feature>.parquet   ingested features' vocabularies (value, id, count), copied
     DIR/config.yaml               the run's resolved config, copied
     DIR/dataset_metadata.json     the data set's metadata.json, copied
@@ -261,6 +265,32 @@ class NodeOutputs:
 
 
 @dataclass
+class ItemIndex:
+    """A retrieval export's item side: every item's embedding (``head``: ``items/
+    embeddings.npy``, unit rows, scores ``<query, item>``), the item table (``items/
+    items.parquet``: ``item`` ids ``0..N-1`` and the feature columns), the item tower after its
+    lookups (``program``: pooled ``[n, len(tables), D]`` -> ``[n, D]``, for items added later) and
+    a FAISS index of the embeddings (``index``: ``flat``, exact inner product; ``hnsw`` or
+    ``ivf`` above ``threshold`` items, with their search parameters). ``recall_at_10_vs_exact``:
+    the index's top 10 against exact search, measured at export on ``recall_queries`` queries
+    (each the normalised sum of two random items' embeddings)."""
+
+    num_items: int
+    table: str
+    features: list[str]  # the item table's columns each tower table looks up, in order
+    tables: list[str]  # the embedding tables the item tower looks up, in its input order
+    program: str
+    index: str
+    index_file: str
+    params: dict[str, int] = field(default_factory=dict)
+    recall_at_10_vs_exact: float = 1.0
+    recall_queries: int = 0
+    build_s: float = 0.0
+    threshold: int = 0
+    added_items: int = 0  # items added after export (embedtrain export --add-items)
+
+
+@dataclass
 class Source:
     """Where the export came from."""
 
@@ -289,6 +319,7 @@ class Manifest:
     head: Optional[Head] = None
     note: Optional[str] = None
     nodes: Optional[NodeOutputs] = None  # GNN: every node's outputs (nodes/*.npy)
+    items: Optional[ItemIndex] = None  # retrieval: the item side (items/*)
     # no class head: a row's score from the dense program's output, sigmoid (the click
     # probability) or identity (a regression's value)
     score: str = "sigmoid"

@@ -174,8 +174,12 @@ class ExportedModel:
             dense_transform=DenseTransform(transform), num_classes=f.num_classes,
             max_labels=f.max_labels)
         quantized = m.quantize != "none"
+        # the tables a row's features look up (a retrieval export's item tables are the item
+        # side's, already applied in items/embeddings.npy)
+        names = {x.name for x in f.sparse}
+        tables = [t for t in m.tables if set(t.features) <= names]
         arrays = []
-        for t in m.tables:
+        for t in tables:
             if quantized:
                 arrays.append(read_table(self.root, t.files.npy, None,
                                          (t.rows, quantized_width(t.dim, m.quantize)), np.uint8))
@@ -187,24 +191,24 @@ class ExportedModel:
         # (a TorchRec collection's outputs are keyed by feature)
         groups: list[list[int]] = []
         # (and a table looked up per position, pooling none, only with others of its kind)
-        for i, t in enumerate(m.tables):
+        for i, t in enumerate(tables):
             g = next((g for g in groups if not set(t.features) & {
-                f for j in g for f in m.tables[j].features}
-                and (m.tables[g[0]].pooling == "none") == (t.pooling == "none")), None)
+                f for j in g for f in tables[j].features}
+                and (tables[g[0]].pooling == "none") == (t.pooling == "none")), None)
             if g is None:
                 groups.append(g := [])
             g.append(i)
         self.collections = nn.ModuleList(
-            quantized_collection([m.tables[i] for i in g], [arrays[i] for i in g], m.quantize)
-            if quantized else float_collection([m.tables[i] for i in g], [arrays[i] for i in g])
+            quantized_collection([tables[i] for i in g], [arrays[i] for i in g], m.quantize)
+            if quantized else float_collection([tables[i] for i in g], [arrays[i] for i in g])
             for g in groups)
         # (collection, feature) of each table's pooled embeddings, in the manifest's order
         self.feature_order = sorted(
-            ((k, i, f) for k, g in enumerate(groups) for i in g for f in m.tables[i].features),
+            ((k, i, f) for k, g in enumerate(groups) for i in g for f in tables[i].features),
             key=lambda x: x[1])
         # dynamic tables: feature -> its table's id map
         self.id_maps: dict[str, IdMap] = {}
-        for t in m.tables:
+        for t in tables:
             if t.id_map is None:
                 continue
             if t.id_mix != MIX_VERSION:
@@ -230,6 +234,11 @@ class ExportedModel:
         self.head_weight: Optional[Tensor] = None
         if m.head is not None:
             self.head_weight = _head_weight(self.root, m.head, where)
+        self.index = None  # retrieval: an approximate index searches the items
+        if m.items is not None and m.items.index != "flat":
+            from embedtrain.export.items import read_index
+
+            self.index = read_index(self.root, m.items)
 
     @property
     def table_memory_bytes(self) -> int:
@@ -284,6 +293,10 @@ class ExportedModel:
         from embedtrain.heads.topk import blocked_topk
 
         x = self.outputs(dense, sparse)
+        if self.index is not None:
+            from embedtrain.export.items import search
+
+            return search(self.index, x, k)
         h = self.manifest.head
         if h.normalised:
             x = F.normalize(x, dim=1) * h.scale

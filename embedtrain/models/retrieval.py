@@ -59,6 +59,19 @@ def mlp(widths: Sequence[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class TowerDense(nn.Module):
+    """A tower after its lookups: ``(dense [B, n_dense], pooled [B, tables, D]) -> [B, out]``
+    unit rows (the item side has no dense input: ``dense`` is ``[n, 0]``). What export writes as
+    a program."""
+
+    def __init__(self, widths: Sequence[int]) -> None:
+        super().__init__()
+        self.mlp = mlp(widths)
+
+    def forward(self, dense: Tensor, pooled: Tensor) -> Tensor:
+        return F.normalize(self.mlp(torch.cat([dense, pooled.flatten(1)], dim=1)), dim=1)
+
+
 def _tables(features: Sequence[SparseFeature], dim: int, device: Optional[torch.device]
             ) -> EmbeddingBagCollection:
     return EmbeddingBagCollection(tables=[
@@ -82,26 +95,36 @@ class TwoTower(nn.Module):
         item_id: the item tower also embeds the item's own id (cold items then get a row
             training never updated; their features still place them).
         temperature: scores are ``<q, v> / temperature`` (the softmax's).
+        query_features: the sparse features the query tower embeds (default: all of the data
+            set's; e.g. leave a user id out where each user has few events).
     """
 
     def __init__(self, features: FeatureSpec, items: ItemTable,
                  device: Optional[torch.device] = None, dim: int = 64,
                  hidden: Sequence[int] = (128,), out_dim: Optional[int] = None,
-                 item_id: bool = True, temperature: float = 0.05) -> None:
+                 item_id: bool = True, temperature: float = 0.05,
+                 query_features: Optional[Sequence[str]] = None) -> None:
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"model.temperature: must be positive, got {temperature}")
+        names = [f.name for f in features.sparse]
+        unknown = [n for n in query_features or () if n not in names]
+        if unknown or (query_features is not None and not query_features):
+            raise ValueError(f"model.query_features: {unknown[0] if unknown else '[]'}: not a "
+                             f"sparse feature of the data set ({', '.join(names)})")
+        sparse = [f for f in features.sparse if query_features is None or f.name in
+                  query_features]
         out = out_dim or dim
         self.temperature = temperature
-        self.query_keys = [f.name for f in features.sparse]
-        self.query_tables = _tables(features.sparse, dim, device)
-        self.query_mlp = mlp([len(features.dense) + dim * len(features.sparse), *hidden, out])
+        self.query_keys = [f.name for f in sparse]
+        self.query_tables = _tables(sparse, dim, device)
+        self.query_dense = TowerDense([len(features.dense) + dim * len(sparse), *hidden, out])
         item_features = [SparseFeature(f"item_{f.name}", f.num_embeddings) for f in items.features]
         if item_id:
             item_features.append(SparseFeature(ITEM_ID, items.num_items))
         self.item_keys = [f.name for f in item_features]
         self.item_tables = _tables(item_features, dim, device)
-        self.item_mlp = mlp([dim * len(item_features), *hidden, out])
+        self.item_dense = TowerDense([dim * len(item_features), *hidden, out])
         self.item_id = item_id
         # the catalogue (data, not weights): rebuilt from the data set, never checkpointed
         self.register_buffer("item_features", items.ids, persistent=False)
@@ -114,21 +137,21 @@ class TwoTower(nn.Module):
 
     def query(self, dense: Tensor, sparse: KeyedJaggedTensor) -> Tensor:
         pooled = self.query_tables(sparse).to_dict()
-        x = torch.cat([dense, *(pooled[k] for k in self.query_keys)], dim=1)
-        return F.normalize(self.query_mlp(x), dim=1)
+        return self.query_dense(dense, torch.stack([pooled[k] for k in self.query_keys], 1))
+
+    def item_lookup_ids(self, ids: Tensor) -> Tensor:
+        """``[n, len(item_keys)]``: the row each item looks up in each item table."""
+        feats = self.item_features[ids]
+        return torch.cat([feats, ids[:, None]], 1) if self.item_id else feats
 
     def item(self, ids: Tensor) -> Tensor:
-        feats = self.item_features[ids]
-        columns = [feats[:, f] for f in range(feats.shape[1])]
-        if self.item_id:
-            columns.append(ids)
-        n = ids.shape[0]
+        rows = self.item_lookup_ids(ids)
         kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=self.item_keys, values=torch.cat(columns),
-            lengths=torch.ones(n * len(columns), dtype=torch.int64, device=ids.device))
+            keys=self.item_keys, values=rows.T.reshape(-1),
+            lengths=torch.ones(rows.numel(), dtype=torch.int64, device=ids.device))
         pooled = self.item_tables(kjt).to_dict()
-        return F.normalize(self.item_mlp(torch.cat([pooled[k] for k in self.item_keys], 1)),
-                           dim=1)
+        return self.item_dense(rows.new_zeros((len(ids), 0), dtype=torch.float32),
+                               torch.stack([pooled[k] for k in self.item_keys], 1))
 
 
 class ItemFrequency(nn.Module):

@@ -79,6 +79,32 @@ class NodeOutputsExport:
 
 
 @dataclass
+class ItemsExport:
+    """A retrieval model's item side, computed at export: every item's embedding by the item
+    tower over the item tables written with the others, then a FAISS index of them.
+
+    Attributes:
+        module: the item tower after its lookups (``(dense [n, 0], pooled [n, tables, D]) ->
+            [n, D]`` unit rows), on CPU; its parameters are loaded from the checkpoint.
+        checkpoint_prefix: what the checkpoint's keys of ``module``'s parameters start with.
+        tables: the item tables, in the module's input order.
+        columns: per table, the item table's column it looks up (the id column: the item's own
+            id).
+        rows: ``[items, tables]``: the row each item looks up in each table.
+        item_table: the data set's item table file (copied into the export).
+        top_k: the run's cut-offs (predict's default k: the largest).
+    """
+
+    module: nn.Module
+    checkpoint_prefix: str
+    tables: list[str]
+    columns: list[str]
+    rows: torch.Tensor
+    item_table: Path
+    top_k: list[int]
+
+
+@dataclass
 class ExportParts:
     """What exporting a family's model takes besides its tables (which ``embedtrain export``
     reads from the model itself).
@@ -96,6 +122,7 @@ class ExportParts:
         nodes: per-node outputs to compute and write (GNN); None: none.
         score: how predict scores a row from the dense program's output: ``sigmoid`` (a click
             probability) or ``identity`` (the task's :attr:`score`).
+        items: a retrieval model's item side (the dense program is then the query tower).
     """
 
     model: str
@@ -106,3 +133,4 @@ class ExportParts:
     note: Optional[str] = None
     nodes: Optional[NodeOutputsExport] = None
     score: str = "sigmoid"
+    items: Optional[ItemsExport] = None  # retrieval: the item side, computed and indexed

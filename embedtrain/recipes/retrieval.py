@@ -12,7 +12,7 @@ embedtrain.tasks:Retrieval, ...}`` with its keys). No key of the family is in a 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import pyarrow.parquet as pq
 import torch
@@ -24,10 +24,13 @@ from embedtrain.config_io import ConfigError
 from embedtrain.features import DatasetMeta, SparseFeature
 from embedtrain.models.retrieval import ItemTable, RetrievalModel
 from embedtrain.recipes.base import Oracle, Recipe, oracle_of
+from embedtrain.recipes.export_parts import DenseExport, ExportParts, ItemsExport
+from embedtrain.tables.dynamic import table_name
 from embedtrain.recipes.tabular import TabularData
 from embedtrain.train.retrieval import Retrieval
 
 DEFAULT_TOWERS = "embedtrain.models.retrieval:TwoTower"
+EXPORT_CONTRACT = ("query_dense", "item_dense", "query_keys", "item_keys", "item_lookup_ids")
 
 
 def load_item_table(meta: DatasetMeta) -> ItemTable:
@@ -130,6 +133,50 @@ class RetrievalRecipe(Recipe):
         return {f"oracle_recall_at_{k}": v for k in (10, 50)
                 for v in oracle_of(extra, f"oracle_recall@{k}").values()}
 
-    def export_refusal(self) -> str:
-        return ("task retrieval: export is not built yet (the query tower, the item embeddings "
-                "and a FAISS index are issue 56's next step)")
+    def export_refusal(self) -> Optional[str]:
+        """A towers model exports when it says what follows its lookups (``query_dense``,
+        ``item_dense``), in which tables (``query_keys``, ``item_keys``) and which rows an item
+        looks up (``item_lookup_ids``), as :class:`~embedtrain.models.retrieval.TwoTower`
+        does."""
+        towers = self.planning_model().towers
+        missing = [a for a in EXPORT_CONTRACT if not hasattr(towers, a)]
+        if missing:
+            return (f"model: {self.towers_spec().path}: has no {', '.join(missing)} (what "
+                    f"export writes: the towers after their lookups, their tables and an "
+                    f"item's rows)")
+        return None
+
+    def export_parts(self, model: nn.Module, tables: Sequence[tuple[str, int, int]]
+                     ) -> ExportParts:
+        """The query tower after its lookups as the dense program (``(dense, pooled [B,
+        tables, D]) -> query [B, D]``), and the item side: the item tower after its lookups,
+        the item tables and every item's rows in them, the item table file."""
+        towers, meta = model.towers, self.dataset
+        dims = {name: dim for name, _, dim in tables}
+        query_tables = [table_name(k) for k in towers.query_keys]
+        dim = dims[query_tables[0]]
+        n_dense = len(meta.features.dense)
+        example = (torch.randn(4, n_dense), torch.randn(4, len(query_tables), dim))
+        inputs = [f"dense: float32 [B, {n_dense}] (features.dense, in order)",
+                  f"pooled: float32 [B, {len(query_tables)}, {dim}] (the pooled embeddings of "
+                  f"{', '.join(towers.query_keys)}, in that order)"]
+        dense = DenseExport(towers.query_dense, "model.towers.query_dense.", example, inputs,
+                            "query: float32 [B, D], a unit row; an item's score is query @ "
+                            "its row of items/embeddings.npy")
+        entry = meta.extra["item_table"]
+        columns = [f.name for f in self.items.features]
+        columns += [entry.get("id", "item")] * (len(towers.item_keys) - len(columns))
+        task = self.make_task()
+        items = ItemsExport(towers.item_dense, "model.towers.item_dense.",
+                            [table_name(k) for k in towers.item_keys], columns,
+                            towers.item_lookup_ids(torch.arange(self.items.num_items)),
+                            meta.root / entry["file"], list(getattr(task, "ks", (10,))))
+        name = type(towers).__name__
+        return ExportParts("two_tower" if name == "TwoTower" else name, meta.features,
+                           meta.extra, dense, items=items,
+                           note="predict ranks every item of items/embeddings.npy for a row's "
+                                "query (flat: exact; hnsw/ivf: the FAISS index)")
+
+    def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor:
+        """The query tables' pooled embeddings stacked: ``[B, tables, D]``."""
+        return torch.stack(pooled, 1)
