@@ -127,6 +127,44 @@ def als(train: dict, valid: dict, test: dict, users: int, items: int, threads: i
     return evaluate(model, test, with_valid), {**best_params, "valid_recall@10": best}
 
 
+def ann_rows(sizes: list[int], dim: int, kind_of: dict[int, str]) -> list[dict]:
+    """The item index at each size on synthetic clustered unit vectors (what trained item
+    embeddings look like: around 2,000 directions): build time, recall@10 against exact search
+    on 1,000 queries near the items, and the latency of one query at a time (p50, p99)."""
+    from embedtrain.export.items import build_index, exact_top, recall_at_10, sample_queries
+
+    rows = []
+    for n in sizes:
+        rng = np.random.default_rng(0)
+        centres = rng.standard_normal((2_000, dim)).astype(np.float32)
+        x = np.empty((n, dim), np.float32)
+        for lo in range(0, n, 1 << 20):
+            hi = min(n, lo + (1 << 20))
+            block = centres[rng.integers(0, 2_000, hi - lo)]
+            block += 0.5 * rng.standard_normal((hi - lo, dim), dtype=np.float32)
+            x[lo:hi] = block / np.linalg.norm(block, axis=1, keepdims=True)
+        t = time.perf_counter()
+        index, kind, params, recall = build_index(x, kind_of.get(n, "auto"))
+        build = time.perf_counter() - t
+        queries = sample_queries(x, seed=1)
+        exact = exact_top(x, queries, 10)
+        measured = recall_at_10(index, exact, queries)
+        times = []
+        for q in queries:
+            t = time.perf_counter()
+            index.search(q[None, :], 10)
+            times.append((time.perf_counter() - t) * 1e3)
+        rows.append({"items": n, "dim": dim, "index": kind, "params": params,
+                     "build_s": build, "recall_at_10_vs_exact": measured,
+                     "p50_ms": float(np.percentile(times, 50)),
+                     "p99_ms": float(np.percentile(times, 99))})
+        print(f"ann {n:,} items: {kind} {params}, built in {build:.1f} s, recall@10 vs exact "
+              f"{measured:.4f}, p50 {rows[-1]['p50_ms']:.3f} ms, p99 {rows[-1]['p99_ms']:.3f} ms",
+              file=sys.stderr)
+        del index, x
+    return rows
+
+
 def train_model(config: str, data: Path, out: Path, sets: list[str]) -> dict:
     cmd = [sys.executable, "-m", "embedtrain", "train", config, "--out", str(out), "--overwrite",
            "--set", f"data.path={data}", "--set", "train.progress=false",
@@ -143,7 +181,13 @@ def main() -> int:
     p.add_argument("--work", default=Path("runs/bench_retrieval"), type=Path)
     p.add_argument("--set", action="append", default=[], dest="sets",
                    help="KEY=VALUE for the model runs (repeatable)")
-    p.add_argument("--skip-model", action="store_true", help="the baselines only")
+    p.add_argument("--skip-model", action="store_true", help="no model runs")
+    p.add_argument("--skip-baselines", action="store_true", help="no baselines")
+    p.add_argument("--ann-items", default="1000000",
+                   help="comma-separated corpus sizes of the index rows ('' for none)")
+    p.add_argument("--ann-index", default="1000000:hnsw,10000000:ivf",
+                   help="SIZE:KIND of the index at a size (default: auto)")
+    p.add_argument("--ann-dim", type=int, default=64)
     p.add_argument("--json", required=True)
     args = p.parse_args()
     meta = json.loads((args.data / "metadata.json").read_text())
@@ -155,11 +199,12 @@ def main() -> int:
                  "test_rows": len(test["item"])}
     figures: dict[str, dict] = {"oracle": {k: meta[f"oracle_recall@{k}"]["test"] for k in KS}}
     t = time.perf_counter()
-    figures["popularity"], pop = popularity(train, test, items)
-    figures["cooccurrence"] = cooccurrence(train, test, users, items, pop)
-    figures["als"], out["als_params"] = als(train, valid, test, users, items,
-                                            os.cpu_count() or 1)
-    out["baselines_s"] = time.perf_counter() - t
+    if not args.skip_baselines:
+        figures["popularity"], pop = popularity(train, test, items)
+        figures["cooccurrence"] = cooccurrence(train, test, users, items, pop)
+        figures["als"], out["als_params"] = als(train, valid, test, users, items,
+                                                os.cpu_count() or 1)
+        out["baselines_s"] = time.perf_counter() - t
     if not args.skip_model:
         speed = {}
         for name, extra in (("model", []), ("model_no_log_q", ["task.log_q=false"])):
@@ -170,6 +215,14 @@ def main() -> int:
         out["train_examples_per_s"] = speed
     for k in KS:
         out[f"recall@{k}"] = {name: f[k] for name, f in figures.items()}
+    sizes = [int(v) for v in args.ann_items.split(",") if v]
+    kinds = {int(a): b for a, b in (v.split(":") for v in args.ann_index.split(",") if v)}
+    out["ann_rows"] = ann_rows(sizes, args.ann_dim, kinds)
+    if out["ann_rows"]:
+        first = out["ann_rows"][0]
+        out["ann"] = {"items": first["items"], "recall_at_10_vs_exact":
+                      first["recall_at_10_vs_exact"], "p50_ms": first["p50_ms"],
+                      "p99_ms": first["p99_ms"], "index": first["index"]}
     print(f"{'':16}" + "".join(f"{f'recall@{k}':>12}" for k in KS))
     for name, f in figures.items():
         print(f"{name:16}" + "".join(f"{f[k]:12.4f}" for k in KS))
