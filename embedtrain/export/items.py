@@ -293,7 +293,10 @@ def add_items(export_dir: str | os.PathLike, items_file: str | os.PathLike) -> I
             raise ExportError(f"{path}: column {column}, row {bad[0]}: {what}")
         rows.append(torch.from_numpy(array.astype(np.int64)))
     rows_t = torch.stack(rows, 1)
-    program = torch.export.load(root / items.program).module()
+    from embedtrain.export.predict import _load_program
+
+    program = _load_program(root / items.program, "torchscript" if items.program.endswith(
+        ".ts") else "torch.export")
     lookups = [table_rows(np.load(root / "tables" / f"{t}.npy", mmap_mode="r"))
                for t in items.tables]
     with torch.no_grad():
