@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedtrain.datagen.ctr import SPLITS, SplitWriter, check_fields, is_real, prepare_out_dir
+from embedtrain.datagen.seq import list_slices
 from embedtrain.utils import is_int, progress_bar
 
 ITEMS_FILE = "items.parquet"
@@ -186,14 +187,6 @@ def draw_events(spec: RetrievalDataSpec, model: PlantedTowers, lo: int, hi: int,
     return offsets, items
 
 
-def _histories(items: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.ListArray:
-    lengths = stop - start
-    new = np.zeros(len(start) + 1, np.int64)
-    np.cumsum(lengths, out=new[1:])
-    idx = np.arange(new[-1]) + np.repeat(start - new[:-1], lengths)
-    return pa.ListArray.from_arrays(pa.array(new.astype(np.int32)), pa.array(items[idx]))
-
-
 def split_tables(spec: RetrievalDataSpec, model: PlantedTowers, lo: int, offsets: np.ndarray,
                  items: np.ndarray) -> dict[str, pa.Table]:
     """The users' rows of each split (leave-last-out; histories of at most ``max_length``)."""
@@ -212,7 +205,7 @@ def split_tables(spec: RetrievalDataSpec, model: PlantedTowers, lo: int, offsets
         start = np.maximum(first[who], end - spec.max_length)
         out[split] = pa.Table.from_arrays(
             [pa.array(user[who]), pa.array(model.segment[user[who]]),
-             _histories(items, start, end), pa.array(items[end])], schema=_SCHEMA)
+             list_slices(items, start, end), pa.array(items[end])], schema=_SCHEMA)
     return out
 
 

@@ -97,7 +97,7 @@ def iter_chunks(spec: SeqDataSpec, model: SeqPlantedModel) -> Iterator[SeqChunk]
         yield model.draw(rng, lo, min(_CHUNK_USERS, spec.users - lo))
 
 
-def _slices(items: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.ListArray:
+def list_slices(items: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.ListArray:
     """The list column of ``items[start[i]:stop[i]]`` per row ``i``."""
     lengths = stop - start
     new = np.zeros(len(start) + 1, np.int64)
@@ -116,7 +116,7 @@ def split_tables(ch: SeqChunk, max_length: int) -> dict[str, pa.Table]:
     for split, rows, end in (("train", keep, n - 3), ("valid", slice(None), n - 2),
                              ("test", slice(None), n - 1)):
         f, e = first[rows], end[rows]
-        items = _slices(ch.items, f + np.maximum(0, e - L), f + e)
+        items = list_slices(ch.items, f + np.maximum(0, e - L), f + e)
         out[split] = pa.Table.from_arrays([pa.array(users[rows]), items,
                                            pa.array(ch.items[f + e])], schema=_SCHEMA)
     return out

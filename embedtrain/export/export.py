@@ -96,7 +96,7 @@ from embedtrain.export.tables import (
     checkpoint_dtypes,
     checkpoint_id_map,
     checkpoint_tensors,
-    load_tensors,
+    load_module,
     quantize_npy,
     stream_tensor,
     write_id_map,
@@ -437,14 +437,7 @@ def _dense_program(dense: Optional[DenseExport], ckpt: Path, out: Path, aot: boo
     ``aot``, its AOTInductor package)."""
     if dense is None:
         return None
-    module, prefix = dense.module, dense.checkpoint_prefix
-    tensors = {prefix + k: v for k, v in module.state_dict().items()}
-    missing = [k for k in tensors if k not in checkpoint_tensors(ckpt)]
-    if missing:
-        raise CheckpointError(f"{ckpt}: has no {missing[0]}; was it written by this run's "
-                              "model?")
-    load_tensors(ckpt, tensors)
-    module.eval()
+    module = load_module(ckpt, dense.module, dense.checkpoint_prefix)
     file, kind = export_program(module, dense.example, out)
     if aot and kind != "torch.export":
         raise ExportError(f"--aot: torch.export could not trace the dense model (it was written "
@@ -460,16 +453,8 @@ def _node_outputs(nodes: NodeOutputsExport, ckpt: Path, out: Path,
     """Loads the layers from the checkpoint and computes every node's outputs into
     ``out/nodes/<name>.npy`` over the node table written at ``out/tables`` (its id map, for a
     dynamic table, read from the checkpoint); copies the data set's node ids."""
-    module = nodes.module
     # the layers' parameters; the tables (on meta) are read from their exported file
-    tensors = {nodes.checkpoint_prefix + k: v for k, v in module.state_dict().items()
-               if v.device.type != "meta"}
-    saved = checkpoint_tensors(ckpt)
-    missing = [k for k in tensors if k not in saved]
-    if missing:
-        raise CheckpointError(f"{ckpt}: has no {missing[0]}; was it written by this run's "
-                              "model?")
-    load_tensors(ckpt, tensors)
+    module = load_module(ckpt, nodes.module, nodes.checkpoint_prefix)
     lookup = None
     if table is not None:
         lookup = _table_lookup(out / "tables" / f"{table.name}.npy", table, ckpt)

@@ -28,9 +28,8 @@ import torch
 
 from embedtrain.export.manifest import ExportError, Head, ItemIndex, TableFiles
 from embedtrain.export.programs import export_program
-from embedtrain.export.tables import checkpoint_tensors, load_tensors
+from embedtrain.export.tables import load_module
 from embedtrain.recipes.export_parts import ItemsExport
-from embedtrain.train.checkpoint import CheckpointError
 from embedtrain.utils import progress_bar, writing
 
 ITEMS_DIR = "items"
@@ -197,14 +196,7 @@ def export_item_side(items: ItemsExport, ckpt: Path, out: Path, index: str,
     """Loads the item tower from the checkpoint, embeds every item over the item tables written
     at ``out/tables`` (``out/items/embeddings.npy``), writes the tower's program and indexes the
     embeddings (:mod:`embedtrain.export.items`)."""
-    module = items.module
-    tensors = {items.checkpoint_prefix + k: v for k, v in module.state_dict().items()}
-    missing = [k for k in tensors if k not in checkpoint_tensors(ckpt)]
-    if missing:
-        raise CheckpointError(f"{ckpt}: has no {missing[0]}; was it written by this run's "
-                              "model?")
-    load_tensors(ckpt, tensors)
-    module.eval()
+    module = load_module(ckpt, items.module, items.checkpoint_prefix)
     (out / ITEMS_DIR).mkdir()
     lookups = [table_rows(np.load(out / "tables" / f"{name}.npy", mmap_mode="r"))
                for name in items.tables]

@@ -52,6 +52,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def _parts(model: nn.Module, batch) -> tuple[nn.Module, int, int, Tensor, int, int]:
+    """``(the unwrapped model, rank, world size, labels, rows, rows but padding)``."""
+    labels = batch.labels.long()
+    return (unwrap(model), *rank_and_world(None), labels, labels.shape[0],
+            labels.shape[0] - num_padding(batch))
+
+
 def _blocks(queries: Tensor, corpus: Tensor):
     """``(first column, queries @ corpus[block].T)`` over the corpus's column blocks."""
     for lo in range(0, corpus.shape[0], _CORPUS_BLOCK):
@@ -136,11 +143,7 @@ class Retrieval:
         return every, every[rank * per_rank:(rank + 1) * per_rank]
 
     def train_step(self, model: nn.Module, batch) -> StepOutput:
-        core = unwrap(model)
-        rank, world = rank_and_world(None)
-        labels = batch.labels.long()
-        b = labels.shape[0]
-        n = b - num_padding(batch)
+        core, rank, world, labels, b, n = _parts(model, batch)
         every_neg, my_neg = self.negatives(core, world, rank)
         ids = torch.cat([labels.clamp(min=0), my_neg])
         queries, items = model(batch.dense_features, batch.sparse_features, ids)
@@ -189,11 +192,7 @@ class Retrieval:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch) -> StepOutput:
-        core = unwrap(model)
-        rank, world = rank_and_world(None)
-        labels = batch.labels.long()
-        b = labels.shape[0]
-        n = b - num_padding(batch)
+        core, rank, world, labels, b, n = _parts(model, batch)
         queries = model(batch.dense_features, batch.sparse_features)[0]
         corpus, start = self.corpus(model)
         every_q = all_gather_rows(queries)
