@@ -217,8 +217,10 @@ def main() -> int:
         out[f"recall@{k}"] = {name: f[k] for name, f in figures.items()}
     sizes = [int(v) for v in args.ann_items.split(",") if v]
     kinds = {int(a): b for a, b in (v.split(":") for v in args.ann_index.split(",") if v)}
-    out["ann_rows"] = ann_rows(sizes, args.ann_dim, kinds)
-    if out["ann_rows"]:
+    out["ann_rows"] = []
+    for n in sizes:  # the JSON is rewritten after each row: a long one keeps the others
+        write_json(args.json, out)
+        out["ann_rows"] += ann_rows([n], args.ann_dim, kinds)
         first = out["ann_rows"][0]
         out["ann"] = {"items": first["items"], "recall_at_10_vs_exact":
                       first["recall_at_10_vs_exact"], "p50_ms": first["p50_ms"],
@@ -226,9 +228,13 @@ def main() -> int:
     print(f"{'':16}" + "".join(f"{f'recall@{k}':>12}" for k in KS))
     for name, f in figures.items():
         print(f"{name:16}" + "".join(f"{f[k]:12.4f}" for k in KS))
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
     return 0
+
+
+def write_json(path: str, out: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ to an export without retraining.
 
 The index (``faiss-cpu``, inner product on unit rows): ``flat`` (exact) up to
 :data:`AUTO_FLAT_MAX` items with ``index: auto``, ``hnsw`` (``IndexHNSWFlat``, ``M`` 32) above,
-or ``ivf`` (``IndexIVFFlat``, ``4 sqrt(N)`` lists) when asked. An approximate index's search
+or ``ivf`` (``IndexIVFFlat``, ``4 sqrt(N)`` lists, at most 8,192, trained on 32 a list) when asked. An approximate index's search
 parameter (HNSW's ``efSearch``, IVF's ``nprobe``) is the smallest of a doubling ladder whose top
 10 reach :data:`TARGET_RECALL` of exact search's on :data:`RECALL_QUERIES` queries, each the
 normalised sum of two random items' embeddings (queries near the items, as a query tower's are);
@@ -107,10 +107,10 @@ def build_index(embeddings: np.ndarray, kind: str = "auto", seed: int = 0
         params = {"M": 32, "ef_construction": 80}
         ladder, name = (16, 32, 64, 128, 256, 512, 1024), "ef_search"
     else:
-        nlist = int(min(65_536, max(16, 4 * np.sqrt(n))))
+        nlist = int(min(8_192, max(16, 4 * np.sqrt(n))))  # k-means cost: sample x nlist
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
         rng = np.random.default_rng(seed)
-        sample = np.sort(rng.choice(n, size=min(n, 64 * nlist), replace=False))
+        sample = np.sort(rng.choice(n, size=min(n, 32 * nlist), replace=False))
         index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
         params = {"nlist": nlist}
         ladder, name = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512), "nprobe"
