@@ -5,10 +5,10 @@ to an export without retraining.
 The index (``faiss-cpu``, inner product on unit rows): ``flat`` (exact) up to
 :data:`AUTO_FLAT_MAX` items with ``index: auto``, ``hnsw`` (``IndexHNSWFlat``, ``M`` 32) above,
 or ``ivf`` (``IndexIVFFlat``, ``4 sqrt(N)`` lists, at most 8,192, trained on 32 vectors a list)
-when asked. An approximate index's search parameter (HNSW's ``efSearch``, IVF's ``nprobe``) is the smallest of a doubling ladder whose top
-10 reach :data:`TARGET_RECALL` of exact search's on :data:`RECALL_QUERIES` queries, each the
-normalised sum of two random items' embeddings (queries near the items, as a query tower's are);
-the recall reached is written to ``model.json``.
+when asked. An approximate index's search parameter (HNSW's ``efSearch``, IVF's ``nprobe``) is
+the smallest of a doubling ladder whose top 10 reach :data:`TARGET_RECALL` of exact search's on
+:data:`RECALL_QUERIES` queries, each the normalised sum of two random items' embeddings (queries
+near the items, as a query tower's are); the recall reached is written to ``model.json``.
 
 Example:
     >>> index, params, recall = build_index(embeddings, "hnsw")
