@@ -96,7 +96,6 @@ from embedtrain.export.tables import (
     checkpoint_dtypes,
     checkpoint_id_map,
     checkpoint_tensors,
-    load_module,
     quantize_npy,
     stream_tensor,
     write_id_map,
@@ -107,6 +106,7 @@ from embedtrain.export.programs import (
     TableSpec,
     aot_package,
     export_program,
+    load_module,
     model_tables,
 )
 from embedtrain.tables.dynamic import MIX_VERSION

@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 from embedtrain.export.manifest import ExportError, Head, ItemIndex, TableFiles
-from embedtrain.export.programs import export_program
-from embedtrain.export.tables import load_module
+from embedtrain.export.programs import export_program, load_module, load_program
 from embedtrain.recipes.export_parts import ItemsExport
 from embedtrain.utils import progress_bar, writing
 
@@ -285,9 +284,7 @@ def add_items(export_dir: str | os.PathLike, items_file: str | os.PathLike) -> I
             raise ExportError(f"{path}: column {column}, row {bad[0]}: {what}")
         rows.append(torch.from_numpy(array.astype(np.int64)))
     rows_t = torch.stack(rows, 1)
-    from embedtrain.export.predict import _load_program
-
-    program = _load_program(root / items.program, "torchscript" if items.program.endswith(
+    program = load_program(root / items.program, "torchscript" if items.program.endswith(
         ".ts") else "torch.export")
     lookups = [table_rows(np.load(root / "tables" / f"{t}.npy", mmap_mode="r"))
                for t in items.tables]

@@ -53,7 +53,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
@@ -69,6 +68,7 @@ from torch import Tensor, nn
 from embedtrain.config import load_run_config
 from embedtrain.config_io import ConfigError
 from embedtrain.export.manifest import ExportError, load_manifest
+from embedtrain.export.programs import load_program
 from embedtrain.export.rows import (
     ParquetRows,
     PredictResult,
@@ -229,7 +229,7 @@ class ExportedModel:
             raise ExportError(f"program: {program!r} is not export or aot")
         if program == "aot" and d.aot is None:
             raise ExportError(f"{where}: no AOTInductor package; export with --aot")
-        self.program = _load_program(self.root / (d.aot if program == "aot" else d.file),
+        self.program = load_program(self.root / (d.aot if program == "aot" else d.file),
                                      "aot" if program == "aot" else d.format)
         self.head_weight: Optional[Tensor] = None
         if m.head is not None:
@@ -322,41 +322,6 @@ def _head_weight(root: Path, h, where: Path) -> Tensor:
         raise ExportError(f"{where}: head.files.npy: a {h.dtype} head is read from its .npy")
     return torch.from_numpy(read_table(root, h.files.npy, None, shape,
                                        NPY_DTYPES[h.dtype])).view(TORCH_DTYPES[h.dtype])
-
-
-def _load_program(path: Path, kind: str):
-    if not path.is_file():
-        raise ExportError(f"{path}: the dense program is missing")
-    if kind == "torchscript":
-        try:
-            return torch.jit.load(str(path)).eval()
-        except Exception as e:  # noqa: BLE001 - truncated, or not TorchScript
-            raise ExportError(f"{path}: not a loadable TorchScript program: {_first_line(e)}") \
-                from None
-    if kind == "aot":
-        from torch._inductor import aoti_load_package
-
-        try:
-            package = aoti_load_package(str(path))
-        except Exception as e:  # noqa: BLE001 - not a package, or one for another machine
-            raise ExportError(f"{path}: not a loadable AOTInductor package: "
-                              f"{_first_line(e)}") from None
-        # its kernels assume the strides it was compiled with: contiguous inputs
-        return lambda *inputs: package(*(x.contiguous() for x in inputs))
-    quiet = logging.getLogger("torch.export")  # it logs a corrupt archive's traceback, then
-    level = quiet.level  # tries the older format: the one line below says it all
-    quiet.setLevel(logging.ERROR)
-    try:
-        return torch.export.load(path).module()
-    except Exception as e:  # noqa: BLE001 - truncated, a raw pickle, a torch.save zip: one line
-        raise ExportError(f"{path}: not a loadable torch.export program: {_first_line(e)}") \
-            from None
-    finally:
-        quiet.setLevel(level)
-
-
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or ['?'])[0][:300]}"
 
 
 def predict(export_dir: str | os.PathLike, inputs: Sequence[str], out: str | os.PathLike,

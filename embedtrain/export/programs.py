@@ -8,6 +8,8 @@ and the serving benchmark list tables with :func:`model_tables`.
 from __future__ import annotations
 
 import io
+import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,8 @@ import torch
 from torch import nn
 
 from embedtrain.export.manifest import ExportError
+from embedtrain.export.tables import checkpoint_tensors, load_tensors
+from embedtrain.train.checkpoint import CheckpointError
 from embedtrain.tables.dynamic import EmbeddingBags
 from embedtrain.heads.build import HEAD_TABLE
 from embedtrain.utils import write_atomic, writing
@@ -153,3 +157,57 @@ def _write(path: Path, data: io.BytesIO) -> None:
     """``data`` as the file ``path``, whole or not at all; a full disk names ``path``."""
     with writing(path):
         write_atomic(path, data.getbuffer())
+
+
+def load_program(path: Path, kind: str):
+    """An exported program loaded for running: ``torch.export`` (its module), ``torchscript``
+    or ``aot`` (an AOTInductor package); one line naming the file when it cannot be."""
+    if not path.is_file():
+        raise ExportError(f"{path}: the dense program is missing")
+    if kind == "torchscript":
+        try:
+            return torch.jit.load(str(path)).eval()
+        except Exception as e:  # noqa: BLE001 - truncated, or not TorchScript
+            raise ExportError(f"{path}: not a loadable TorchScript program: {_first_line(e)}") \
+                from None
+    if kind == "aot":
+        from torch._inductor import aoti_load_package
+
+        try:
+            package = aoti_load_package(str(path))
+        except Exception as e:  # noqa: BLE001 - not a package, or one for another machine
+            raise ExportError(f"{path}: not a loadable AOTInductor package: "
+                              f"{_first_line(e)}") from None
+        # its kernels assume the strides it was compiled with: contiguous inputs
+        return lambda *inputs: package(*(x.contiguous() for x in inputs))
+    quiet = logging.getLogger("torch.export")  # it logs a corrupt archive's traceback, then
+    level = quiet.level  # tries the older format: the one line below says it all
+    quiet.setLevel(logging.ERROR)
+    try:
+        return torch.export.load(path).module()
+    except Exception as e:  # noqa: BLE001 - truncated, a raw pickle, a torch.save zip: one line
+        raise ExportError(f"{path}: not a loadable torch.export program: {_first_line(e)}") \
+            from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or ['?'])[0][:300]}"
+
+
+def load_module(path: str | os.PathLike, module: nn.Module, prefix: str) -> nn.Module:
+    """``module``'s parameters and buffers (but those on ``meta``: tables read from an export's
+    own files) read from the checkpoint's keys ``prefix + name``; ``module`` in eval mode.
+
+    Raises:
+        CheckpointError: a key the checkpoint does not hold (named), or an unreadable one.
+    """
+    tensors = {prefix + k: v for k, v in module.state_dict().items() if v.device.type != "meta"}
+    saved = checkpoint_tensors(path)
+    missing = [k for k in tensors if k not in saved]
+    if missing:
+        raise CheckpointError(f"{path}: has no {missing[0]}; was it written by this run's "
+                              "model?")
+    load_tensors(path, tensors)
+    return module.eval()

@@ -260,23 +260,6 @@ def load_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> N
                               f"{describe_error(e)}") from None
 
 
-def load_module(path: str | os.PathLike, module: nn.Module, prefix: str) -> nn.Module:
-    """``module``'s parameters and buffers (but those on ``meta``: tables read from an export's
-    own files) read from the checkpoint's keys ``prefix + name``; ``module`` in eval mode.
-
-    Raises:
-        CheckpointError: a key the checkpoint does not hold (named), or an unreadable one.
-    """
-    tensors = {prefix + k: v for k, v in module.state_dict().items() if v.device.type != "meta"}
-    saved = checkpoint_tensors(path)
-    missing = [k for k in tensors if k not in saved]
-    if missing:
-        raise CheckpointError(f"{path}: has no {missing[0]}; was it written by this run's "
-                              "model?")
-    load_tensors(path, tensors)
-    return module.eval()
-
-
 # the remapper's buffers of a dynamic table, under its checkpoint key prefix
 SORTED_IDS, ROWS_OF_IDS, SEGMENTS = ("_mch_sorted_raw_ids", "_mch_remapped_ids_mapping",
                                      "_output_segments_tensor")
