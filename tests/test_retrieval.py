@@ -68,6 +68,25 @@ def test_rows_are_leave_last_out_and_cold_items_never_train(ret_data):
     assert items["brand"] == model.brand.tolist() and items["category"] == model.category.tolist()
 
 
+def test_user_attributes_place_the_user(tmp_path):
+    """With ``attributes``, a user's planted vector is its segment's and its attribute values'
+    (and its own noise): without noise, users alike in all of them are placed alike, users that
+    differ in any are not; the rows carry each attribute's value."""
+    spec = RetrievalDataSpec(users=400, items=200, segments=3, attributes=2, attribute_values=3,
+                             categories=4, brands=10, user_noise=0.0, seed=1)
+    model = planted_towers(spec)
+    keys = [(int(model.segment[u]), *model.attributes[u].tolist()) for u in range(spec.users)]
+    first = {}
+    for u, key in enumerate(keys):
+        first.setdefault(key, u)
+        assert np.array_equal(model.user_vectors[u], model.user_vectors[first[key]])
+    reps = np.stack([model.user_vectors[u] for u in first.values()])
+    assert len(first) > 9 and len(np.unique(reps.round(6), axis=0)) == len(first)
+    generate_retrieval(spec, tmp_path, progress=False)
+    rows = _rows(tmp_path, "train")
+    assert all([r["segment"], r["attr0"], r["attr1"]] == list(keys[r["user"]]) for r in rows)
+
+
 def test_the_same_spec_writes_the_same_data(ret_data, tmp_path):
     generate_retrieval(SPEC, tmp_path, progress=False)
     for split in ("train", "test"):
@@ -421,8 +440,10 @@ def test_items_added_to_an_export_are_served_without_retraining(ret_data, traine
     """``add_items``: each new item is the item tower's output over its features (no row of its
     own id: zeros), appended to the embeddings, the item table and the flat index; predict
     then ranks the grown corpus exactly. A bad id is one line naming the file, column and
-    row, and leaves the export as it was."""
+    row, and leaves the export as it was; so does a crash before ``model.json`` is swapped."""
     import pyarrow as pa
+
+    import embedtrain.export.manifest as manifest_module
 
     from embedtrain.export.export import export_run
     from embedtrain.export.items import add_items
@@ -440,10 +461,29 @@ def test_items_added_to_an_export_are_served_without_retraining(ret_data, traine
         add_items(out, tmp_path / "bad.parquet")
     assert load_manifest(out).items.num_items == SPEC.items
     pq.write_table(source.drop(["item"]), tmp_path / "new.parquet")
+    predict(out, [str(ret_data / "test")], tmp_path / "p0.parquet", top_k=20, progress=False)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    real = manifest_module.write_manifest
+    manifest_module.write_manifest = crash
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            add_items(out, tmp_path / "new.parquet")
+    finally:
+        manifest_module.write_manifest = real
+    old = load_manifest(out)
+    assert old.items.num_items == SPEC.items and np.array_equal(
+        np.load(out / old.head.files.npy), before)
+    predict(out, [str(ret_data / "test")], tmp_path / "p1.parquet", top_k=20, progress=False)
+    assert pq.read_table(tmp_path / "p1.parquet").equals(pq.read_table(tmp_path / "p0.parquet"))
     add_items(out, tmp_path / "new.parquet")
     m = load_manifest(out)
     assert m.items.num_items == m.head.num_classes == SPEC.items + 5 == m.items.added_items + 400
-    after = np.load(out / "items/embeddings.npy")
+    assert not any((out / f).exists() for f in (old.head.files.npy, old.items.table,
+                                                old.items.index_file))
+    after = np.load(out / m.head.files.npy)
     assert np.array_equal(after[:SPEC.items], before)
     from embedtrain.export.items import read_index
 
@@ -458,7 +498,7 @@ def test_items_added_to_an_export_are_served_without_retraining(ret_data, traine
     with torch.no_grad():
         expected = program(torch.zeros(5, 0), pooled).numpy()
     np.testing.assert_allclose(after[SPEC.items:], expected, rtol=1e-6, atol=1e-7)
-    assert pq.read_table(out / "items/items.parquet").column("item").to_pylist()[-5:] == \
+    assert pq.read_table(out / m.items.table).column("item").to_pylist()[-5:] == \
         list(range(SPEC.items, SPEC.items + 5))
     predict(out, [str(ret_data / "test")], tmp_path / "p.parquet", top_k=20, progress=False)
     got = torch.tensor(pq.read_table(tmp_path / "p.parquet").column("top_ids").to_pylist())

@@ -172,6 +172,8 @@ def register(sub) -> None:
     for name, default, what in (
             ("users", 100_000, "users"), ("items", 50_000, "items: ids 0..N-1"),
             ("dim", 16, "the planted vectors' dimension"), ("segments", 50, "user segments"),
+            ("attributes", 0, "user attributes beside the segment (columns attr0, attr1, ...)"),
+            ("attribute-values", 10, "the values of each user attribute"),
             ("categories", 100, "item categories"), ("brands", 1_000, "item brands"),
             ("min-events", 4, "events per user, at least (>= 3)"),
             ("max-events", 50, "events per user, at most"),
@@ -184,6 +186,10 @@ def register(sub) -> None:
             ("user-noise", 0.6, "a user's own part beside its segment's"),
             ("item-noise", 0.3, "an item's own part beside its brand's")):
         g.add_argument(f"--{name}", type=float, default=default, help=f"{what} (default {default})")
+    g.add_argument("--events", action="store_true",
+                   help="also write the event log the rows come from (user, segment, attr*, item, "
+                        "timestamp) as OUT/events/part-00000.parquet: the input of embedtrain "
+                        "ingest configs/ingest/retrieval_events.yaml")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_datagen)
@@ -386,18 +392,20 @@ def _datagen_seq(args: argparse.Namespace) -> int:
 def _datagen_retrieval(args: argparse.Namespace) -> int:
     from embedtrain.datagen.retrieval import RetrievalDataSpec, generate_retrieval
 
-    keys = ("users", "items", "dim", "segments", "categories", "brands", "min_events",
-            "max_events", "max_length", "mean_extra_events", "cold_fraction", "sharpness",
-            "user_noise", "item_noise", "seed")
+    keys = ("users", "items", "dim", "segments", "attributes", "attribute_values", "categories",
+            "brands", "min_events", "max_events", "max_length", "mean_extra_events",
+            "cold_fraction", "sharpness", "user_noise", "item_noise", "seed")
     spec = RetrievalDataSpec(**{k: getattr(args, k) for k in keys})
     try:
         with writing(args.out) as out_dir:
-            meta = generate_retrieval(spec, out_dir)
+            meta = generate_retrieval(spec, out_dir, events=args.events)
     except FileExistsError as e:
         raise UsageError(str(e)) from None
     rows = ", ".join(f"{k} {v['rows']:,}" for k, v in meta["splits"].items())
     print(f"wrote {args.out}: {spec.users:,} users, {spec.items:,} items ({meta['cold_items']:,} "
           f"cold), {meta['events']:,} events, rows: {rows}, oracle recall@10 on test "
           f"{meta['oracle_recall@10']['test']:.4f}, recall@50 "
-          f"{meta['oracle_recall@50']['test']:.4f}")
+          f"{meta['oracle_recall@50']['test']:.4f}"
+          + (f"; event log: {Path(args.out, 'events', 'part-00000.parquet')}" if args.events
+             else ""))
     return 0

@@ -8,8 +8,11 @@ unit length (``unit``):
   ``b = unit(c_category + brand_noise * g)``; ``items`` items, each of a random brand, with
   ``v_j = unit(b_brand + item_noise * g_j)`` (``g``: Gaussian, ``N(0, I / dim)``): an item's
   features (category, brand) say most of where it lies, its own id the rest.
-- ``segments`` user segments ``s_z``; user ``u`` is of a random segment ``z`` with ``q_u =
-  unit(s_z + user_noise * g_u)``.
+- ``segments`` user segments ``s_z``; user ``u`` is of a random segment ``z``; with
+  ``attributes`` further user attributes ``a`` (``attribute_values`` values each, directions
+  ``w_{a,v}``), user ``u`` has a random value ``v_a`` of each, and ``q_u = unit(s_z + sum_a
+  w_{a,v_a} + user_noise * g_u)``: the more attributes, the more of the user its observed
+  features say (``attributes`` 0: the segment alone).
 - A user's events are independent draws of ``P(j | u) ∝ exp(sharpness * <q_u, v_j>)``. A share
   ``cold_fraction`` of the items is *cold*: never drawn for training (the draw is repeated), drawn
   like any other item for validation and test, so only their features can retrieve them.
@@ -17,7 +20,8 @@ unit length (``unit``):
   leave-last-out: the last event is the test row's item, the one before the validation row's,
   the others train rows, oldest first.
 
-Rows (``train``/``valid``/``test``): ``user`` (int64), ``segment`` (int64), ``history``
+Rows (``train``/``valid``/``test``): ``user`` (int64), ``segment`` (int64), ``attr0``,
+``attr1``, ... (int64, one column per attribute), ``history``
 (list<int64>: the user's events before the row's, newest last, at most ``max_length``), ``item``
 (int64: the label, an id of the item table). ``items.parquet`` holds every item's ``item``,
 ``category`` and ``brand`` (cold ones included): what an item tower embeds. Ids are ``0..N-1``.
@@ -50,15 +54,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedtrain.datagen.ctr import SPLITS, SplitWriter, check_fields, is_real, prepare_out_dir
-from embedtrain.datagen.seq import list_slices
+from embedtrain.datagen.seq import _events_folder, _write_events, list_slices
 from embedtrain.utils import is_int, progress_bar
 
 ITEMS_FILE = "items.parquet"
 ITEM_FEATURES = ("category", "brand")
 KS = (10, 50)
 _BLOCK_USERS = 256  # users scored at a time: 256 x items float64 CDFs
-_SCHEMA = pa.schema([pa.field("user", pa.int64()), pa.field("segment", pa.int64()),
-                     pa.field("history", pa.list_(pa.int64())), pa.field("item", pa.int64())])
+
+
+def attribute_names(spec: "RetrievalDataSpec") -> list[str]:
+    """The rows' user attribute columns: ``attr0``, ``attr1``, ..."""
+    return [f"attr{a}" for a in range(spec.attributes)]
+
+
+def row_schema(spec: "RetrievalDataSpec") -> pa.Schema:
+    """The split files' schema."""
+    return pa.schema([pa.field("user", pa.int64()), pa.field("segment", pa.int64())]
+                     + [pa.field(n, pa.int64()) for n in attribute_names(spec)]
+                     + [pa.field("history", pa.list_(pa.int64())), pa.field("item", pa.int64())])
 
 
 @dataclass
@@ -70,6 +84,8 @@ class RetrievalDataSpec:
     items: int = 50_000
     dim: int = 16
     segments: int = 50
+    attributes: int = 0                   # user attributes beside the segment (attr0, ...)
+    attribute_values: int = 10            # the values of each attribute
     categories: int = 100
     brands: int = 1_000
     min_events: int = 4                   # events per user, at least (>= 3: train, valid, test)
@@ -96,6 +112,8 @@ class RetrievalDataSpec:
             ("items", is_int, lambda v: v >= 100, "an integer >= 100"),
             ("dim", is_int, lambda v: v >= 2, "an integer >= 2"),
             ("segments", is_int, lambda v: v >= 1, "an integer >= 1"),
+            ("attributes", is_int, lambda v: 0 <= v <= 32, "an integer in [0, 32]"),
+            ("attribute_values", is_int, lambda v: v >= 1, "an integer >= 1"),
             ("categories", is_int, lambda v: v >= 1, "an integer >= 1"),
             ("brands", is_int, lambda v: 1 <= v <= self.items, "an integer in [1, items]"),
             ("max_events", is_int, lambda v: v >= 3, "an integer >= 3"),
@@ -125,6 +143,7 @@ class PlantedTowers(NamedTuple):
     segment: np.ndarray    # [users] int64
     user_vectors: np.ndarray   # [users, dim] float32
     cold: np.ndarray       # [items] bool
+    attributes: np.ndarray  # [users, attributes] int64
 
 
 def planted_towers(spec: RetrievalDataSpec) -> PlantedTowers:
@@ -142,11 +161,17 @@ def planted_towers(spec: RetrievalDataSpec) -> PlantedTowers:
     items = _unit(brand_vec[brand] + spec.item_noise * gauss(spec.items)).astype(np.float32)
     seg_vec = _unit(rng.standard_normal((spec.segments, d)))
     segment = rng.integers(spec.segments, size=spec.users)
-    users = _unit(seg_vec[segment] + spec.user_noise * gauss(spec.users)).astype(np.float32)
+    users = seg_vec[segment] + spec.user_noise * gauss(spec.users)
     cold = np.zeros(spec.items, bool)
     cold[rng.permutation(spec.items)[: round(spec.cold_fraction * spec.items)]] = True
+    # the attributes draw from their own stream: specs without them keep their planted model
+    arng = np.random.default_rng(np.random.SeedSequence([spec.seed, 2]))
+    attrs = arng.integers(spec.attribute_values, size=(spec.users, spec.attributes))
+    for a in range(spec.attributes):
+        users += _unit(arng.standard_normal((spec.attribute_values, d)))[attrs[:, a]]
     return PlantedTowers(brand_cat[brand].astype(np.int64), brand.astype(np.int64), items,
-                         segment.astype(np.int64), users, cold)
+                         segment.astype(np.int64), _unit(users).astype(np.float32), cold,
+                         attrs.astype(np.int64))
 
 
 def probabilities(spec: RetrievalDataSpec, model: PlantedTowers, users: slice) -> np.ndarray:
@@ -204,8 +229,9 @@ def split_tables(spec: RetrievalDataSpec, model: PlantedTowers, lo: int, offsets
     for split, (who, end) in rows.items():
         start = np.maximum(first[who], end - spec.max_length)
         out[split] = pa.Table.from_arrays(
-            [pa.array(user[who]), pa.array(model.segment[user[who]]),
-             list_slices(items, start, end), pa.array(items[end])], schema=_SCHEMA)
+            [pa.array(user[who]), pa.array(model.segment[user[who]])]
+            + [pa.array(model.attributes[user[who], a]) for a in range(spec.attributes)]
+            + [list_slices(items, start, end), pa.array(items[end])], schema=row_schema(spec))
     return out
 
 
@@ -235,11 +261,31 @@ def write_items(spec: RetrievalDataSpec, model: PlantedTowers, out: Path) -> Non
     os.replace(out / (ITEMS_FILE + ".tmp"), out / ITEMS_FILE)
 
 
+def event_log(spec: RetrievalDataSpec, model: PlantedTowers, lo: int, offsets: np.ndarray,
+              items: np.ndarray) -> pa.Table:
+    """Users ``lo..``'s events as an event log: ``user``, ``segment``, ``attr*``, ``item`` and
+    ``timestamp`` (int64 seconds: a user's events in order, from a stream of their own)."""
+    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 3, lo]))
+    n, first = np.diff(offsets), offsets[:-1]
+    start = 1_600_000_000 + rng.integers(0, 180 * 86_400, size=len(n))
+    gaps = 1 + np.floor(rng.exponential(6 * 3_600, size=len(items))).astype(np.int64)
+    gaps[first] = 0
+    cum = np.cumsum(gaps)
+    users = np.repeat(np.arange(lo, lo + len(n), dtype=np.int64), n)
+    return pa.table({"user": users, "segment": model.segment[users],
+                     **{a: model.attributes[users, i] for i, a in enumerate(attribute_names(spec))},
+                     "item": items, "timestamp": np.repeat(start - cum[first], n) + cum})
+
+
 def generate_retrieval(spec: RetrievalDataSpec, out_dir: str | os.PathLike,
-                       progress: bool = True) -> dict:
+                       progress: bool = True, events: bool = False) -> dict:
     """Write ``out_dir/{train,valid,test}/part-NNNNN.parquet``, ``out_dir/items.parquet`` and
     ``out_dir/metadata.json`` (an earlier data set there is replaced, as
     :func:`embedtrain.datagen.ctr.generate_ctr` does). The same spec gives identical files.
+    ``events``: also the raw event log the rows come from, ``out_dir/events/part-00000.parquet``
+    (:func:`event_log`, all users' events in time order): what ``embedtrain ingest`` with
+    ``kind: sequence``, ``task: retrieval`` turns into the same rows
+    (``configs/ingest/retrieval_events.yaml``).
 
     Returns:
         The metadata written to ``metadata.json``.
@@ -247,9 +293,10 @@ def generate_retrieval(spec: RetrievalDataSpec, out_dir: str | os.PathLike,
     spec.validate()
     out = prepare_out_dir(out_dir)
     model = planted_towers(spec)
-    writers = {s: SplitWriter(out, s, spec, _SCHEMA) for s in SPLITS}
+    writers = {s: SplitWriter(out, s, spec, row_schema(spec)) for s in SPLITS}
     sums = {s: {k: np.zeros(2) for k in KS} for s in ("valid", "test")}
-    events = cold_rows = 0
+    folder, logs = (_events_folder(out), []) if events else (None, [])
+    n_events = cold_rows = 0
     with progress_bar(spec.users, "datagen retrieval", unit="users",
                       disable=not progress) as bar:
         for lo in range(0, spec.users, _BLOCK_USERS):
@@ -264,11 +311,15 @@ def generate_retrieval(spec: RetrievalDataSpec, out_dir: str | os.PathLike,
             for s, per_k in oracle_hits(p, targets).items():
                 for k, figures in per_k.items():
                     sums[s][k] += figures
-            events += len(items)
+            n_events += len(items)
+            if folder is not None:
+                logs.append(event_log(spec, model, lo, offsets, items))
             bar.update(hi - lo)
     for w in writers.values():
         w.close()
     write_items(spec, model, out)
+    if folder is not None:
+        _write_events(folder, logs, "parquet")
     oracle = {f"oracle_{what}@{k}": {s: float(sums[s][k][j] / spec.users) for s in sums}
               for k in KS for j, what in enumerate(("recall", "expected_recall"))}
     meta = {
@@ -278,12 +329,14 @@ def generate_retrieval(spec: RetrievalDataSpec, out_dir: str | os.PathLike,
         "label": "item", "dense": [], "num_classes": spec.items,
         "sparse": [{"name": "user", "num_embeddings": spec.users},
                    {"name": "segment", "num_embeddings": spec.segments},
+                   *({"name": n, "num_embeddings": spec.attribute_values}
+                     for n in attribute_names(spec)),
                    {"name": "history", "num_embeddings": spec.items, "multi_hot": True,
                     "max_length": spec.max_length}],
         "item_table": {"file": ITEMS_FILE, "id": "item",
                        "features": [{"name": "category", "num_embeddings": spec.categories},
                                     {"name": "brand", "num_embeddings": spec.brands}]},
-        "num_users": spec.users, "events": events,
+        "num_users": spec.users, "events": n_events,
         "cold_items": int(model.cold.sum()), "cold_test_rows": cold_rows,
         "split_method": "leave_last_out",
         "splits": {s: {"files": writers[s].files, "rows": writers[s].rows} for s in SPLITS},

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -227,13 +228,23 @@ def optional_index(kind: Optional[str]) -> str:
     return kind
 
 
+def versioned(name: str, total: int) -> str:
+    """``items/embeddings.npy`` (or ``items/embeddings-<n>.npy``) as ``items/embeddings-<total>
+    .npy``: the file's name once the export holds ``total`` items."""
+    path = Path(name)
+    stem = re.sub(r"-\d+$", "", path.name[: -len(path.suffix)] if path.suffix else path.name)
+    return (path.parent / f"{stem}-{total}{path.suffix}").as_posix()
+
+
 def add_items(export_dir: str | os.PathLike, items_file: str | os.PathLike) -> ItemIndex:
     """Adds the items of ``items_file`` (parquet: the item table's feature columns; an ``item``
     id column, if given, must number them on from the export's items) to a retrieval export
     without retraining: each embedded by the exported item tower over the exported tables (an
     added item has no row of its own id: zeros), appended to ``items/embeddings.npy`` and
-    ``items/items.parquet`` and added to the index. Each file is rewritten beside itself and
-    moved into place, ``model.json`` last.
+    ``items/items.parquet`` and added to the index. The three are written under new names
+    (:func:`versioned`) and ``model.json`` is swapped to name them in one ``os.replace``: a
+    server that reloads on ``model.json`` sees the old items or the new, never half, and a crash
+    leaves the old export whole.
 
     Raises:
         ExportError: not a retrieval export, or a bad items file (one line naming the file,
@@ -301,19 +312,25 @@ def add_items(export_dir: str | os.PathLike, items_file: str | os.PathLike) -> I
         with open(p, "wb") as f:
             np.save(f, embeddings)
 
-    staged = []
-    for name, write in ((m.head.files.npy, save_npy),
-                        (items.table, lambda p: pq.write_table(table, p)),
-                        (items.index_file, lambda p: _faiss().write_index(index, str(p)))):
+    # new files under new names, then model.json swapped in one os.replace: a reader sees the
+    # old export or the new one, whole, and a crash before the swap leaves the old one intact
+    total, superseded = n + count, []
+    for owner, attr, write in ((m.head.files, "npy", save_npy),
+                               (items, "table", lambda p: pq.write_table(table, p)),
+                               (items, "index_file",
+                                lambda p: _faiss().write_index(index, str(p)))):
+        name = versioned(getattr(owner, attr), total)
         tmp = root / (name + ".adding")
         with writing(tmp):
             write(tmp)
-        staged.append((tmp, root / name))
-    items.num_items = m.head.num_classes = n + count
+        os.replace(tmp, root / name)
+        superseded.append(getattr(owner, attr))
+        setattr(owner, attr, name)
+    items.num_items = m.head.num_classes = total
     m.head.bytes = embeddings.nbytes
     items.added_items += count
-    manifest = write_manifest(m, root / "items")  # items/model.json, moved last
-    staged.append((manifest, root / "model.json"))
-    for tmp, target in staged:
-        os.replace(tmp, target)
+    manifest = write_manifest(m, root / "items")  # items/model.json, then moved into place
+    os.replace(manifest, root / "model.json")
+    for name in superseded:  # no reader of the new model.json opens them
+        (root / name).unlink(missing_ok=True)
     return items

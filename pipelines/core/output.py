@@ -24,6 +24,7 @@ from pipelines.core.atomic import foreign_entries
 from pipelines.core.errors import IngestError
 
 METADATA_FILE, REPORT_FILE, VOCAB_DIR = "metadata.json", "ingest_report.json", "vocab"
+ITEMS_FILE = "items.parquet"  # kind: sequence, task: retrieval: the item table
 SPLIT = "__split"
 SPLITS = ("train", "valid", "test")
 SPLIT_DTYPE = pl.Enum(list(SPLITS))
@@ -108,7 +109,7 @@ def check_out_dir(out: Path) -> None:
 def clear_out_dir(out: Path) -> None:
     """Removes an earlier ingest's outputs (only those: :func:`check_out_dir` vouched for it)."""
     check_out_dir(out)
-    for name in (METADATA_FILE, REPORT_FILE, f"{METADATA_FILE}.tmp"):
+    for name in (METADATA_FILE, REPORT_FILE, f"{METADATA_FILE}.tmp", ITEMS_FILE):
         (out / name).unlink(missing_ok=True)
     for name in (*SPLITS, VOCAB_DIR):
         shutil.rmtree(out / name, ignore_errors=True)
@@ -117,6 +118,7 @@ def clear_out_dir(out: Path) -> None:
 
 # what an ingest writes at the top of --out: name -> whether it is a folder (of data files)
 INGEST_ENTRIES = {METADATA_FILE: False, f"{METADATA_FILE}.tmp": False, REPORT_FILE: False,
+                  ITEMS_FILE: False,
                   **{split: True for split in SPLITS}, VOCAB_DIR: True,
                   "graph": True, "nodes": True, "splits": True}
 

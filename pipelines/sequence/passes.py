@@ -65,7 +65,10 @@ from pipelines.core.output import (
 from pipelines.engines.base import Engine, Pass, Shard
 from pipelines.engines.local import LocalEngine
 from pipelines.sequence.read import FILE_INDEX, ROW_REASONS, check_inputs, events
+from pipelines.sequence import retrieval as ret
+from pipelines.sequence.read import FEATURE
 from pipelines.sequence.report import build_metadata, build_report
+from pipelines.sequence.retrieval import list_array
 from pipelines.sequence.spec import SequenceIngestSpec, SequenceSplit
 
 SHORT_HISTORY, TRUNCATED = "short_history", "truncated"
@@ -129,6 +132,10 @@ def ingest(spec: SequenceIngestSpec, inputs: Sequence[str | os.PathLike],
         if reason is not None:
             dropped[reason] = n
     kept = frame.filter(pl.col("reason").is_null()).drop("reason")
+    retrieval = spec.task == "retrieval"
+    catalog = ret.read_catalog(spec) if retrieval else None
+    if catalog is not None:
+        kept, dropped[ret.UNKNOWN_ITEM] = ret.keep_known(kept, catalog)
 
     with log.phase("group", rows=kept.height):
         lengths = kept.group_by("user").len()
@@ -141,22 +148,29 @@ def ingest(spec: SequenceIngestSpec, inputs: Sequence[str | os.PathLike],
                           f"events with a user, item and time ({frame.height:,} rows read)")
 
     with log.phase("vocabulary"):
-        table = kept.group_by("item").len(name="count").sort(
-            ["count", "item"], descending=[True, False])
-        table = table.select(pl.col("item").alias("value"),
-                             pl.int_range(1, table.height + 1, dtype=pl.Int64).alias("id"),
-                             "count")
-        items = kept.select(Vocabulary(table["value"]).encode(pl.col("item"))).to_series()
-        items = items.to_numpy().astype(np.int64)
+        if catalog is not None:  # ids 0..N-1: the item table's
+            table = ret.item_vocabulary(kept, catalog)
+            items = kept.select(Vocabulary(table["value"]).encode(pl.col("item")) - 1)
+        else:
+            table = kept.group_by("item").len(name="count").sort(
+                ["count", "item"], descending=[True, False])
+            table = table.select(pl.col("item").alias("value"),
+                                 pl.int_range(1, table.height + 1, dtype=pl.Int64).alias("id"),
+                                 "count")
+            items = kept.select(Vocabulary(table["value"]).encode(pl.col("item")))
+        items = items.to_series().to_numpy().astype(np.int64)
         users = kept.group_by("user", maintain_order=True).len()
         counts = users["len"].to_numpy().astype(np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         times = kept["time"].to_numpy()
 
     with log.phase("rows") as rec:
-        splits = (leave_last_out_rows(counts, spec.max_length)
-                  if spec.split.method is SequenceSplit.LEAVE_LAST_OUT
-                  else time_rows(counts, starts, times, spec.max_length, *spec.split_times()))
+        if retrieval:
+            splits = ret.event_rows(spec, counts, starts, times)
+        elif spec.split.method is SequenceSplit.LEAVE_LAST_OUT:
+            splits = leave_last_out_rows(counts, spec.max_length)
+        else:
+            splits = time_rows(counts, starts, times, spec.max_length, *spec.split_times())
         earliest = counts.copy()
         for rows in splits.values():
             np.minimum.at(earliest, rows.user, rows.lo)
@@ -164,8 +178,12 @@ def ingest(spec: SequenceIngestSpec, inputs: Sequence[str | os.PathLike],
         used = int((counts - earliest).sum())
         (out / VOCAB_DIR).mkdir(parents=True, exist_ok=True)
         table.write_parquet(out / VOCAB_DIR / "item.parquet")
-        written = {s: write_split(out, s, splits[s], users["user"], starts, items, spec)
-                   for s in SPLITS}
+        if catalog is not None:
+            written, user_features, item_features = _write_retrieval(
+                out, spec, splits, catalog, kept, users, starts, items, table.height)
+        else:
+            written = {s: write_split(out, s, splits[s], users["user"], starts, items, spec)
+                       for s in SPLITS}
         rec["rows"] = sum(len(r.user) for r in splits.values())
 
     read = frame.height
@@ -178,11 +196,30 @@ def ingest(spec: SequenceIngestSpec, inputs: Sequence[str | os.PathLike],
                           num_items=table.height, splits=splits, written=written,
                           phases=log.phases, seconds=time.perf_counter() - started)
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    meta = build_metadata(spec, report, files)
+    meta = (ret.retrieval_metadata(spec, report, files, user_features, item_features)
+            if catalog is not None else build_metadata(spec, report, files))
     tmp = out / f"{METADATA_FILE}.tmp"
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, out / METADATA_FILE)
     return report
+
+
+def _write_retrieval(out: Path, spec: SequenceIngestSpec, splits: dict, catalog: ret.Catalog,
+                     kept: pl.DataFrame, users: pl.DataFrame, starts: np.ndarray,
+                     items: np.ndarray, n_items: int) -> tuple[dict, list[dict], list[dict]]:
+    """``task: retrieval``'s rows, vocabularies and item table (:mod:`pipelines.sequence.
+    retrieval`): (the written files by split, the user and the item features' entries)."""
+    users.select(pl.col("user").alias("value"),
+                 pl.int_range(0, users.height, dtype=pl.Int64).alias("id"),
+                 pl.col("len").alias("count")).write_parquet(out / VOCAB_DIR / "user.parquet")
+    features, user_features = {}, []
+    for name in spec.user_features:
+        features[name], vocab = ret.encoded(kept[FEATURE + name].rename(name))
+        vocab.write_parquet(out / VOCAB_DIR / f"{name}.parquet")
+        user_features.append({"name": name, "num_embeddings": vocab.height + 1})
+    written = {s: ret.write_rows(out, s, splits[s], starts, items, features, spec)
+               for s in SPLITS}
+    return written, user_features, ret.write_items(out, catalog, n_items)
 
 
 def _read(shard: Shard, job: _Job) -> pl.DataFrame:
@@ -246,7 +283,7 @@ def write_split(out: Path, split: str, rows: Rows, users: pl.Series, starts: np.
         take = np.repeat(starts[u] + lo - offsets[:-1], lengths) + np.arange(offsets[-1])
         columns: dict[str, Any] = {
             "user": user_values.take(pa.array(u)),
-            "items": _list_array(offsets, items[take]),
+            "items": list_array(offsets, items[take]),
             "target": pa.array(items[starts[u] + rows.target[a:b]]),
         }
         rel = f"{split}/part-{part:05d}.parquet"
@@ -256,9 +293,3 @@ def write_split(out: Path, split: str, rows: Rows, users: pl.Series, starts: np.
         written.append((rel, b - a))
     return written
 
-
-def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
-    """list<int64> (int32 offsets; large_list past 2^31 values in one file)."""
-    if offsets[-1] < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))

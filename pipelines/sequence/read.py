@@ -21,6 +21,7 @@ from pipelines.core.inputs import ROW, check_csv_header, csv_lines, parquet_type
 from pipelines.sequence.spec import SequenceIngestSpec
 
 FILE_INDEX = "__file_index"
+FEATURE = "__feature:"  # the prefix of a user feature's column in the parsed events
 # drop reasons of an input row, in the order they are tested (a row counts under its first)
 NULL_USER, NULL_ITEM, NULL_TIME = "null_user", "null_item", "null_time"
 ROW_REASONS = (NULL_USER, NULL_ITEM, NULL_TIME)
@@ -29,7 +30,7 @@ ROW_REASONS = (NULL_USER, NULL_ITEM, NULL_TIME)
 def check_inputs(files: Sequence[Path], spec: SequenceIngestSpec) -> dict[str, Any]:
     """Every file holds the user, item and time columns, of usable types (parquet); returns
     the first file's column types (Arrow types; None for CSV). One line naming the file."""
-    columns = [spec.user, spec.item, spec.time]
+    columns = [spec.user, spec.item, spec.time, *spec.user_features]
     first: Optional[dict[str, Any]] = None
     for path in files:
         if spec.input.format is InputFormat.PARQUET:
@@ -42,6 +43,12 @@ def check_inputs(files: Sequence[Path], spec: SequenceIngestSpec) -> dict[str, A
                     raise IngestError(f"{path}: column {column}: expected {want}, got "
                                       f"{types[column]}")
             schema = {c: types[c] for c in columns}
+            for column in spec.user_features:
+                t = types[column]
+                if not (pa.types.is_integer(t) or pa.types.is_string(t)
+                        or pa.types.is_large_string(t) or pa.types.is_dictionary(t)):
+                    raise IngestError(f"{path}: column {column}: expected categorical values "
+                                      f"(integers or strings), got {t}")
         else:  # an empty file (no header) has no rows: _scan reads it as none
             check_csv_header(path, spec.input.separator, columns)
             schema = {c: None for c in columns}
@@ -66,7 +73,7 @@ def _time_ok(t: pa.DataType) -> bool:
 
 
 def _scan(path: Path, spec: SequenceIngestSpec) -> pl.LazyFrame:
-    columns = [spec.user, spec.item, spec.time]
+    columns = [spec.user, spec.item, spec.time, *spec.user_features]
     if spec.input.format is InputFormat.PARQUET:
         frame = pl.scan_parquet(str(path), row_index_name=ROW, extra_columns="ignore")
     elif path.stat().st_size == 0:
@@ -89,7 +96,8 @@ def _id(name: str, spec: SequenceIngestSpec, text: bool) -> pl.Expr:
 def events(path: Path, index: int, spec: SequenceIngestSpec, schema: dict[str, Any]
            ) -> pl.DataFrame:
     """One file's events: ``__file_index``, ``__row`` (the file's 0-based row), ``user``,
-    ``item``, ``time`` (float seconds or the column's numbers) and ``reason`` (null: kept).
+    ``item``, ``time`` (float seconds or the column's numbers), each of ``user_features`` as
+    strings (``__feature:<name>``) and ``reason`` (null: kept).
 
     Raises:
         IngestError: a value that does not parse, naming the file, line/row and column.
@@ -108,6 +116,7 @@ def events(path: Path, index: int, spec: SequenceIngestSpec, schema: dict[str, A
         pl.lit(index, dtype=pl.Int32).alias(FILE_INDEX), pl.col(ROW).cast(pl.Int64),
         _id(spec.user, spec, text).alias("user"), _id(spec.item, spec, text).alias("item"),
         t.cast(pl.Float64).alias("time"),
+        *[pl.col(f).cast(pl.String).alias(FEATURE + f) for f in spec.user_features],
         *[bad.alias(f"__bad{i}") for i, (_, bad, _) in enumerate(checks)])
     try:
         frame = parsed.collect()
@@ -127,4 +136,5 @@ def events(path: Path, index: int, spec: SequenceIngestSpec, schema: dict[str, A
               .when(pl.col("item").is_null()).then(pl.lit(NULL_ITEM))
               .when(pl.col("time").is_null() | pl.col("time").is_nan()).then(pl.lit(NULL_TIME))
               .otherwise(pl.lit(None, dtype=pl.String)))
-    return frame.select(FILE_INDEX, ROW, "user", "item", "time", reason.alias("reason"))
+    return frame.select(FILE_INDEX, ROW, "user", "item", "time",
+                        *[FEATURE + f for f in spec.user_features], reason.alias("reason"))

@@ -31,6 +31,7 @@ def build_report(spec: Any, engine: dict, inputs: list[dict], read: int, used: i
                            "min": int(lengths.min())} if len(lengths) else None)
     return {
         "kind": "sequence",
+        "task": spec.task,
         "format_version": FORMAT_VERSION,
         "engine": engine,
         "inputs": inputs,
@@ -90,11 +91,18 @@ def summary_lines(report: dict, out: str | os.PathLike, engine: str) -> list[str
             f"{report['wall_seconds']:.1f} s ({engine} engine)",
             f"users: {report['users']['kept']:,} kept, {report['users']['dropped_short_history']:,}"
             f" with fewer than {report['min_length']} events dropped; items: "
-            f"{report['num_items']:,} (ids 1..{report['num_items']:,})",
+            f"{report['num_items']:,} ({_id_range(report)})",
             f"rows: train {rows.get('train', 0):,}, valid {rows.get('valid', 0):,}, test "
             f"{rows.get('test', 0):,} ({report['split']['method']}; test history "
             f"{'-' if mean is None else f'{mean:.1f}'} items on average, at most "
             f"{report['max_length']})",
             f"events: {report['events_used']:,} used; dropped: {dropped}",
-            f"data set: {out}/ (metadata.json, ingest_report.json, train/ valid/ test/, vocab/)"]
+            f"data set: {out}/ (metadata.json, ingest_report.json, train/ valid/ test/, vocab/"
+            f"{', items.parquet' if report.get('task') == 'retrieval' else ''})"]
+
+
+def _id_range(report: dict) -> str:
+    n = report["num_items"]
+    return f"ids 0..{n - 1:,}: the item table" if report.get("task") == "retrieval" else \
+        f"ids 1..{n:,}"
 

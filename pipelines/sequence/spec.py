@@ -1,10 +1,13 @@
-"""The sequence ingestion spec: ``kind: sequence`` YAML (``configs/ingest/sequence_events.yaml``).
+"""The sequence ingestion spec: ``kind: sequence`` YAML (``configs/ingest/sequence_events.yaml``,
+``configs/ingest/retrieval_events.yaml``).
 
 An event log (one row per interaction: user, item, time) becomes one row per user with the
-items in time order (:mod:`pipelines.sequence.passes`). :func:`load_spec` reads the spec into a
-:class:`SequenceIngestSpec` through :mod:`embedtrain.config_io` (one-line errors naming the file
-and key) and checks what spans keys: keys that mean nothing for the chosen split method are
-refused, not ignored.
+items in time order (``task: seq``, :mod:`pipelines.sequence.passes`), or one row per event with
+the user's features and recent items as the query and an item table (``task: retrieval``,
+:mod:`pipelines.sequence.retrieval`): one event log serves both. :func:`load_spec` reads the
+spec into a :class:`SequenceIngestSpec` through :mod:`embedtrain.config_io` (one-line errors
+naming the file and key) and checks what spans keys: keys that mean nothing for the chosen
+split method or task are refused, not ignored.
 """
 
 from __future__ import annotations
@@ -51,10 +54,22 @@ class SequenceSplitSpec:
 
 
 @dataclass
+class SequenceItemsSpec:
+    """``task: retrieval``: the item table, every item's features (items no event names too)."""
+
+    path: Optional[str] = config_field(None, text=True)  # csv/tsv or parquet (by its extension)
+    id: str = "item"                                # its item id column (the events' item ids)
+    features: list[str] = field(default_factory=list)  # categorical item features (columns)
+
+
+@dataclass
 class SequenceIngestSpec:
     """A whole sequence ingestion job."""
 
     kind: str = "sequence"  # this spec's family (pipelines.kind_of reads it)
+    # seq: one row per user (next-item models); retrieval: one row per event, the query the
+    # user's features and recent items, the label the event's item (two-tower models)
+    task: str = "seq"
     name: Optional[str] = None                      # default: the first input file's name
     input: SequenceInputSpec = field(default_factory=SequenceInputSpec)
     user: str = "user"                              # the columns: user id, item id, event time
@@ -66,6 +81,10 @@ class SequenceIngestSpec:
     # how a user's events become train, valid and test rows
     split: SequenceSplitSpec = field(default_factory=SequenceSplitSpec)
     output: OutputSpec = field(default_factory=OutputSpec)  # the written parquet files' layout
+    # task: retrieval: event columns kept as categorical query features (the value at the row's
+    # event), and the item table (without a path: the items of the log, no features)
+    user_features: list[str] = field(default_factory=list)
+    items: SequenceItemsSpec = field(default_factory=SequenceItemsSpec)
 
     def split_times(self) -> tuple[float, float]:
         """``method: time``: (first valid time, first test time) as numbers (dates: Unix s)."""
@@ -115,9 +134,19 @@ def load_spec(path: str | os.PathLike, overrides: Optional[list[str]] = None
         fail("input.format", f"must be csv or parquet, got {i.format.value}")
     if i.separator is not None and (i.format is not InputFormat.CSV or len(i.separator) != 1):
         fail("input.separator", "one character, for format: csv only")
-    columns = [spec.user, spec.item, spec.time]
+    if spec.task not in ("seq", "retrieval"):
+        fail("task", f"expected seq or retrieval, got {spec.task!r}")
+    if spec.task == "seq":
+        for key, value in (("user_features", spec.user_features), ("items.path", spec.items.path),
+                           ("items.features", spec.items.features)):
+            if value:
+                fail(key, "only for task: retrieval")
+    elif spec.items.features and not spec.items.path:
+        fail("items.features", "needs items.path (the item table's file)")
+    columns = [spec.user, spec.item, spec.time, *spec.user_features]
     if len(set(columns)) != len(columns):
-        fail("user", f"the user, item and time columns must differ, got {columns}")
+        what = "user, item, time and user_features" if spec.user_features else "user, item and time"
+        fail("user", f"the {what} columns must differ, got {columns}")
     if spec.max_length < 1:
         fail("max_length", f"must be at least 1, got {spec.max_length}")
     if spec.min_length < 2:
