@@ -156,6 +156,10 @@ def raw_rows(meta: dict, root: str | os.PathLike, inputs: Sequence[str],
     from pipelines.core.errors import IngestError
 
     where = where or Path(root) / "metadata.json"
+    if meta.get("task") == "retrieval" and "spec" in meta:
+        raise IngestError(f"{where}: a retrieval data set ingested from events: a query's "
+                          f"history is made by embedtrain ingest (per user, sorted); score its "
+                          f"parquet rows (ids of vocab/) without --raw")
     if meta.get("task") == "seq" or meta.get("kind") == "sequence":
         raise IngestError(f"{where}: a sequence data set: raw events become histories only by "
                           f"embedtrain ingest (per user, sorted, split); score its parquet rows "

@@ -170,6 +170,17 @@ def test_a_run_trains_and_evaluates_on_ingested_data(tmp_path):
         "task.mixed_negatives=8", "model.dim=8", "model.hidden=[16]", "train.progress=false"])
     summary = et.fit(cfg, tmp_path / "run")
     assert summary["steps"] == 6 and 0 <= summary["recall@10"] <= summary["recall@50"] <= 1
+    # served: the export ranks the whole item table for the ingested query rows
+    et.export_run(tmp_path / "run", tmp_path / "export", progress=False)
+    et.predict(tmp_path / "export", [str(tmp_path / "data" / "test")], tmp_path / "top.parquet",
+               top_k=5, progress=False)
+    top = pl.read_parquet(tmp_path / "top.parquet")["top_ids"].to_list()
+    assert len(top) == json.loads((tmp_path / "data" / "metadata.json").read_text()
+                                  )["splits"]["test"]["rows"]
+    assert all(len(set(t)) == 5 and 0 <= min(t) and max(t) < len(CATALOG) for t in top)
+    with pytest.raises(IngestError, match="a retrieval data set ingested from events"):
+        et.predict(tmp_path / "export", [str(tmp_path / "events.csv")], tmp_path / "raw.parquet",
+                   raw=True, progress=False)
 
 
 @pytest.mark.parametrize("body,message", [

@@ -125,6 +125,8 @@ class Lookup(nn.Module):
 
     def forward(self, dense, sparse, items=None):
         norm = torch.nn.functional.normalize
+        if isinstance(sparse, KeyedJaggedTensor):
+            sparse = sparse["user"].values()
         return (norm(self.q[sparse], dim=1) if sparse is not None else None,
                 norm(self.v[items], dim=1) if items is not None else None)
 
@@ -215,6 +217,34 @@ def test_evaluation_ranks_every_item():
     model.eval()  # a new evaluation: the corpus is embedded again
     flipped = task.forward(model, batch)
     assert not torch.equal(flipped.predictions, out.predictions)
+
+
+def test_excluding_seen_items_ranks_only_the_unseen():
+    """``exclude_seen``: a row's history items are out of its top-k and its item's rank (every
+    item scored by brute force); a row whose item is in its history is a miss."""
+    model = RetrievalModel(Lookup(items=30), num_items=30).eval()
+    task = Retrieval(top_k=[3, 5], exclude_seen=True)
+    histories = [[4, 9, 4], [], [11], [2, 3, 5, 6]]
+    labels = [7, 0, 11, 12]
+    sparse = KeyedJaggedTensor.from_lengths_sync(
+        ["user", "history"], torch.tensor([0, 1, 2, 3] + sum(histories, [])),
+        torch.tensor([1, 1, 1, 1] + [len(h) for h in histories]))
+    batch = types.SimpleNamespace(dense_features=torch.zeros(4, 0), sparse_features=sparse,
+                                  labels=torch.tensor(labels), padding=0)
+    out = task.forward(model, batch)
+    q, v = model.towers(None, torch.arange(4), torch.arange(30))
+    scores = q @ v.T
+    for i, (t, h) in enumerate(zip(labels, histories)):
+        order = [j for j in sorted(range(30), key=lambda j: (-float(scores[i, j]), j))
+                 if j not in h]
+        assert out.predictions[i, :5].tolist() == order[:5]
+        rank = order.index(t) + 1 if t not in h else 31
+        assert int(out.predictions[i, 5]) == rank
+    with pytest.raises(ValueError, match="task.exclude_seen: no query feature 'history'"):
+        task.forward(model, types.SimpleNamespace(
+            dense_features=torch.zeros(1, 0), labels=torch.tensor([1]), padding=0,
+            sparse_features=KeyedJaggedTensor.from_lengths_sync(
+                ["user"], torch.tensor([0]), torch.tensor([1]))))
 
 
 # ---- runs on the data set: learning, cold items, resume, 2 ranks ---------------------------
@@ -382,7 +412,10 @@ def trained(ret_data, tmp_path_factory):
     model.eval()
     top = [task.forward(model, b).predictions[:, :50]
            for b in run.eval_reader("test").iter_epoch(0)]
-    return out, torch.cat(top)
+    unseen = Retrieval(top_k=[50], exclude_seen=True)
+    top_unseen = [unseen.forward(model, b).predictions[:, :50]
+                  for b in run.eval_reader("test").iter_epoch(0)]
+    return out, torch.cat(top), torch.cat(top_unseen)
 
 
 def test_predict_from_the_export_is_the_evaluations_top_k(ret_data, trained, tmp_path):
@@ -392,7 +425,7 @@ def test_predict_from_the_export_is_the_evaluations_top_k(ret_data, trained, tmp
     from embedtrain.export.export import export_run
     from embedtrain.export.predict import predict
 
-    run_dir, expected = trained
+    run_dir, expected, expected_unseen = trained
     result = export_run(run_dir, tmp_path / "export", progress=False)
     m = result.manifest
     assert m.items.index == "flat" and m.items.num_items == SPEC.items and m.head.dim == 16
@@ -403,12 +436,32 @@ def test_predict_from_the_export_is_the_evaluations_top_k(ret_data, trained, tmp
             progress=False)
     got = pq.read_table(tmp_path / "p.parquet").column("top_ids").to_pylist()
     assert torch.equal(torch.tensor(got), expected)
+    # task.exclude_seen: predict leaves each row's history out, as the evaluation does
+    config = tmp_path / "export" / m.source.config
+    config.write_text(config.read_text().replace("log_q: true", "log_q: true\n  exclude_seen: "
+                                                 "true"))
+    predict(tmp_path / "export", [str(ret_data / "test")], tmp_path / "u.parquet", top_k=50,
+            progress=False)
+    got = pq.read_table(tmp_path / "u.parquet").column("top_ids").to_pylist()
+    assert torch.equal(torch.tensor(got), expected_unseen)
+    assert not torch.equal(expected_unseen, expected)
     m = export_run(run_dir, tmp_path / "hnsw", index="hnsw", progress=False).manifest
     assert m.items.index == "hnsw" and m.items.recall_at_10_vs_exact >= 0.95
     predict(tmp_path / "hnsw", [str(ret_data / "test")], tmp_path / "h.parquet", top_k=10,
             progress=False)
     approx = pq.read_table(tmp_path / "h.parquet").column("top_ids").to_pylist()
     found = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(approx, expected[:, :10].tolist())])
+    assert found >= 0.95
+    config = tmp_path / "hnsw" / m.source.config  # the index's top-k leaves seen items out too
+    config.write_text(config.read_text().replace("log_q: true", "log_q: true\n  exclude_seen: "
+                                                 "true"))
+    predict(tmp_path / "hnsw", [str(ret_data / "test")], tmp_path / "hu.parquet", top_k=10,
+            progress=False)
+    approx = pq.read_table(tmp_path / "hu.parquet").column("top_ids").to_pylist()
+    histories = [r["history"] for r in _rows(ret_data, "test")]
+    assert not any(set(a) & set(h) for a, h in zip(approx, histories))
+    found = np.mean([len(set(a) & set(b)) / 10
+                     for a, b in zip(approx, expected_unseen[:, :10].tolist())])
     assert found >= 0.95
 
 
@@ -450,7 +503,7 @@ def test_items_added_to_an_export_are_served_without_retraining(ret_data, traine
     from embedtrain.export.manifest import ExportError, load_manifest
     from embedtrain.export.predict import ExportedModel, predict
 
-    run_dir, _ = trained
+    run_dir = trained[0]
     out = tmp_path / "export"
     export_run(run_dir, out, progress=False)
     before = np.load(out / "items/embeddings.npy")

@@ -293,15 +293,16 @@ class ExportedModel:
         from embedtrain.heads.topk import blocked_topk
 
         x = self.outputs(dense, sparse)
+        excluded = self.recipe.predict_excluded(sparse)
+        n = k + (0 if excluded is None else excluded.shape[1])
         if self.index is not None:
             from embedtrain.export.items import search
 
-            return search(self.index, x, k)
+            top = search(self.index, x, n)
+            return top if excluded is None else first_k_outside(*top, excluded, k)
         h = self.manifest.head
         if h.normalised:
             x = F.normalize(x, dim=1) * h.scale
-        excluded = self.recipe.predict_excluded(sparse)
-        n = k + (0 if excluded is None else excluded.shape[1])
         # the head's rows are widened and normalised one block at a time (no copy of the head)
         top = blocked_topk(x, self.head_weight, n, _HEAD_BLOCK, normalize_rows=h.normalised)
         return top if excluded is None else first_k_outside(*top, excluded, k)

@@ -86,6 +86,7 @@ class RetrievalRecipe(Recipe):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.data = TabularData(cfg)
+        self._seen: Optional[tuple[str, Any]] = None  # predict_excluded's task, made once
 
     def load_dataset(self) -> DatasetMeta:
         """The data set's metadata, checked to be a retrieval one; its item table read."""
@@ -180,3 +181,13 @@ class RetrievalRecipe(Recipe):
     def predict_pooled(self, pooled: list[torch.Tensor]) -> torch.Tensor:
         """The query tables' pooled embeddings stacked: ``[B, tables, D]``."""
         return torch.stack(pooled, 1)
+
+    def predict_excluded(self, sparse: Any) -> Optional[torch.Tensor]:
+        """With ``task.exclude_seen``, each row's seen items (its ``task.seen_feature``), left
+        out of its top-k as its evaluation leaves them out."""
+        if self._seen is None:
+            task = self.make_task()
+            self._seen = (task.seen_feature if getattr(task, "exclude_seen", False) else "", task)
+        if not self._seen[0]:
+            return None
+        return self._seen[1].seen(sparse, 1)

@@ -19,7 +19,10 @@ evaluation, each rank its slice; a row's metrics come from its item's exact rank
 (``1 +`` the items scoring strictly higher): ``recall@k`` (one relevant item a row: the item is
 in the top ``k``), ``ndcg@k`` (``1 / log2(rank + 1)`` within the top ``k``) and ``mrr``; the loss
 is the cross-entropy of the full softmax over the corpus. The predictions are the top-k item ids
-(exact, merged over the ranks' slices) and the rank.
+(exact, merged over the ranks' slices) and the rank. With ``exclude_seen``, the items of a row's
+history (the ``seen_feature`` it was given as a query feature: what a server that filters seen
+items knows) are out of its ranking and its top-k; a row whose own item is among them can never
+be retrieved and counts as a miss (rank ``num_items + 1``), as a serving filter would make it.
 
 Example:
     >>> task = Retrieval(top_k=[10, 50], mixed_negatives=256)
@@ -40,6 +43,7 @@ from embedtrain.data.batching import num_padding
 from embedtrain.heads.ops import all_gather_rows, rank_and_world
 from embedtrain.heads.sharded import shard_range
 from embedtrain.heads.topk import distributed_topk
+from embedtrain.models.seq import first_k_outside, history_ids
 from embedtrain.train.task import StepOutput
 
 _CORPUS_BLOCK = 16_384  # items embedded (and scored) at a time
@@ -107,13 +111,16 @@ class Retrieval:
         mixed_negatives: items drawn uniformly from the item table each step (over all ranks;
             rounded up to a multiple of the ranks), beside the in-batch ones.
         seed: the negatives' draws (with the step number: a resumed run draws the same).
+        exclude_seen: evaluation ranks only the items outside a row's ``seen_feature``.
+        seen_feature: the query feature holding a row's seen items (its history).
     """
 
     name = "retrieval"
     family = "retrieval"
 
     def __init__(self, top_k: Sequence[int] = (10, 50), log_q: bool = True,
-                 mixed_negatives: int = 0, seed: int = 0) -> None:
+                 mixed_negatives: int = 0, seed: int = 0, exclude_seen: bool = False,
+                 seen_feature: str = "history") -> None:
         if not top_k or min(top_k) < 1:
             raise ValueError(f"task.top_k: expected cut-offs >= 1, got {list(top_k)}")
         if mixed_negatives < 0:
@@ -123,6 +130,8 @@ class Retrieval:
         self.log_q = log_q
         self.mixed_negatives = mixed_negatives
         self.seed = seed
+        self.exclude_seen = exclude_seen
+        self.seen_feature = seen_feature
 
     def new_metrics(self) -> RetrievalMetrics:
         return RetrievalMetrics(self.ks)
@@ -190,6 +199,19 @@ class Retrieval:
             core.corpus = (torch.cat(parts)[: max(end - start, 0)], start)
         return core.corpus
 
+    def seen(self, sparse, world: int) -> Tensor:
+        """Each row's seen items ``[B, L]`` (``-1``: none; ``L`` the longest over the ranks)."""
+        try:
+            jt = sparse[self.seen_feature]
+        except KeyError:
+            raise ValueError(f"task.exclude_seen: no query feature {self.seen_feature!r} "
+                             f"(task.seen_feature: the feature of a row's seen items)") from None
+        lengths = jt.lengths().long()
+        width = torch.tensor([int(lengths.max()) if lengths.numel() else 0])
+        if world > 1:
+            dist.all_reduce(width, op=dist.ReduceOp.MAX)
+        return history_ids(jt.values(), lengths, max(int(width), 1))
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch) -> StepOutput:
         core, rank, world, labels, b, n = _parts(model, batch)
@@ -197,6 +219,8 @@ class Retrieval:
         corpus, start = self.corpus(model)
         every_q = all_gather_rows(queries)
         every_label = all_gather_rows(labels.clamp(min=0))
+        seen = all_gather_rows(self.seen(batch.sparse_features, world)) \
+            if self.exclude_seen else None
         # the label's score, from the same products the ranking compares (the rank holding its
         # row), and each row's largest scaled score
         scale = 1.0 / core.temperature
@@ -218,13 +242,26 @@ class Retrieval:
             ids = torch.arange(start + lo, start + lo + scores.shape[1])
             before = (scores > target[:, None]) | (
                 (scores == target[:, None]) & (ids[None, :] < every_label[:, None]))
+            if seen is not None:  # seen items are not ranked
+                col = seen - (start + lo)
+                r, c = ((col >= 0) & (col < scores.shape[1])).nonzero(as_tuple=True)
+                before[r, col[r, c]] = False
             above += torch.count_nonzero(before, dim=1)
             total += (scores * scale - peak[:, None]).exp_().sum(1).double()
         if world > 1:
             dist.all_reduce(above)
             dist.all_reduce(total)
         losses = peak + total.log().float() - target * scale
-        top = distributed_topk(every_q, corpus, max(self.ks), class_offset=start)[1]
+        k = max(self.ks)
+        if seen is None:
+            top = distributed_topk(every_q, corpus, k, class_offset=start)[1]
+        else:
+            wide = distributed_topk(every_q, corpus, min(k + seen.shape[1], core.num_items),
+                                    class_offset=start)
+            top = first_k_outside(*wide, seen, min(k, wide[1].shape[1]))[1]
+            if top.shape[1] < k:  # a corpus of fewer than k unseen items
+                top = torch.cat([top, top.new_full((top.shape[0], k - top.shape[1]), -1)], 1)
+            above[(seen == every_label[:, None]).any(1)] = core.num_items  # unretrievable
         mine = slice(rank * b, rank * b + n)
         predictions = torch.cat([top[mine], (above[mine] + 1).long()[:, None]], 1)
         loss = losses[mine].mean() if n else losses.sum() * 0.0
