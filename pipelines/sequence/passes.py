@@ -49,7 +49,6 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipelines.core.encode import Vocabulary
 from pipelines.core.errors import IngestError
@@ -68,7 +67,7 @@ from pipelines.sequence.read import FILE_INDEX, ROW_REASONS, check_inputs, event
 from pipelines.sequence import retrieval as ret
 from pipelines.sequence.read import FEATURE
 from pipelines.sequence.report import build_metadata, build_report
-from pipelines.sequence.retrieval import list_array
+from pipelines.sequence.parts import write_parts
 from pipelines.sequence.spec import SequenceIngestSpec, SequenceSplit
 
 SHORT_HISTORY, TRUNCATED = "short_history", "truncated"
@@ -268,28 +267,13 @@ def time_rows(counts: np.ndarray, starts: np.ndarray, times: np.ndarray, max_len
 
 def write_split(out: Path, split: str, rows: Rows, users: pl.Series, starts: np.ndarray,
                 items: np.ndarray, spec: SequenceIngestSpec) -> list[tuple[str, int]]:
-    """``<split>/part-NNNNN.parquet`` files of at most ``output.rows_per_file`` rows; returns
-    (file relative to ``out``, rows). A split without rows writes no file."""
-    (out / split).mkdir(parents=True, exist_ok=True)
-    written = []
-    per_file = spec.output.rows_per_file
+    """``<split>/part-NNNNN.parquet`` files (:func:`~pipelines.sequence.parts.write_parts`):
+    the user as given, its history window and the target."""
     user_values = users.to_arrow()
-    for part, a in enumerate(range(0, len(rows.user), per_file)):
-        b = min(a + per_file, len(rows.user))
-        u, lo, hi = rows.user[a:b], rows.lo[a:b], rows.hi[a:b]
-        lengths = hi - lo
-        offsets = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        take = np.repeat(starts[u] + lo - offsets[:-1], lengths) + np.arange(offsets[-1])
-        columns: dict[str, Any] = {
-            "user": user_values.take(pa.array(u)),
-            "items": list_array(offsets, items[take]),
-            "target": pa.array(items[starts[u] + rows.target[a:b]]),
-        }
-        rel = f"{split}/part-{part:05d}.parquet"
-        pq.write_table(pa.table(columns), out / rel,
-                       row_group_size=spec.output.rows_per_row_group,
-                       compression=spec.output.compression)
-        written.append((rel, b - a))
-    return written
 
+    def columns(part: slice, history: pa.Array) -> dict[str, Any]:
+        u = rows.user[part]
+        return {"user": user_values.take(pa.array(u)), "items": history,
+                "target": pa.array(items[starts[u] + rows.target[part]])}
+
+    return write_parts(out, split, rows, starts, items, spec.output, columns)

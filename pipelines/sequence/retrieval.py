@@ -37,6 +37,7 @@ from embedtrain.config_io import to_dict
 from pipelines.core.encode import Vocabulary
 from pipelines.core.errors import IngestError
 from pipelines.core.report import FORMAT_VERSION, dataset_name
+from pipelines.sequence.parts import write_parts
 from pipelines.sequence.spec import SequenceIngestSpec, SequenceSplit
 
 UNKNOWN_ITEM = "unknown_item"
@@ -150,35 +151,16 @@ def event_rows(spec: SequenceIngestSpec, counts: np.ndarray, starts: np.ndarray,
 def write_rows(out: Path, split: str, rows: Rows, starts: np.ndarray, items: np.ndarray,
                features: dict[str, np.ndarray], spec: SequenceIngestSpec
                ) -> list[tuple[str, int]]:
-    """``<split>/part-NNNNN.parquet`` files of at most ``output.rows_per_file`` rows; returns
-    (file relative to ``out``, rows). ``features``: each user feature's id at every event."""
-    (out / split).mkdir(parents=True, exist_ok=True)
-    written = []
-    per_file = spec.output.rows_per_file
-    for part, a in enumerate(range(0, len(rows.user), per_file)):
-        b = min(a + per_file, len(rows.user))
-        u, lo, hi = rows.user[a:b], rows.lo[a:b], rows.hi[a:b]
-        lengths = hi - lo
-        offsets = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        take = np.repeat(starts[u] + lo - offsets[:-1], lengths) + np.arange(offsets[-1])
-        event = starts[u] + hi
-        columns = {"user": pa.array(u),
-                   **{name: pa.array(ids[event]) for name, ids in features.items()},
-                   "history": list_array(offsets, items[take]), "item": pa.array(items[event])}
-        rel = f"{split}/part-{part:05d}.parquet"
-        pq.write_table(pa.table(columns), out / rel,
-                       row_group_size=spec.output.rows_per_row_group,
-                       compression=spec.output.compression)
-        written.append((rel, b - a))
-    return written
+    """``<split>/part-NNNNN.parquet`` files (:func:`~pipelines.sequence.parts.write_parts`);
+    ``features``: each user feature's id at every sorted event."""
 
+    def columns(part: slice, history: pa.Array) -> dict[str, pa.Array]:
+        event = starts[rows.user[part]] + rows.hi[part]
+        return {"user": pa.array(rows.user[part]),
+                **{name: pa.array(ids[event]) for name, ids in features.items()},
+                "history": history, "item": pa.array(items[event])}
 
-def list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
-    """list<int64> (int32 offsets; large_list past 2^31 values in one file)."""
-    if offsets[-1] < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+    return write_parts(out, split, rows, starts, items, spec.output, columns)
 
 
 def write_items(out: Path, catalog: Catalog, n: int) -> list[dict]:
