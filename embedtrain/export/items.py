@@ -67,7 +67,11 @@ def exact_top(embeddings: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray
         cand_s = np.concatenate([best_s, s], 1)
         cand_i = np.concatenate([best_i, np.broadcast_to(np.arange(lo, lo + s.shape[1]),
                                                          s.shape)], 1)
-        keep = np.argsort(-cand_s, axis=1, kind="stable")[:, :k]
+        if cand_s.shape[1] > k:  # the block's k best (partition), then only those sorted
+            part = np.argpartition(-cand_s, k - 1, axis=1)[:, :k]
+            cand_s = np.take_along_axis(cand_s, part, 1)
+            cand_i = np.take_along_axis(cand_i, part, 1)
+        keep = np.lexsort((cand_i, -cand_s), axis=1)  # best first, ties by id
         best_s = np.take_along_axis(cand_s, keep, 1)
         best_i = np.take_along_axis(cand_i, keep, 1)
     return best_i
