@@ -291,6 +291,29 @@ def _state(trainer):
     return out
 
 
+def test_a_learned_temperature_trains_and_keeps_its_floor(ret_data, tmp_path):
+    """``model.learn_temperature``: the loss moves the temperature (a weight of the dense
+    optimizer's, checkpointed), never below ``min_temperature``."""
+    from embedtrain.recipes import build_run
+
+    run = build_run(_cfg(ret_data, "train.max_steps=8", "model.learn_temperature=true",
+                         "model.temperature=0.1", "data.batch_size=64"), tmp_path / "run")
+    run.fit()
+    towers = unwrap_towers(run.trainer.model)
+    assert towers.log_temperature.requires_grad
+    assert float(towers.temperature) != pytest.approx(0.1, abs=1e-6)
+    assert any("log_temperature" in k for k in run.trainer.model.state_dict())
+    with torch.no_grad():
+        towers.log_temperature.fill_(math.log(1e-4))
+    assert float(towers.temperature) == pytest.approx(towers.min_temperature)
+
+
+def unwrap_towers(model):
+    from embedtrain.train.retrieval import unwrap
+
+    return unwrap(model).towers
+
+
 def test_resume_equals_uninterrupted(ret_data, tmp_path):
     """Tables, towers, optimizer-driven weights and the item frequencies (the log-q estimates
     and the negatives' step) of a run resumed at step 5 equal the uninterrupted run's."""

@@ -21,6 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -94,7 +96,11 @@ class TwoTower(nn.Module):
         out_dim: the towers' output width (default ``dim``).
         item_id: the item tower also embeds the item's own id (cold items then get a row
             training never updated; their features still place them).
-        temperature: scores are ``<q, v> / temperature`` (the softmax's).
+        temperature: scores are ``<q, v> / temperature`` (the softmax's); with
+            ``learn_temperature``, where the temperature starts.
+        learn_temperature: the temperature is a weight the dense optimizer trains (its log,
+            as CLIP's logit scale), kept at least ``min_temperature``.
+        min_temperature: the learned temperature's floor.
         query_features: the sparse features the query tower embeds (default: all of the data
             set's; e.g. leave a user id out where each user has few events).
     """
@@ -103,10 +109,12 @@ class TwoTower(nn.Module):
                  device: Optional[torch.device] = None, dim: int = 64,
                  hidden: Sequence[int] = (128,), out_dim: Optional[int] = None,
                  item_id: bool = True, temperature: float = 0.05,
-                 query_features: Optional[Sequence[str]] = None) -> None:
+                 query_features: Optional[Sequence[str]] = None,
+                 learn_temperature: bool = False, min_temperature: float = 0.01) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"model.temperature: must be positive, got {temperature}")
+        for key, value in (("temperature", temperature), ("min_temperature", min_temperature)):
+            if value <= 0:
+                raise ValueError(f"model.{key}: must be positive, got {value}")
         names = [f.name for f in features.sparse]
         unknown = [n for n in query_features or () if n not in names]
         if unknown or (query_features is not None and not query_features):
@@ -115,7 +123,10 @@ class TwoTower(nn.Module):
         sparse = [f for f in features.sparse if query_features is None or f.name in
                   query_features]
         out = out_dim or dim
-        self.temperature = temperature
+        self.fixed_temperature = None if learn_temperature else temperature
+        self.min_temperature = min_temperature
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature))) \
+            if learn_temperature else None
         self.query_keys = [f.name for f in sparse]
         self.query_tables = _tables(sparse, dim, device)
         self.query_dense = TowerDense([len(features.dense) + dim * len(sparse), *hidden, out])
@@ -128,6 +139,13 @@ class TwoTower(nn.Module):
         self.item_id = item_id
         # the catalogue (data, not weights): rebuilt from the data set, never checkpointed
         self.register_buffer("item_features", items.ids, persistent=False)
+
+    @property
+    def temperature(self) -> float | Tensor:
+        """The softmax's temperature: the fixed number, or the learned one (a tensor)."""
+        if self.log_temperature is None:
+            return self.fixed_temperature
+        return self.log_temperature.exp().clamp(min=self.min_temperature)
 
     def forward(self, dense: Optional[Tensor], sparse: Optional[KeyedJaggedTensor],
                 items: Optional[Tensor] = None) -> tuple[Optional[Tensor], Optional[Tensor]]:
@@ -203,8 +221,9 @@ class RetrievalModel(nn.Module):
         self.corpus: Optional[tuple[Tensor, int]] = None
 
     @property
-    def temperature(self) -> float:
-        return float(self.towers.temperature)
+    def temperature(self) -> float | Tensor:
+        """The towers' temperature (a tensor where they learn it: the loss trains it)."""
+        return self.towers.temperature
 
     def forward(self, dense: Optional[Tensor], sparse: Optional[KeyedJaggedTensor],
                 items: Optional[Tensor] = None) -> tuple[Optional[Tensor], Optional[Tensor]]:
