@@ -247,7 +247,7 @@ split: {method: column, column: part, values: {train: [a, b], valid: [c]}}
 
 
 @pytest.mark.parametrize("name", ["xc_repository", "xc_parquet", "graph_edges",
-                                  "sequence_events"])
+                                  "sequence_events", "retrieval_events"])
 def test_xc_and_graph_specs_on_ray(name, tmp_path):
     """Through :func:`pipelines.run_ingest`, as the CLI runs it: a Ray task per input file."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -264,6 +264,14 @@ def test_xc_and_graph_specs_on_ray(name, tmp_path):
         inputs = write_xc_parquet(tmp_path)
     elif name == "sequence_events":
         inputs = write_events(tmp_path)
+    elif name == "retrieval_events":  # the same log as one row per event, with an item table
+        from embedtrain.datagen.retrieval import RetrievalDataSpec, generate_retrieval
+
+        generate_retrieval(RetrievalDataSpec(users=300, items=200, brands=20, attributes=3,
+                                             seed=2),
+                           tmp_path / "gen", progress=False, events=True)
+        inputs, overrides = [str(tmp_path / "gen" / "events")], [
+            f"items.path={tmp_path / 'gen' / 'items.parquet'}"]
     else:
         inputs, nodes = write_graph(tmp_path)
     runs = {engine: run_ingest(SPECS / f"{name}.yaml", inputs, tmp_path / engine,
