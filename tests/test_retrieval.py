@@ -25,6 +25,7 @@ from embedtrain.models.retrieval import ItemFrequency, RetrievalModel
 from embedtrain.train.retrieval import Retrieval
 
 SPEC = RetrievalDataSpec(users=1500, items=400, segments=5, categories=8, brands=40,
+                         attributes=0, user_noise=0.6, mean_extra_events=6.0, max_events=50,
                          max_length=8, seed=3)
 
 

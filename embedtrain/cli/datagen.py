@@ -172,18 +172,18 @@ def register(sub) -> None:
     for name, default, what in (
             ("users", 100_000, "users"), ("items", 50_000, "items: ids 0..N-1"),
             ("dim", 16, "the planted vectors' dimension"), ("segments", 50, "user segments"),
-            ("attributes", 0, "user attributes beside the segment (columns attr0, attr1, ...)"),
+            ("attributes", 3, "user attributes beside the segment (columns attr0, attr1, ...)"),
             ("attribute-values", 10, "the values of each user attribute"),
             ("categories", 100, "item categories"), ("brands", 1_000, "item brands"),
             ("min-events", 4, "events per user, at least (>= 3)"),
-            ("max-events", 50, "events per user, at most"),
+            ("max-events", 100, "events per user, at most"),
             ("max-length", 20, "the history kept in a row")):
         g.add_argument(f"--{name}", type=int, default=default, help=f"{what} (default {default:,})")
     for name, default, what in (
-            ("mean-extra-events", 6.0, "mean of the geometric count of events above --min-events"),
+            ("mean-extra-events", 40.0, "mean of the geometric count of events above --min-events"),
             ("cold-fraction", 0.05, "share of items never drawn for training (cold)"),
             ("sharpness", 25.0, "P(item | user) ∝ exp(sharpness <user, item>)"),
-            ("user-noise", 0.6, "a user's own part beside its segment's"),
+            ("user-noise", 0.2, "a user's own part beside its segment's and attributes'"),
             ("item-noise", 0.3, "an item's own part beside its brand's")):
         g.add_argument(f"--{name}", type=float, default=default, help=f"{what} (default {default})")
     g.add_argument("--events", action="store_true",

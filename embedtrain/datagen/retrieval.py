@@ -29,8 +29,11 @@ Rows (``train``/``valid``/``test``): ``user`` (int64), ``segment`` (int64), ``at
 The oracle ranks all items by ``P(j | u)`` (the events are independent, so the history adds
 nothing once ``q_u`` is known): ``oracle_recall@k`` per split is the share of rows whose item is
 in that top ``k``, ``oracle_expected_recall@k`` the mean top-``k`` probability (its expectation,
-with less sampling noise); ``k`` 10 and 50. With the defaults (100k users, 50k items) generation
-takes about a minute on two cores, most of it the ``users x items`` scores.
+with less sampling noise); ``k`` 10 and 50. With the defaults (100k users, 50k items, 3 user
+attributes, about 40 events a user: 4.0M events) generation takes about two minutes on two
+cores, most of it the ``users x items`` scores. ``--attributes 0 --user-noise 0.6
+--mean-extra-events 6 --max-events 50`` is the first version's set, where no query feature
+holds most of the user.
 
 Example:
     >>> from embedtrain.datagen.retrieval import RetrievalDataSpec, generate_retrieval
@@ -84,17 +87,17 @@ class RetrievalDataSpec:
     items: int = 50_000
     dim: int = 16
     segments: int = 50
-    attributes: int = 0                   # user attributes beside the segment (attr0, ...)
+    attributes: int = 3                   # user attributes beside the segment (attr0, ...)
     attribute_values: int = 10            # the values of each attribute
     categories: int = 100
     brands: int = 1_000
     min_events: int = 4                   # events per user, at least (>= 3: train, valid, test)
-    mean_extra_events: float = 6.0        # mean of the geometric count above min_events
-    max_events: int = 50
+    mean_extra_events: float = 40.0       # mean of the geometric count above min_events
+    max_events: int = 100
     max_length: int = 20                  # the history kept in a row
     cold_fraction: float = 0.05           # items never drawn for training
     sharpness: float = 25.0               # P(j | u) ∝ exp(sharpness <q_u, v_j>)
-    user_noise: float = 0.6
+    user_noise: float = 0.2
     item_noise: float = 0.3
     brand_noise: float = 0.6
     seed: int = 0

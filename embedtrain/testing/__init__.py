@@ -52,7 +52,8 @@ def tiny_retrieval_dataset(out_dir: str | os.PathLike, users: int = 1000, items:
     from embedtrain.datagen.retrieval import RetrievalDataSpec, generate_retrieval
 
     generate_retrieval(RetrievalDataSpec(users=users, items=items, brands=30, categories=6,
-                                         segments=5, max_length=8, seed=seed),
+                                         segments=5, max_length=8, seed=seed, attributes=0,
+                                         mean_extra_events=6.0, max_events=50),
                        out_dir, progress=False)
     return Path(out_dir)
 
