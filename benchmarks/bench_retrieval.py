@@ -8,8 +8,8 @@ classic baselines, every figure over the full item corpus on the same test split
   of users' train events), ties by popularity;
 - ``als``: implicit-feedback matrix factorisation (Hu, Koren and Volinsky, 2008) from the
   ``implicit`` package on the users x items train matrix, its factors (64, 128, 256),
-  regularisation (0.1, 1) and confidence scale (alpha 1, 10, 40) chosen on the valid split; a test row's user factor is recomputed from its
-  train and valid events (``recalculate_user``);
+  regularisation (0.1, 1) and confidence scale (alpha 1, 10, 40) chosen on the valid split; a
+  test row's user factor is recomputed from its train and valid events (``recalculate_user``);
 - ``model``: ``embedtrain train CONFIG`` on the data (``--steps``), and ``model_no_log_q`` the
   same with ``task.log_q=false``: their summaries' test recall@k, training examples/s.
 
