@@ -63,11 +63,10 @@ from pipelines.core.output import (
 )
 from pipelines.engines.base import Engine, Pass, Shard
 from pipelines.engines.local import LocalEngine
-from pipelines.sequence.read import FILE_INDEX, ROW_REASONS, check_inputs, events
 from pipelines.sequence import retrieval as ret
-from pipelines.sequence.read import FEATURE
-from pipelines.sequence.report import build_metadata, build_report
 from pipelines.sequence.parts import write_parts
+from pipelines.sequence.read import FEATURE, FILE_INDEX, ROW_REASONS, check_inputs, events
+from pipelines.sequence.report import build_metadata, build_report
 from pipelines.sequence.spec import SequenceIngestSpec, SequenceSplit
 
 SHORT_HISTORY, TRUNCATED = "short_history", "truncated"
