@@ -67,15 +67,8 @@ from embedtrain.sharding.types import (  # noqa: F401  (ClusterConfig, DeviceKin
     TableConstraint,
 )
 from embedtrain.train.options import (
-    DenseOptimizer,
-    HeadOptimizer,
-    LRDecay,
-    SIZED,
-    PipelineKind,
-    Selection,
-    SparseOptimizer,
-    sized_schedule,
-)
+    SIZED, DenseOptimizer, HeadOptimizer, LRDecay, PipelineKind, Selection, SparseOptimizer,
+    sized_schedule)
 
 __all__ = [
     "Aggregation", "ClusterConfig", "CommPrecision", "ComputeKernel", "Config", "ConfigError",
@@ -110,6 +103,7 @@ class DataConfig:
 
     # the data set: a folder holding metadata.json (embedtrain datagen or ingest writes it)
     path: str = config_field("data/synthetic_ctr", path=True)
+    partitions: Optional[list[str]] = None  # of a partitioned data set: read these (default all)
     # examples per training step over all ranks (the global batch, split evenly over them)
     batch_size: int = config_field(2048, check=POSITIVE)
     # examples per evaluation batch over all ranks (split evenly, as batch_size)
@@ -325,6 +319,8 @@ class TrainConfig:
     keep_checkpoints: int = config_field(2, check=POSITIVE)
     # seeds the model's initialisation, the shuffle and the samplers
     seed: int = 0
+    # start from a finished run's selected checkpoint (weights, optimizer state; grown tables)
+    warm_start: Optional[str] = config_field(None, path=True)
     # a progress bar on a terminal (false: status lines, see status_every_s)
     progress: bool = True
     # without a progress bar (progress false, or stderr not a terminal): seconds between status

@@ -17,13 +17,17 @@ from __future__ import annotations
 import enum
 import json
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from embedtrain.config_io import ConfigError, config_field, from_dict
 
 METADATA_FILE = "metadata.json"
+# The index a generator of day partitions writes (embedtrain.datagen.drift_days); partitions are
+# found without it: the sub-folders holding a metadata.json.
+PARTITIONS_FILE = "partitions.json"
 
 
 class DenseTransform(enum.Enum):
@@ -86,6 +90,8 @@ class DatasetMeta:
     split_files: dict[str, tuple[Path, ...]]
     split_rows: dict[str, int]
     extra: dict[str, Any] = field(default_factory=dict)
+    # a partitioned data set's partitions read (in order), each a data set under ``root``
+    partitions: tuple[str, ...] = ()
 
     def files(self, split: str) -> tuple[Path, ...]:
         if split not in self.split_files:
@@ -143,11 +149,28 @@ class _MetadataFile:
     label_range: Optional[list[float]] = config_field(factory=lambda: [0.0, 1.0])
 
 
-def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
-    """Reads ``root/metadata.json``.
+def list_partitions(root: str | os.PathLike) -> list[str]:
+    """The partitions of a partitioned data set: ``root``'s sub-folders holding a
+    ``metadata.json``, in name order (``day=001`` ..., ``dt=2026-12-01`` ...); [] for none."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if (d / METADATA_FILE).is_file())
+
+
+def load_dataset_meta(root: str | os.PathLike,
+                      partitions: Optional[Sequence[str]] = None) -> DatasetMeta:
+    """Reads ``root/metadata.json``, or a partitioned data set's partitions.
+
+    A partitioned data set is a folder of data sets (``root/<partition>/metadata.json``, each
+    ingested by the same spec or written by ``datagen ctr --drift --days``). Read with
+    ``partitions`` (default: all, in name order), its splits hold the partitions' files in that
+    order, its features are theirs (the same columns in each; a table is sized by the largest
+    partition's ``num_embeddings``: an extended vocabulary keeps earlier ids and appends).
 
     Args:
         root: the data set directory.
+        partitions: the partitions to read (names of sub-folders of ``root``).
 
     Returns:
         The parsed metadata.
@@ -157,6 +180,9 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
     """
     root = Path(root)
     path = root / METADATA_FILE
+    found = list_partitions(root) if not path.is_file() else []
+    if found or partitions is not None:
+        return _load_partitions(root, found, partitions)
     if not path.is_file():
         hint = " (generate one with: embedtrain datagen ctr|xc --out DIR)" if not root.exists() else ""
         raise DatasetError(f"{path}: data set metadata not found{hint}")
@@ -201,3 +227,46 @@ def load_dataset_meta(root: str | os.PathLike) -> DatasetMeta:
         split_rows=split_rows,
         extra={k: v for k, v in raw.items() if k not in known},
     )
+
+
+def _load_partitions(root: Path, found: list[str], partitions: Optional[Sequence[str]]
+                     ) -> DatasetMeta:
+    """The partitions' data sets read as one (see :func:`load_dataset_meta`)."""
+    if not found:
+        raise DatasetError(f"{root}: data.partitions given, but {root} is not a partitioned data "
+                           f"set (no sub-folder holds a {METADATA_FILE})")
+    names = list(found if partitions is None else partitions)
+    if not names:
+        raise DatasetError(f"{root}: data.partitions: empty (has: {', '.join(found)})")
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise DatasetError(f"{root}: no partition {unknown[0]!r} (has: {', '.join(found)})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DatasetError(f"{root}: partition {twice[0]!r} named twice")
+    parts = [load_dataset_meta(root / n) for n in names]
+    first = parts[0].features
+
+    def shape(f: FeatureSpec) -> tuple:
+        return (f.label, f.dense, [(s.name, s.multi_hot, s.raw) for s in f.sparse],
+                f.dense_transform, f.num_classes)
+
+    for part in parts[1:]:
+        if shape(part.features) != shape(first):
+            raise DatasetError(f"{part.root / METADATA_FILE}: its columns differ from "
+                               f"{parts[0].root / METADATA_FILE}'s: the partitions of one data "
+                               f"set are ingested by one spec")
+    sparse = tuple(dataclasses.replace(
+        s, num_embeddings=max(p.features.sparse[i].num_embeddings for p in parts),
+        max_length=0 if s.multi_hot and any(p.features.sparse[i].max_length == 0 for p in parts)
+        else max(p.features.sparse[i].max_length for p in parts))
+        for i, s in enumerate(first.sparse))
+    splits = list(dict.fromkeys(s for p in parts for s in p.split_files))
+    return DatasetMeta(
+        root=root, name=root.name,
+        features=dataclasses.replace(parts[-1].features, sparse=sparse),
+        split_files={s: tuple(f for p in parts for f in p.split_files.get(s, ()))
+                     for s in splits},
+        split_rows={s: (-1 if any(p.split_rows.get(s, 0) < 0 for p in parts)
+                        else sum(p.split_rows.get(s, 0) for p in parts)) for s in splits},
+        extra=parts[-1].extra, partitions=tuple(names))  # the newest's other keys

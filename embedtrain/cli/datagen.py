@@ -38,7 +38,11 @@ def datagen_refusal(out: Path) -> Optional[str]:
     what a datagen run writes)."""
     from pipelines import foreign_entries
 
-    foreign = foreign_entries(out, DATAGEN_ENTRIES, files=[TSV_PARTS])
+    foreign = foreign_entries(out, {**DATAGEN_ENTRIES, "partitions.json": False},
+                              files=[TSV_PARTS])
+    # day partitions (ctr --drift --days): folders each holding what a datagen run writes
+    foreign = [f for f in foreign if not (re.fullmatch(r"day=\d{3,}/", f)
+                                          and not foreign_entries(out / f, DATAGEN_ENTRIES))]
     if foreign:
         return (f"not empty and not an earlier datagen output ({', '.join(foreign[:5])}); "
                 "choose another --out")
@@ -77,6 +81,9 @@ def register(sub) -> None:
                         "periods, split by time (embedtrain.datagen.drift)")
     g.add_argument("--drift-periods", type=int, metavar="N",
                    help="with --drift: time periods (default 20; train 80%%, valid, test 10%%)")
+    g.add_argument("--days", type=int, metavar="N",
+                   help="with --drift: N day partitions (OUT/day=001/ ...), one period a day, "
+                        "each a data set of one train split: what continual training reads")
     g.add_argument("--drift-lifetime", type=int, metavar="N",
                    help="with --drift: periods an id stays alive (default 4)")
     g.add_argument("--drift-new-ids", type=int, metavar="N",
@@ -222,9 +229,10 @@ def _generate(args: argparse.Namespace) -> int:
             raise UsageError("--structure: not with --drift (the drifting data set has its own "
                              "click model)")
         return _datagen_drift(args)
-    knobs = [f for f in ("periods", "lifetime", "new_ids") if getattr(args, f"drift_{f}") is not None]
+    knobs = [f"--drift-{f.replace('_', '-')}" for f in ("periods", "lifetime", "new_ids")
+             if getattr(args, f"drift_{f}") is not None] + (["--days"] if args.days else [])
     if knobs:
-        raise UsageError(f"--drift-{knobs[0].replace('_', '-')}: only with --drift")
+        raise UsageError(f"{knobs[0]}: only with --drift")
     spec = CTRDataSpec(rows=args.rows, seed=args.seed, structure=args.structure)
     if args.format == "tsv":
         from embedtrain.datagen import generate_ctr_tsv
@@ -252,9 +260,16 @@ def _datagen_drift(args: argparse.Namespace) -> int:
              "new_ids_per_period": "--drift-new-ids"}
     knobs = {"periods": args.drift_periods, "lifetime": args.drift_lifetime,
              "new_ids_per_period": args.drift_new_ids}
+    if args.days is not None:
+        if args.drift_periods is not None:
+            raise UsageError("--days: not with --drift-periods (a day is a period)")
+        knobs["periods"] = args.days
+        flags["periods"] = "--days"
     try:
         spec = DriftDataSpec(rows=args.rows, seed=args.seed,
                              **{k: v for k, v in knobs.items() if v is not None})
+        if args.days is not None:
+            return _datagen_days(spec, args.out)
         with writing(args.out) as out:
             meta = generate_ctr_drift(spec, out)
     except ValueError as e:  # "DriftDataSpec.lifetime must be ..." -> the flag's name
@@ -271,6 +286,19 @@ def _datagen_drift(args: argparse.Namespace) -> int:
     seen = f", {unseen:.1%} of test lookups unseen in train" if unseen is not None else ""
     print(f"wrote {args.out}: rows: {rows}{note}; {meta['drift']['periods']} periods, "
           f"distinct train ids per feature: {ids}{seen}")
+    return 0
+
+
+def _datagen_days(spec, out: str) -> int:
+    from embedtrain.datagen.drift_days import generate_ctr_drift_days
+
+    with writing(out, complete="partitions.json") as staging:
+        index = generate_ctr_drift_days(spec, staging)
+    days = index["days"]
+    new = ", ".join(f"{d['new_id_share']:.0%}" for d in days[1:])
+    print(f"wrote {out}: {len(days)} day partitions ({days[0]['name']} .. {days[-1]['name']}), "
+          f"{sum(d['rows'] for d in days):,} rows; share of each later day's lookups of ids no "
+          f"earlier day held: {new or '-'}")
     return 0
 
 

@@ -14,12 +14,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from embedtrain.cli.errors import UsageError
 from embedtrain.config import check_world_size, load_cluster, load_config
 from embedtrain.lifecycle import check_start
 from embedtrain.runtime import mark, usable_cores
+from embedtrain.train.lineage import check_warm_start
 from embedtrain.train.run_dir import RunDir, env_rank
 from embedtrain.utils import check_output_file, write_atomic
 
@@ -39,6 +40,13 @@ def register(sub) -> None:
                    "with; its world size must match (default: this machine)")
     p.add_argument("--nproc", type=int, help="launch this many processes on this machine through "
                    "torchrun (gloo on CPU, nccl on GPUs)")
+    p.add_argument("--warm-start", metavar="RUN",
+                   help="start from that finished run's selected checkpoint (weights and optimizer "
+                        "state; tables grown to a larger vocabulary): continual training, "
+                        "train.warm_start")
+    p.add_argument("--partitions", metavar="P[,P...]",
+                   help="of a partitioned data set (a folder of data sets, e.g. day=001/), the "
+                        "partitions to train on, in order: data.partitions (default: all)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="with --nproc: restarts torchrun may make after a rank dies; a restarted "
                         "job resumes from the last checkpoint")
@@ -51,7 +59,30 @@ def register(sub) -> None:
                                         "newest)")
     p.add_argument("--out", help="also write the result (JSON) to this file; nothing is ever "
                                  "written into the run directory")
+    p.add_argument("--partitions", metavar="P[,P...]",
+                   help="of the run's partitioned data set, evaluate these partitions' split "
+                        "(e.g. --split train --partitions day=004: the next day's rows)")
     p.set_defaults(func=_eval)
+
+
+def _partitions(text: Optional[str]) -> Optional[list[str]]:
+    if text is None:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise UsageError("--partitions: expected partition names, e.g. day=002,day=003")
+    return names
+
+
+def _data_overrides(args: argparse.Namespace) -> list[str]:
+    """``--warm-start`` and ``--partitions`` as the config keys they set."""
+    extra = []
+    if args.warm_start is not None:
+        extra.append(f"train.warm_start={args.warm_start}")
+    partitions = _partitions(args.partitions)
+    if partitions is not None:
+        extra.append(f"data.partitions=[{','.join(partitions)}]")
+    return [*args.overrides, *extra]
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -59,7 +90,7 @@ def _train(args: argparse.Namespace) -> int:
     of ``--nproc`` ranks through torchrun that each do so."""
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _data_overrides(args))
     cluster = load_cluster(args.cluster) if args.cluster else None
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     RunDir.check_out(out)
@@ -76,6 +107,7 @@ def _train(args: argparse.Namespace) -> int:
     run_dir = RunDir(out, create=False)
     if check_start(run_dir, cfg, resume, args.overwrite) is None:
         return 0
+    check_warm_start(cfg)  # a consumed partition, an unfinished source: refused here, once
     if launching:
         with run_dir.writer():  # ... held while torchrun runs (the ranks skip it)
             if check_start(run_dir, cfg, resume, args.overwrite, quiet=True) is None:
@@ -157,7 +189,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     # Read-only: no plan files, no records, no result file in the run (a reader of a training
     # run must not race its writer); the result goes to stdout and, with --out, to that file.
-    result = evaluate(run_dir, args.split, args.checkpoint)
+    result = evaluate(run_dir, args.split, args.checkpoint, _partitions(args.partitions))
     if env_rank() == 0:
         text = json.dumps(result, indent=2) + "\n"
         if out is not None:

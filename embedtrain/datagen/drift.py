@@ -54,7 +54,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -293,6 +293,20 @@ class DriftModel:
 
 # --- the generator -------------------------------------------------------------------------------
 
+def period_rows(model: DriftModel, t: int, starts: np.ndarray
+                ) -> Iterator[tuple[pa.Table, list[np.ndarray], np.ndarray, np.ndarray]]:
+    """Period ``t``'s rows in chunks of at most ``_CHUNK_ROWS``: ``(table, id indices per
+    feature, true click probabilities, labels)``, each chunk drawn from its own seed."""
+    spec = model.spec
+    for c, lo in enumerate(range(int(starts[t]), int(starts[t + 1]), _CHUNK_ROWS)):
+        n = min(_CHUNK_ROWS, int(starts[t + 1]) - lo)
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 2, t, c]))
+        dense, idx = model.draw(rng, t, n)
+        p = _sigmoid(model.logit(dense, idx))
+        y = rng.random(n) < p
+        yield model.table(dense, idx, y, t), idx, p, y
+
+
 def _finite(x: float) -> Optional[float]:  # JSON has no NaN (e.g. an empty split)
     return None if math.isnan(x) else x
 
@@ -329,13 +343,9 @@ def generate_ctr_drift(spec: DriftDataSpec, out_dir: str | os.PathLike,
         for t in range(spec.periods):
             s = SPLITS[splits[t]]
             seen_now = [np.zeros(k, dtype=bool) for k in model.total]
-            for c, lo in enumerate(range(int(starts[t]), int(starts[t + 1]), _CHUNK_ROWS)):
-                n = min(_CHUNK_ROWS, int(starts[t + 1]) - lo)
-                rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 2, t, c]))
-                dense, idx = model.draw(rng, t, n)
-                p = _sigmoid(model.logit(dense, idx))
-                y = rng.random(n) < p
-                writers[s].add(model.table(dense, idx, y, t))
+            for table, idx, p, y in period_rows(model, t, starts):
+                n = len(y)
+                writers[s].add(table)
                 probs[s].append(p)
                 labels[s].append(y)
                 for f, j in enumerate(idx):

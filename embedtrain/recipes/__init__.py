@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from embedtrain.recipes.xc import XCRecipe
 from embedtrain.lifecycle import check_start
 from embedtrain.runtime import allocator_setting, begin_run, mark, threads_per_rank
 from embedtrain.sharding.planner import PlanResult
+from embedtrain.train.lineage import check_warm_start, write_lineage
 from embedtrain.train.run_dir import RunDir, RunDirError, env_rank
 
 RECIPES: dict[TaskKind, type[Recipe]] = {
@@ -66,7 +68,8 @@ def build_run(cfg: Config, out_dir: str | os.PathLike, progress: Optional[bool] 
 def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
         overwrite: bool = False, progress: Optional[bool] = None,
         cluster: Optional[ClusterConfig] = None,
-        on_evaluation: Optional[Callable[[Any, dict], None]] = None) -> Optional[dict[str, Any]]:
+        on_evaluation: Optional[Callable[[Any, dict], None]] = None,
+        warm_start: Optional[str | os.PathLike] = None) -> Optional[dict[str, Any]]:
     """Trains ``cfg`` into the run directory ``out_dir``: the run ``embedtrain train`` makes
     (which calls this on each rank).
 
@@ -82,6 +85,8 @@ def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
         progress: overrides ``train.progress``.
         cluster: the cluster whose plan to train with (default: this machine).
         on_evaluation: ``Trainer.on_evaluation``, called with each validation record.
+        warm_start: sets ``train.warm_start``: start from that finished run's selected
+            checkpoint (continual training: :mod:`embedtrain.train.lineage`).
 
     Returns:
         ``summary.json``'s content, or None where ``resume`` found the run finished (said on
@@ -93,10 +98,14 @@ def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
     begin_run()  # start-up counted from here where the process ran something before
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
+    if warm_start is not None:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+            cfg.train, warm_start=str(Path(warm_start).resolve())))
     run_dir = RunDir(out_dir, create=False)
     RunDir.check_out(run_dir.root)
     if check_start(run_dir, cfg, resume, overwrite) is None:  # refusals first, touching nothing
         return None
+    warm = check_warm_start(cfg)
     with run_dir.writer():  # ... then again as the one writer
         changes = check_start(run_dir, cfg, resume, overwrite, quiet=True)
         if changes is None:
@@ -112,10 +121,14 @@ def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
         trainer.on_evaluation = on_evaluation
         if changes:
             trainer.resume_note = {"config_changes": {k: list(v) for k, v in changes.items()}}
+        restored = trainer.resume() if resume else None  # an unreadable run fails untouched
         if resume:
-            trainer.resume()  # before any record changes: an unreadable run fails here, untouched
             run.recipe.write_plan(out_dir)
+        if warm is not None and restored is None:  # a resume before any checkpoint: again
+            trainer.warm_start(warm[0])
         if trainer.rank == 0:
+            if restored is None:
+                write_lineage(run_dir.root, cfg, warm)
             if changes:
                 run.record_config()
             print(f"threads: {threads} per rank ({source}); allocator: {allocator_setting()}\n"
@@ -140,9 +153,13 @@ def _banner(run: Run) -> str:
 
 
 def evaluate(run_dir: str | os.PathLike, split: str = "test",
-             checkpoint: Optional[str] = None) -> dict[str, Any]:
+             checkpoint: Optional[str] = None,
+             partitions: Optional[list[str]] = None) -> dict[str, Any]:
     """A run's checkpoint (default: the newest complete one) evaluated on ``split`` of its data
     set. Read-only: no plan files, records or result file are written into the run.
+
+    ``partitions``: of a partitioned data set, these partitions' ``split`` instead of the run's
+    (e.g. the next day's rows for a model trained up to the day before).
 
     Returns:
         ``{"split", "step", <the task's metrics>}``.
@@ -153,8 +170,11 @@ def evaluate(run_dir: str | os.PathLike, split: str = "test",
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ValueError(f"{run_dir}: not a run directory (no config.yaml)")
-    run = build_run(load_run_config(run_dir / "config.yaml"), run_dir, progress=False,
-                    record_plan=False)
+    cfg = load_run_config(run_dir / "config.yaml")
+    if partitions is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data,
+                                                                partitions=list(partitions)))
+    run = build_run(cfg, run_dir, progress=False, record_plan=False)
     if run.trainer.restore(checkpoint) is None:
         raise ValueError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
     data = run.eval_reader(split)

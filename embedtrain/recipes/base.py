@@ -361,15 +361,18 @@ class Recipe:
             return self.reader(split, train, local_batch if train else local_eval_batch,
                                rank, world)
 
+        meta_file = info.root / "metadata.json"
+        if not meta_file.is_file():  # a partitioned data set: the partitions' files
+            meta_file = info.root / "*" / "metadata.json"
         if "train" not in info.splits:
-            raise ValueError(f"{info.root / 'metadata.json'}: no train split (or an empty one): "
+            raise ValueError(f"{meta_file}: no train split (or an empty one): "
                              "there is nothing to train on; give the ingestion spec's split "
                              "rows for train")
         train_data = reader("train", True)
         check_batch_fits(d.batch_size, train_data, f"the train split of {info.root}")
         valid_data = reader("valid", False) if "valid" in info.splits else None
         if valid_data is None and rank == 0:
-            print(f"warning: {info.root / 'metadata.json'} has no valid split: no periodic "
+            print(f"warning: {meta_file} has no valid split: no periodic "
                   "evaluation and no best-checkpoint selection (train.select: best falls back "
                   "to the last step); ingest with a validation split (e.g. "
                   "split.valid_fraction: 0.1) to have them", file=sys.stderr)

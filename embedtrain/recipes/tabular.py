@@ -25,8 +25,8 @@ class TabularData:
         self.cfg = cfg
 
     def load(self) -> DatasetMeta:
-        """``data.path``'s ``metadata.json``."""
-        return load_dataset_meta(self.cfg.data.path)
+        """``data.path``'s ``metadata.json`` (or ``data.partitions`` of it)."""
+        return load_dataset_meta(self.cfg.data.path, self.cfg.data.partitions)
 
     def info(self, meta: DatasetMeta) -> DatasetInfo:
         """The data set's splits that hold rows (an empty one is as good as none)."""

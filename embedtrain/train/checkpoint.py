@@ -42,7 +42,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 
 STATE_FILE = "trainer_state.json"
@@ -268,7 +270,7 @@ class CheckpointManager:
         return info
 
     def load(self, path: str | os.PathLike, state: dict[str, Any],
-             missing_ok: tuple[str, ...] = ()) -> dict[str, Any]:
+             missing_ok: tuple[str, ...] = (), grow_rows: bool = False) -> dict[str, Any]:
         """Loads into ``state`` in place (DCP) and returns the checkpoint's trainer state.
 
         Args:
@@ -277,6 +279,9 @@ class CheckpointManager:
             missing_ok: key prefixes that may be absent from the checkpoint (they keep their
                 current values): e.g. optimizer state of a table whose sharding moved to or from
                 ``data_parallel``, whose state belongs to another optimizer.
+            grow_rows: an entry saved with fewer rows than ``state``'s (a table and its optimizer
+                state, grown for an extended vocabulary) fills its first rows; the others keep
+                their current values (a fresh table's).
 
         Returns:
             The trainer state, plus ``"missing_keys"``: the entries left as they were.
@@ -297,8 +302,12 @@ class CheckpointManager:
             if bad:
                 raise ValueError(f"{path}: checkpoint lacks {bad[0]} (and {len(bad) - 1} more)")
         planner = DefaultLoadPlanner(allow_partial_load=bool(missing))
+        grown = _grown_entries(state, metadata) if grow_rows else {}
         try:
             dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=planner)
+            for target, old, where in grown.values():
+                _copy_rows(old, target)
+                set_element(state, where, target)
         except _FAILURES as e:  # noqa: BLE001 - DCP raises many kinds; one line for all
             why = describe_error(e)
             if "Size mismatch" in why or "Missing key" in why:
@@ -395,6 +404,42 @@ def _flat_keys(state: dict[str, Any]) -> list[str]:
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     return list(flatten_state_dict(state)[0])
+
+
+def _grown_entries(state: dict[str, Any], metadata: Metadata
+                   ) -> dict[str, tuple[Any, torch.Tensor, tuple]]:
+    """The entries of ``state`` saved with fewer rows (the other dimensions equal), each swapped
+    in ``state`` for a full tensor of the saved size that DCP fills: ``{key: (the target, that
+    tensor, its place in state)}``."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, places = flatten_state_dict(state)
+    grown = {}
+    for key, target in flat.items():
+        saved = metadata.state_dict_metadata.get(key)
+        if not isinstance(target, (torch.Tensor, ShardedTensor)) or not hasattr(saved, "size"):
+            continue
+        old, new = tuple(saved.size), tuple(target.size())
+        if len(old) == len(new) >= 1 and old[1:] == new[1:] and old[0] < new[0]:
+            full = torch.zeros(old, dtype=saved.properties.dtype)
+            grown[key] = (target, full, places[key])
+            set_element(state, places[key], full)
+    return grown
+
+
+def _copy_rows(old: torch.Tensor, target: Any) -> None:
+    """Copies the saved rows ``old`` into the first rows of ``target`` (its local shards)."""
+    if not isinstance(target, ShardedTensor):
+        target[:len(old)].copy_(old)
+        return
+    for shard in target.local_shards():
+        offsets = shard.metadata.shard_offsets
+        rows = max(0, min(shard.tensor.shape[0], len(old) - offsets[0]))
+        if rows:
+            block = old[offsets[0]:offsets[0] + rows]
+            if shard.tensor.dim() > 1:
+                block = block[:, offsets[1]:offsets[1] + shard.tensor.shape[1]]
+            shard.tensor[:rows].copy_(block)
 
 
 def _rank_file(rank: int) -> str:

@@ -452,12 +452,7 @@ class Trainer:
         # from data_parallel changes which optimizer (fused or dense) holds its state.
         info = self.checkpoints.load(ckpt, state, missing_ok=("optimizer.",) if resharding else ())
         missing = info.pop("missing_keys")
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise CheckpointMismatch(f"{ckpt}: does not fit this model: "
-                                  f"{str(e).strip().splitlines()[-1]}") from None
+        self._load_state_dicts(ckpt, state)
         rank_state = self.checkpoints.load_rank_state(ckpt)
         torch.set_rng_state(rank_state.get("torch_rng", state["rng"]["torch"]))
         saved_world = info.pop("world_size", self.world_size)
@@ -483,6 +478,27 @@ class Trainer:
                 tqdm.write(f"checkpoint written by {saved_world} rank(s), loaded on "
                            f"{self.world_size}: tables resharded{fresh}", file=sys.stderr)
         self._saved_step = self.state.step
+
+    def _load_state_dicts(self, ckpt: Path, state: dict[str, Any]) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointMismatch(f"{ckpt}: does not fit this model: "
+                                     f"{str(e).strip().splitlines()[-1]}") from None
+
+    def warm_start(self, ckpt: Path) -> None:
+        """Starts from another run's checkpoint ``ckpt``: its model and optimizer state, tables
+        grown where this data set's vocabulary is larger (new rows as a fresh table's, their
+        optimizer state fresh); not its step, loader position, schedule or random state."""
+        init_optimizer_state(self.optimizer)
+        state = self._checkpoint_state()
+        del state["rng"]
+        source = CheckpointManager(ckpt.parent)
+        moved = source.info(ckpt).get("world_size", self.world_size) != self.world_size
+        with source.reading(ckpt):
+            source.load(ckpt, state, missing_ok=("optimizer.",) if moved else (), grow_rows=True)
+        self._load_state_dicts(ckpt, state)
 
     def resume(self) -> Optional[Path]:
         """Restores the newest readable checkpoint and marks the resume in ``metrics.jsonl``.
