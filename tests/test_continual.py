@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -218,3 +219,104 @@ def _full(t):
         return t.detach()
     return torch.cat([s.tensor.detach() for s in local()]) if local() else t
 
+
+
+@pytest.fixture(scope="module")
+def line(days, tmp_path_factory):
+    """Day 1's run and day 2's warm start, with full exports of both (float32 and int8)."""
+    from embedtrain.export.export import export_run
+
+    _, config = days
+    root = tmp_path_factory.mktemp("line")
+    _train(config, root / "d1", "--partitions", "day=001")
+    _train(config, root / "d2", "--partitions", "day=002", "--warm-start", str(root / "d1"))
+    for q in ("none", "int8"):
+        for run in ("d1", "d2"):
+            export_run(root / run, root / f"{run}_{q}", quantize=q, progress=False)
+    return root
+
+
+def _same_files(a, b):
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_two_exports_of_one_checkpoint_are_byte_identical(line, tmp_path):
+    from embedtrain.export.export import export_run
+
+    export_run(line / "d2", tmp_path / "again", progress=False)
+    _same_files(tmp_path / "again", line / "d2_none")
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_a_delta_patches_an_export_into_the_full_export_bit_for_bit(days, line, tmp_path,
+                                                                    quantize):
+    from embedtrain.export.delta import apply_delta, export_delta
+    from embedtrain.export.predict import predict
+
+    base, full = line / f"d1_{quantize}", line / f"d2_{quantize}"
+    record = export_delta(line / "d2", base, tmp_path / "delta", progress=False)
+    live = tmp_path / "live"
+    shutil.copytree(base, live)
+    apply_delta(tmp_path / "delta", live)
+    _same_files(live, full)
+    assert not list(tmp_path.glob(".live*"))  # the old export removed
+    changed = of = 0
+    for t in sorted((full / "tables").glob("t_*.npy")):
+        a, b = np.load(base / "tables" / t.name), np.load(t)
+        changed += int((a.view(np.uint8).reshape(len(a), -1)
+                        != b.view(np.uint8).reshape(len(b), -1)).any(axis=1).sum())
+        of += len(a)
+    assert (record["rows_changed"], record["table_rows"]) == (changed, of) and 0 < changed < of
+    assert record["bytes"] < record["full_bytes"]
+    assert sum(e["removed"] for e in record["id_maps"]) > 0  # day 1's ids evicted
+    data = days[0] / "days" / "day=003" / "train"
+    predict(live, [str(data)], tmp_path / "a.parquet", progress=False)
+    predict(full, [str(data)], tmp_path / "b.parquet", progress=False)
+    assert pq.read_table(tmp_path / "a.parquet").equals(pq.read_table(tmp_path / "b.parquet"))
+    apply_delta(tmp_path / "delta", live)  # applied already: nothing to do
+    _same_files(live, full)
+
+
+def test_a_killed_apply_leaves_the_served_export_intact(days, line, tmp_path, monkeypatch):
+    from embedtrain.export import delta as delta_module
+    from embedtrain.export.delta import apply_delta, export_delta
+    from embedtrain.export.manifest import ExportError
+    from embedtrain.export.predict import ExportedModel, predict
+
+    export_delta(line / "d2", line / "d1_none", tmp_path / "delta", progress=False)
+    live = tmp_path / "live"
+    shutil.copytree(line / "d1_none", live)
+    data = days[0] / "days" / "day=003" / "train"
+    predict(live, [str(data)], tmp_path / "before.parquet", progress=False)
+
+    def killed(*args):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(delta_module, "_exchange", killed)
+    with pytest.raises(KeyboardInterrupt):
+        apply_delta(tmp_path / "delta", live)
+    monkeypatch.undo()
+    _same_files(live, line / "d1_none")
+    predict(live, [str(data)], tmp_path / "after.parquet", progress=False)
+    assert pq.read_table(tmp_path / "after.parquet").equals(
+        pq.read_table(tmp_path / "before.parquet"))
+    with pytest.raises(ExportError, match="made from the export"):
+        apply_delta(tmp_path / "delta", line / "d2_int8")
+
+    # a reader loading while the patch lands reloads: the new export, never a mix
+    real, calls = ExportedModel._load, []
+
+    def load(self, root, program):
+        real(self, root, program)
+        if not calls:
+            calls.append(root)
+            apply_delta(tmp_path / "delta", live)
+
+    monkeypatch.setattr(ExportedModel, "_load", load)
+    model = ExportedModel(live)
+    _same_files(live, line / "d2_none")
+    assert model.manifest.source.checkpoint == ExportedModel(line / "d2_none").manifest \
+        .source.checkpoint

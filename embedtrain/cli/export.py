@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from embedtrain.cli.errors import UsageError
 from embedtrain.utils import Stopped
 
 
@@ -13,11 +14,17 @@ def register(sub) -> None:
     """Adds the ``export`` and ``predict`` commands to the subparsers ``sub``."""
     p = sub.add_parser("export", help="a run's checkpoint as files for inference: embedding "
                        "tables, the dense model (torch.export), model.json")
-    p.add_argument("run_dir", help="a run directory written by `embedtrain train`")
+    p.add_argument("run_dir", nargs="?", help="a run directory written by `embedtrain train`")
     p.add_argument("--checkpoint", help="step (e.g. 500) or checkpoint directory (default: the "
                    "step the run's summary.json reports, e.g. its best with train.select: best; "
                    "an unfinished run's newest)")
-    p.add_argument("--out", required=True, help="export directory")
+    p.add_argument("--out", help="export directory (with --delta-from: the delta's)")
+    p.add_argument("--delta-from", metavar="EXPORT", help="write only what changed since EXPORT "
+                   "(an export of an earlier run of the line): changed table rows, id map "
+                   "changes, the files that differ (embedtrain.export.delta)")
+    p.add_argument("--apply", metavar="DELTA", help="patch the export --to with DELTA in place, "
+                   "atomically (no RUN_DIR)")
+    p.add_argument("--to", metavar="EXPORT", help="with --apply: the served export to patch")
     p.add_argument("--quantize", default="none", help="tables as none (float32), int8 or int4 "
                    "(TorchRec/FBGEMM rowwise quantization; default: none)")
     p.add_argument("--format", default="npy", help="table files: npy, parquet or npy,parquet "
@@ -79,6 +86,10 @@ def _stopped(command: str, e: Stopped) -> int:
 def _export(args: argparse.Namespace) -> int:
     from embedtrain.export.export import export_run
 
+    if args.apply is not None or args.delta_from is not None:
+        return _delta(args)
+    if args.run_dir is None or args.out is None:
+        raise UsageError("export: give RUN_DIR and --out (or --apply DELTA --to EXPORT)")
     try:
         result = export_run(args.run_dir, args.out, checkpoint=args.checkpoint,
                             quantize=args.quantize, formats=args.format.split(","),
@@ -132,6 +143,35 @@ def _export(args: argparse.Namespace) -> int:
           f"{m.dense_program.file + ', ' if m.dense_program else ''}"
           f"{m.dense_program.aot + ', ' if m.dense_program and m.dense_program.aot else ''}"
           f"config.yaml)")
+    return 0
+
+
+def _delta(args: argparse.Namespace) -> int:
+    from embedtrain.export.delta import apply_delta, export_delta
+
+    if args.apply is not None:
+        if args.to is None or args.run_dir is not None or args.delta_from is not None:
+            raise UsageError("--apply DELTA: give --to EXPORT, and no RUN_DIR or --delta-from")
+        r = apply_delta(args.apply, args.to)
+        print(f"applied {args.apply} to {args.to}: {r['rows_changed']:,} table rows, "
+              f"{sum(e['upserted'] + e['removed'] for e in r['id_maps']):,} id map entries, "
+              f"{len(r['files'])} file(s) replaced")
+        return 0
+    if args.run_dir is None or args.out is None:
+        raise UsageError("--delta-from EXPORT: give RUN_DIR and --out DELTA")
+    if args.quantize != "none" or args.format != "npy" or args.aot or args.index:
+        raise UsageError("--delta-from: the delta takes the base export's --quantize, "
+                         "--format, --aot and --index")
+    try:
+        r = export_delta(args.run_dir, args.delta_from, args.out, args.checkpoint,
+                         progress=not args.no_progress)
+    except Stopped as e:
+        return _stopped("export", e)
+    print(f"delta of {args.run_dir} against {args.delta_from} in {args.out}: "
+          f"{r['bytes'] / 2**20:,.2f} MiB, {r['bytes_fraction_of_full']:.1%} of the full export; "
+          f"{r['rows_changed']:,} of {r['table_rows']:,} table rows changed "
+          f"({r['rows_changed_fraction']:.1%}); apply: embedtrain export --apply {args.out} "
+          f"--to EXPORT")
     return 0
 
 

@@ -218,7 +218,11 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
         raise ExportError(f"--quantize {quantize}: {per_position[0]} is looked up per position "
                           f"(a sequence's items), which the quantized kernels do not do; export "
                           f"it as float32 (--quantize none)")
-    parts = recipe.export_parts(model, [(t.name, t.rows, t.dim) for t in tables])
+    # seeded example inputs (saved in the program's archive): two exports of one checkpoint are
+    # the same bytes (embedtrain.export.delta relies on it)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        parts = recipe.export_parts(model, [(t.name, t.rows, t.dim) for t in tables])
     if index is not None and parts.items is None:
         raise ExportError(f"--index: a {parts.model} export has no item index (retrieval only)")
     if parts.items is not None and quantize != "none":
@@ -240,7 +244,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: Optional[str] =
     if checkpoint is None and manager.latest() is None:
         raise CheckpointError(f"{run_dir / 'checkpoints'}: no complete checkpoint to export")
     # Pinned while it is read: a training run's pruning passes over it.
-    with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt:
+    with manager.reading(manager.find(checkpoint) if checkpoint is not None else None) as ckpt, \
+            torch.random.fork_rng():
+        torch.manual_seed(0)  # the item side's example inputs
         result = _export_checkpoint(cfg, recipe, parts, tables, run_dir, out, ckpt,
                                     manager.info(ckpt), quantize, formats, progress, overwrite,
                                     start, aot, index)
@@ -288,7 +294,7 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
     # 2. The tables, one tensor and one shard at a time (the memory-bound phase).
     (out / "tables").mkdir()
     todo = [_Tensor(t.key, (t.rows, t.dim), out / "tables" / t.name) for t in tables]
-    h = parts.head
+    h, meta_root = parts.head, data.meta_root or data.root  # metadata, vocabularies: here
     if h:
         (out / "head").mkdir()
         todo.append(_Tensor(h.checkpoint_key, (h.num_classes, h.dim), out / "head" / "weight",
@@ -309,7 +315,7 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
                 if tables[i].remap:
                     _add_id_map(entries[-1], tables[i], ckpt, out)
             else:
-                head_entry = _head_entry(h, shards, data.root, out, formats, t.dtype)
+                head_entry = _head_entry(h, shards, meta_root, out, formats, t.dtype)
             bar.update(t.shape[0])
     if nodes is not None and node_entry is None:  # a model without a node table
         node_entry = _node_outputs(nodes, ckpt, out, None, progress)
@@ -319,11 +325,11 @@ def _export(task: str, data: DatasetInfo, parts: ExportParts, tables: list[Table
     peak = _peak_rss() if can_reset else None
 
     # 3. Vocabularies, config, data set metadata, model.json.
-    features = _features(parts, tables, data.root, out)
+    features = _features(parts, tables, meta_root, out)
     for table in entries:
         table.vocab = next((f.vocab for f in features.sparse if f.table == table.name), None)
     for source, target in ((run_dir / "config.yaml", out / "config.yaml"),
-                           (data.root / "metadata.json", out / "dataset_metadata.json")):
+                           (meta_root / "metadata.json", out / "dataset_metadata.json")):
         with writing(target):  # a full disk names the copy, not its source
             shutil.copyfile(source, target)
     manifest = Manifest(

@@ -136,6 +136,14 @@ class IdMap:
         return torch.where(self.ids[at] == ids, self.held[at], default)
 
 
+def _manifest_stamp(root: Path) -> Optional[tuple[int, int, int]]:
+    try:
+        st = (root / "model.json").stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 class ExportedModel:
     """An export directory loaded for scoring (an export with a dense program: CTR, XC).
 
@@ -151,7 +159,15 @@ class ExportedModel:
     """
 
     def __init__(self, root: str | os.PathLike, program: str = "export") -> None:
-        self.root = Path(root)
+        for _ in range(3):  # a delta applied while it loaded (embedtrain.export.delta): again
+            before = _manifest_stamp(Path(root))
+            self._load(Path(root), program)
+            if _manifest_stamp(Path(root)) == before:
+                return
+        raise ExportError(f"{root}: changed while it was loaded, three times; load it again")
+
+    def _load(self, root: Path, program: str) -> None:
+        self.root = root
         m = self.manifest = load_manifest(self.root)
         where = self.root / "model.json"
         if m.dense_program is None:

@@ -105,6 +105,8 @@ class DatasetInfo:
     name: str
     root: Path
     splits: Sequence[str]
+    # where its metadata.json and vocabularies lie: a partitioned set's newest partition read
+    meta_root: Optional[Path] = None
 
 
 @dataclass(frozen=True)
@@ -361,9 +363,7 @@ class Recipe:
             return self.reader(split, train, local_batch if train else local_eval_batch,
                                rank, world)
 
-        meta_file = info.root / "metadata.json"
-        if not meta_file.is_file():  # a partitioned data set: the partitions' files
-            meta_file = info.root / "*" / "metadata.json"
+        meta_file = (info.meta_root or info.root) / "metadata.json"
         if "train" not in info.splits:
             raise ValueError(f"{meta_file}: no train split (or an empty one): "
                              "there is nothing to train on; give the ingestion spec's split "

@@ -32,7 +32,8 @@ class TabularData:
         """The data set's splits that hold rows (an empty one is as good as none)."""
         splits = [s for s, files in meta.split_files.items()
                   if files and meta.split_rows.get(s, -1) != 0]
-        return DatasetInfo(meta.name, meta.root, splits)
+        return DatasetInfo(meta.name, meta.root, splits,
+                           meta.root / meta.partitions[-1] if meta.partitions else None)
 
     def reader(self, meta: DatasetMeta, split: str, train: bool, batch_size: int, rank: int,
                world_size: int) -> ParquetBatchReader:
