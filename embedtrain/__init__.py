@@ -53,6 +53,7 @@ _EXPORTS = {
     # serving
     "export_run": "embedtrain.export.export", "predict": "embedtrain.export.predict",
     "add_items": "embedtrain.export.items",
+    "export_delta": "embedtrain.export.delta", "apply_delta": "embedtrain.export.delta",
 }
 
 __all__ = [
@@ -61,7 +62,7 @@ __all__ = [
     "embedding_bag_collection",
     "Recipe", "Run", "build_run", "fit", "evaluate", "plan_model", "Trainer", "Task", "RunDir",
     "RunDirError", "StepOutput", "num_padding", "BinaryClassification", "Regression",
-    "export_run", "predict", "add_items",
+    "export_run", "predict", "add_items", "export_delta", "apply_delta",
 ]
 assert set(__all__) == {"__version__", *_EXPORTS}
 
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from embedtrain.config import ClusterConfig, Config, load_cluster, load_config
     from embedtrain.config_io import ConfigError, dump_config, from_dict
     from embedtrain.export.export import export_run
+    from embedtrain.export.delta import apply_delta, export_delta
     from embedtrain.export.items import add_items
     from embedtrain.export.predict import predict
     from embedtrain.features import DatasetMeta, FeatureSpec, SparseFeature, load_dataset_meta

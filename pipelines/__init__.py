@@ -92,7 +92,8 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
                out: str | os.PathLike, *, overrides: Sequence[str] = (),
                nodes: Sequence[str | os.PathLike] = (), engine: str = "polars",
                address: Optional[str] = None, num_cpus: Optional[int] = None,
-               progress: bool = True, overwrite: bool = False) -> tuple[dict, list[str]]:
+               progress: bool = True, overwrite: bool = False,
+               extend: Optional[str | os.PathLike] = None) -> tuple[dict, list[str]]:
     """Loads the spec, runs its family's job on the named engine in a temporary folder beside
     ``out`` that then replaces ``out`` (:func:`atomic_output`); returns the report and the
     summary lines to print.
@@ -106,6 +107,9 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
         engine, address, num_cpus: :func:`pipelines.engines.open_engine`.
         progress: progress bars on stderr.
         overwrite: replace any earlier data set at ``out``, not only an earlier ingest output.
+        extend: tabular specs only: a data set this one continues (the partition before it):
+            its vocabularies keep their ids and new values are appended, its dense constants
+            and bucket boundaries are reused (:func:`pipelines.tabular.extend.base_of`).
 
     Raises:
         IngestError: bad input, or ``--nodes`` with a spec that is not a graph spec.
@@ -125,6 +129,10 @@ def run_ingest(spec_path: str | os.PathLike, inputs: Sequence[str | os.PathLike]
     spec = load_spec(spec_path, overrides)
     job = importlib.import_module(f"{family}.passes")
     extra = {"nodes": list(nodes)} if kind == "graph" else {}
+    if extend is not None:
+        if kind != "tabular":
+            raise IngestError(f"--extend: only for tabular specs, not kind: {kind}")
+        extra["extend"] = Path(extend)
     refusal = functools.partial(ingest_refusal, overwrite=overwrite)
     with atomic_output(out, refusal, job="ingest") as staging:
         with open_engine(engine, address, num_cpus) as eng:

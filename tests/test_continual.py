@@ -16,7 +16,7 @@ from embedtrain.datagen.drift_days import generate_ctr_drift_days
 from embedtrain.features import DatasetError, load_dataset_meta
 
 SPEC = dict(rows=3000, periods=4, lifetime=2, new_ids_per_period=40, sparse_features=3,
-            rows_per_row_group=250)
+            rows_per_row_group=125)  # 6 a day: every rank reads whole groups, day by day
 
 
 @pytest.fixture(scope="module")
@@ -320,3 +320,54 @@ def test_a_killed_apply_leaves_the_served_export_intact(days, line, tmp_path, mo
     _same_files(live, line / "d2_none")
     assert model.manifest.source.checkpoint == ExportedModel(line / "d2_none").manifest \
         .source.checkpoint
+
+
+def test_delta_commands(line, tmp_path):
+    live = tmp_path / "live"
+    shutil.copytree(line / "d1_none", live)
+    r = run_cli("export", str(line / "d2"), "--delta-from", str(live), "--out",
+                str(tmp_path / "delta"), "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "of the full export" in r.stdout and "table rows changed" in r.stdout
+    r = run_cli("export", "--apply", str(tmp_path / "delta"), "--to", str(live))
+    assert r.returncode == 0 and "applied" in r.stdout, r.stderr[-2000:]
+    _same_files(live, line / "d2_none")
+    for args in (["--apply", str(tmp_path / "delta")],
+                 [str(line / "d2"), "--delta-from", str(live)],
+                 [str(line / "d2"), "--delta-from", str(live), "--out", str(tmp_path / "x"),
+                  "--quantize", "int8"]):
+        r = run_cli("export", *args)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.slow
+def test_two_ranks_warm_start_resume_and_reshard(days, tmp_path):
+    """On 2 ranks: a warm start killed before its first checkpoint and resumed ends with the
+    weights of the uninterrupted one; a 2-rank run's checkpoint warm-starts a 1-rank run."""
+    from test_distributed import embedtrain
+
+    _, config = days
+
+    def two(out, *args):
+        r = embedtrain("train", str(config), "--out", str(tmp_path / out), "--nproc", "2",
+                       *args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    two("d1", "--partitions", "day=001")
+    line = ["--partitions", "day=002,day=003", "--warm-start", str(tmp_path / "d1")]
+    two("full", *line)
+    two("killed", *line, "--set", "train.max_steps=1")
+    shutil.rmtree(tmp_path / "killed" / "checkpoints")
+    (tmp_path / "killed" / "summary.json").unlink()
+    two("killed", *line, "--resume")
+    a = _params(_final(tmp_path / "full"), tmp_path)
+    b = _params(_final(tmp_path / "killed"), tmp_path)
+    _assert_equal({k: a[k] for k in ("model", "optimizer")},
+                  {k: b[k] for k in ("model", "optimizer")})
+    # resharded: the 2-rank run's checkpoint warm-starts a 1-rank run (dynamic tables load
+    # N -> M shards where each new shard holds whole old ones)
+    _train(config, tmp_path / "one", "--partitions", "day=002", "--warm-start",
+           str(tmp_path / "d1"))
+    lineage = json.loads((tmp_path / "one" / "lineage.json").read_text())
+    assert [c["run"] for c in lineage["consumed"]] == [str((tmp_path / "d1").resolve())]

@@ -46,6 +46,11 @@ def register(sub) -> None:
                         "XC spec, --set split.files.test=test.txt (repeatable)")
     p.add_argument("--nodes", dest="node_inputs", action="append", metavar="PATH_OR_GLOB",
                    help="graph specs (kind: graph) only: the node table (repeatable)")
+    p.add_argument("--extend", metavar="DATASET",
+                   help="tabular specs: the data set (or partitioned data set: its newest "
+                        "partition) this one continues, e.g. yesterday's partition: its "
+                        "vocabularies keep their ids and gain the new values, its dense "
+                        "constants are reused (continual training)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--engine", choices=["polars", "ray"], default="polars",
                    help="polars: one process (default); ray: the same passes as Ray tasks, file "
@@ -65,7 +70,8 @@ def _ingest(args: argparse.Namespace) -> int:
         _, lines = run_ingest(args.spec, args.inputs, args.out, overrides=args.overrides,
                               nodes=args.node_inputs or (), engine=args.engine,
                               address=args.address, num_cpus=args.num_cpus,
-                              progress=not args.quiet, overwrite=args.overwrite)
+                              progress=not args.quiet, overwrite=args.overwrite,
+                              extend=args.extend)
     except KeyboardInterrupt as e:
         while True:  # Python's own KeyboardInterrupt for the signal may come now: again
             try:

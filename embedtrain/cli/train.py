@@ -202,7 +202,11 @@ def _eval(args: argparse.Namespace) -> int:
 def _print_summary(summary: dict, out: Path, cfg: Any) -> None:
     from embedtrain.recipes import recipe_for
 
-    print(f"\nfinal metrics on {summary['split']} ({summary['dataset']}):")
+    if summary["split"] is None:  # e.g. a day partition: tomorrow's rows are its test
+        print(f"\nno valid or test split in {summary['dataset']}: nothing evaluated (embedtrain "
+              f"eval {out} --split SPLIT [--partitions P]):")
+    else:
+        print(f"\nfinal metrics on {summary['split']} ({summary['dataset']}):")
     for line in recipe_for(cfg).summary_lines(summary):
         print(line)
     selected = summary.get("selected") or {}

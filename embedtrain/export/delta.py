@@ -5,8 +5,9 @@ applies to its served export in place, atomically.
 :func:`~embedtrain.export.export.export_run` would (same quantization and formats as ``BASE``),
 then keeps only what differs from ``BASE`` (:func:`diff_exports`):
 
-- a table file (``.npy``, float32 or int8/int4 rows) of the same shape: the changed rows, as
-  ``rows/<file>.index.npy`` (row numbers, int32 below 2^31 rows) and ``rows/<file>.values.npy``;
+- a table file (``.npy``, float32 or int8/int4 rows) of the same width: the changed rows and the
+  rows it grew by (a vocabulary extended), as ``rows/<file>.index.npy`` (row numbers, int32
+  below 2^31 rows) and ``rows/<file>.values.npy``;
 - a dynamic table's id map (``.ids.parquet``): the ids it no longer holds (evicted) and the
   ``(id, row)`` pairs it holds anew or elsewhere, ``ids/<file>.{removed,ids,rows}.npy``;
 - any other file that differs (the dense program, ``model.json``, configs, vocabularies), whole,
@@ -145,18 +146,22 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 
 def _changed_rows(old_path: Path, new_path: Path) -> Optional[np.ndarray]:
-    """The rows where two arrays of one shape and dtype differ (bitwise); None: not comparable."""
+    """The rows of the new array that differ (bitwise) from the old one's, rows it grew by
+    included (a table grown for an extended vocabulary); None: not comparable."""
     a, b = np.load(old_path, mmap_mode="r"), np.load(new_path, mmap_mode="r")
-    if a.shape != b.shape or a.dtype != b.dtype or a.ndim < 1 or not a.shape[0]:
+    if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype or a.ndim < 1 or not a.shape[0] \
+            or b.shape[0] < a.shape[0]:
         return None
     width = max(1, a.nbytes // a.shape[0])
     block = max(1, _BLOCK_BYTES // width)
     changed = []
     for lo in range(0, a.shape[0], block):
         x = np.ascontiguousarray(a[lo:lo + block]).view(np.uint8).reshape(-1, width)
-        y = np.ascontiguousarray(b[lo:lo + block]).view(np.uint8).reshape(-1, width)
+        y = np.ascontiguousarray(b[lo:min(lo + block, a.shape[0])]).view(np.uint8) \
+            .reshape(-1, width)
         changed.append(lo + np.flatnonzero((x != y).any(axis=1)))
-    return np.concatenate(changed).astype(np.int32 if a.shape[0] < 2**31 else np.int64)
+    changed.append(np.arange(a.shape[0], b.shape[0]))
+    return np.concatenate(changed).astype(np.int32 if b.shape[0] < 2**31 else np.int64)
 
 
 def _id_map_changes(old_path: Path, new_path: Path
@@ -200,7 +205,7 @@ def apply_delta(delta: str | os.PathLike, export: str | os.PathLike) -> dict[str
             _link(path, staging / rel)
     for e in record["rows"]:
         target = staging / e["path"]
-        _copy(export / e["path"], target)
+        _copy_rows(export / e["path"], target, e["of"])
         array = np.load(target, mmap_mode="r+")
         array[np.load(delta / "rows" / f"{e['path']}.index.npy")] = \
             np.load(delta / "rows" / f"{e['path']}.values.npy")
@@ -232,6 +237,23 @@ def _link(source: Path, target: Path) -> None:
 def _copy(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)
+
+
+def _copy_rows(source: Path, target: Path, rows: int) -> None:
+    """``source`` copied to ``target``, grown to ``rows`` rows (the new ones zero)."""
+    old = np.load(source, mmap_mode="r")
+    if old.shape[0] == rows:
+        _copy(source, target)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    new = np.lib.format.open_memmap(target, mode="w+", dtype=old.dtype,
+                                    shape=(rows, *old.shape[1:]))
+    block = max(1, _BLOCK_BYTES // max(1, old.nbytes // max(old.shape[0], 1)))
+    for lo in range(0, old.shape[0], block):
+        hi = min(lo + block, old.shape[0])
+        new[lo:hi] = old[lo:hi]
+    new.flush()
+    del new
 
 
 def _patch_id_map(old: Path, changes: Path, target: Path) -> None:

@@ -159,7 +159,9 @@ def evaluate(run_dir: str | os.PathLike, split: str = "test",
     set. Read-only: no plan files, records or result file are written into the run.
 
     ``partitions``: of a partitioned data set, these partitions' ``split`` instead of the run's
-    (e.g. the next day's rows for a model trained up to the day before).
+    (e.g. the next day's rows for a model trained up to the day before); tables are sized for
+    their vocabulary, values the run never had a row for looking up a fresh table's rows (as a
+    warm start onto them would give them).
 
     Returns:
         ``{"split", "step", <the task's metrics>}``.
@@ -175,10 +177,19 @@ def evaluate(run_dir: str | os.PathLike, split: str = "test",
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data,
                                                                 partitions=list(partitions)))
     run = build_run(cfg, run_dir, progress=False, record_plan=False)
-    if run.trainer.restore(checkpoint) is None:
-        raise ValueError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
-    data = run.eval_reader(split)
-    return {"split": split, "step": run.trainer.state.step, **run.trainer.evaluate(data)}
+    trainer = run.trainer
+    if partitions is None:
+        if trainer.restore(checkpoint) is None:
+            raise ValueError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
+        step = trainer.state.step
+    else:  # tables grown to the partitions' vocabulary
+        ckpt = trainer.checkpoints.find(checkpoint) if checkpoint is not None \
+            else trainer.checkpoints.latest()
+        if ckpt is None:
+            raise ValueError(f"{run_dir / 'checkpoints'}: no complete checkpoint to evaluate")
+        trainer.warm_start(ckpt)
+        step = trainer.checkpoints.info(ckpt)["step"]
+    return {"split": split, "step": step, **trainer.evaluate(run.eval_reader(split))}
 
 
 def plan_model(cfg: Config, cluster: ClusterConfig) -> PlanResult:

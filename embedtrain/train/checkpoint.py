@@ -34,6 +34,7 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -419,7 +420,9 @@ def _grown_entries(state: dict[str, Any], metadata: Metadata
         saved = metadata.state_dict_metadata.get(key)
         if not isinstance(target, (torch.Tensor, ShardedTensor)) or not hasattr(saved, "size"):
             continue
-        old, new = tuple(saved.size), tuple(target.size())
+        with warnings.catch_warnings():  # ShardedTensor.size(): "use DTensor" (TorchRec's)
+            warnings.simplefilter("ignore", FutureWarning)
+            old, new = tuple(saved.size), tuple(target.size())
         if len(old) == len(new) >= 1 and old[1:] == new[1:] and old[0] < new[0]:
             full = torch.zeros(old, dtype=saved.properties.dtype)
             grown[key] = (target, full, places[key])

@@ -189,7 +189,7 @@ class Trainer:
             self._optimizer_step()
         valid, selected = self._final_checkpoint()
         test, split = ((self.evaluate(test_data), "test") if test_data is not None
-                       else (valid, "valid"))
+                       else (valid, "valid" if self.valid_data is not None else None))
         summary = self._write_summary(test, valid, split, time.perf_counter() - started,
                                       selected)
         for logger in self.loggers:

@@ -59,6 +59,7 @@ from pipelines.core.stats import build_vocabulary
 from pipelines.engines.base import Engine, Pass, Shard
 from pipelines.engines.local import LocalEngine
 from pipelines.tabular.checks import check_values, dropped_values, split_warning
+from pipelines.tabular.extend import Base, base_constants, base_of, extend_vocabulary, is_vocab
 from pipelines.tabular.read import (
     MAX_ROWS, check_inputs, check_row_limit, criteo_field_counts, describe_row, reading,
     scan_inputs)
@@ -74,7 +75,8 @@ from pipelines.tabular.transforms import (
 
 
 def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
-           progress: bool = True, engine: Optional[Engine] = None) -> dict:
+           progress: bool = True, engine: Optional[Engine] = None,
+           extend: Optional[Path] = None) -> dict:
     """Runs an ingestion job.
 
     Args:
@@ -87,6 +89,8 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
         progress: show a progress bar per phase (rows, rows/s) on stderr.
         engine: where the passes run (:func:`pipelines.engines.open_engine`); default: the
             local engine. The outputs are the same on every engine.
+        extend: the data set this one continues (:mod:`pipelines.tabular.extend`): its
+            vocabularies extended, its constants reused.
 
     Returns:
         The report written to ``ingest_report.json``.
@@ -104,6 +108,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
     started = time.perf_counter()
     files = resolve_inputs(inputs, spec)
     spec = check_inputs(files, spec)  # with each sparse dtype resolved from the input
+    base = base_of(extend, spec) if extend is not None else None  # refused before any pass
     out = Path(out_dir)
     # a 0-byte text file adds no rows (and a scan of it alone fails): no shard reads it
     shards = engine.shards([f for f in files
@@ -147,7 +152,7 @@ def ingest(spec: IngestSpec, inputs: Sequence[str | os.PathLike], out_dir: str |
         return engine.run(Pass("write", _write, merge_written), shards,
                           (*split, vocabs, dense_stats, boundaries, out, len(shards) > 1))
 
-    return finish(spec, files, out, stats, cutoffs, log, started, write, engine)
+    return finish(spec, files, out, stats, cutoffs, log, started, write, engine, base)
 
 
 # --- the passes' tasks (module level: an engine may run them in another process) -------------
@@ -291,19 +296,21 @@ def _write(shard: Shard, shared) -> dict[str, list[tuple[str, int]]]:
 
 def finish(spec: IngestSpec, files: Sequence[Path], out: Path, stats: PassStats,
            cutoffs: Optional[tuple[float, float]], log: Phases, started: float,
-           write, engine: Engine) -> dict:
-    """Vocabularies and constants from the training split, the write
+           write, engine: Engine, base: Optional[Base] = None) -> dict:
+    """Vocabularies and constants from the training split (or ``base``'s, extended), the write
     (``write(vocabs, dense_stats, boundaries)``), raw-id counts, the report, the rows read =
     written + dropped check, ``metadata.json``."""
     clear_out_dir(out)
     vocabs: dict[str, Vocabulary] = {}
     (out / VOCAB_DIR).mkdir()
     for s in spec.sparse:
-        if s.encoding is Encoding.VOCAB and not s.bucketized:
-            vocabs[s.name], table = build_vocabulary(stats.values[s.name], s)
+        if is_vocab(s):
+            vocabs[s.name], table = (
+                extend_vocabulary(stats.values[s.name], s, base.vocabulary(s.name)) if base
+                else build_vocabulary(stats.values[s.name], s))
             table.write_parquet(out / VOCAB_DIR / f"{s.name}.parquet")
-    dense_stats = dense_statistics(stats, spec)
-    boundaries = bucket_boundaries(stats, spec)
+    dense_stats, boundaries = base_constants(base, spec, dense_statistics(stats, spec),
+                                             bucket_boundaries(stats, spec))
 
     with log.phase("write") as rec:
         written = write(vocabs, dense_stats, boundaries)
@@ -330,6 +337,8 @@ def finish(spec: IngestSpec, files: Sequence[Path], out: Path, stats: PassStats,
                           f"({on_disk}) + dropped ({dropped:,}); did an input change during the "
                           "job?")
     meta = build_metadata(spec, files, stats, written, vocabs, dense_stats, boundaries)
+    if base is not None:
+        meta["extends"] = report["extends"] = str(base.root.resolve())
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     tmp = out / f"{METADATA_FILE}.tmp"
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
