@@ -48,6 +48,7 @@ trial, a table and writes the JSON.
 
 Usage:
     python benchmarks/chaos.py --trials 20 --json benchmarks/out/chaos.json
+    python benchmarks/chaos.py --trials 8 --warm-start --json benchmarks/out/chaos_warm.json
     python benchmarks/chaos.py --trials 4 --seed 1 --workdir /tmp/chaos --keep
 
 JSON keys: ``trials``, ``identical``, ``needed_cleanup``, ``half_written_seen``, ``with_notes``
@@ -108,6 +109,9 @@ def main() -> None:
                         "directory); must be absent or empty")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--json", help="where to write the results")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="the run under test is a warm start on day partitions 2-3 from a "
+                             "finished day-1 run (continual training; dynamic tables)")
     args = parser.parse_args()
 
     if args.workdir:
@@ -141,10 +145,35 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+# --warm-start: the run under test is a warm start on day partitions (continual training):
+# days 2 and 3 of `datagen ctr --drift --days 4` (40k rows: 20 steps a pass), started from a
+# finished 2-rank run on day 1; raw ids in dynamic tables.
+CONTINUAL_ROWS = 80_000
+CONTINUAL = ["--set", "tables=[{tables: [t_*], capacity: 16384, eviction: lru}]"]
+EXTRA: list[str] = []  # what the runs of this benchmark add to the command (--warm-start's)
+
+
+def _continual_data(work: Path) -> Path:
+    """The day partitions and the day-1 run the warm start starts from; sets ``EXTRA``."""
+    data = work / "data"
+    subprocess.run([sys.executable, "-m", "embedtrain", "datagen", "ctr", "--drift", "--days",
+                    "4", "--rows", str(CONTINUAL_ROWS), "--out", str(data)], cwd=ROOT,
+                   check=True, capture_output=True)
+    EXTRA[:] = CONTINUAL + ["--partitions", "day=001"]
+    source = work / "day1"
+    subprocess.run(_train_cmd(source, data, False), cwd=ROOT, check=True, capture_output=True)
+    EXTRA[:] = CONTINUAL + ["--partitions", "day=002,day=003", "--warm-start", str(source)]
+    return data
+
+
 def _benchmark(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     data = work / "data"
-    subprocess.run([sys.executable, "-m", "embedtrain", "datagen", "ctr", "--rows", str(ROWS),
-                    "--out", str(data)], cwd=ROOT, check=True, capture_output=True)
+    if args.warm_start:
+        _continual_data(work)
+    else:
+        subprocess.run([sys.executable, "-m", "embedtrain", "datagen", "ctr", "--rows",
+                        str(ROWS), "--out", str(data)], cwd=ROOT, check=True,
+                       capture_output=True)
     print(f"reference run ({MAX_STEPS} steps, checkpoints every {CHECKPOINT_EVERY}, "
           f"evaluations every {EVAL_EVERY}; data: {ROWS:,} rows in {data})", flush=True)
     ref = work / "reference"
@@ -187,7 +216,8 @@ def _benchmark(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "per_trial": trials,
         "reference": {"wall_s": round(wall, 2),
                       "timeline_s": {k: round(v, 3) for k, v in timeline.items()}},
-        "config": {"file": CONFIG, "overrides": OVERRIDES, "rows": ROWS, "nproc": 2},
+        "config": {"file": CONFIG, "overrides": OVERRIDES, "nproc": 2, "args": EXTRA,
+                   "rows": CONTINUAL_ROWS if args.warm_start else ROWS},
         "ignored_summary_keys": list(SUMMARY_TIMINGS),
         "ignored_trainer_state_keys": list(STATE_TIMINGS),
         "seed": args.seed,
@@ -202,7 +232,7 @@ def _train_cmd(run: Path, data: Path, resume: bool) -> list[str]:
            "--no-progress", "--set", f"data.path={data}"]
     for o in OVERRIDES:
         cmd += ["--set", o]
-    return cmd + (["--resume"] if resume else [])
+    return cmd + EXTRA + (["--resume"] if resume else [])
 
 
 def _start(cmd: list[str], run: Path, log: Path) -> subprocess.Popen:

@@ -45,6 +45,7 @@ _EXPORTS = {
     "Recipe": "embedtrain.recipes", "Run": "embedtrain.recipes",
     "build_run": "embedtrain.recipes", "fit": "embedtrain.recipes",
     "evaluate": "embedtrain.recipes", "plan_model": "embedtrain.recipes",
+    "follow": "embedtrain.recipes",
     "Trainer": "embedtrain.train.trainer", "Task": "embedtrain.train.task",
     "StepOutput": "embedtrain.train.task", "num_padding": "embedtrain.data.batching",
     "RunDir": "embedtrain.train.run_dir", "RunDirError": "embedtrain.train.run_dir",
@@ -60,7 +61,7 @@ __all__ = [
     "__version__", "Config", "ClusterConfig", "load_config", "load_cluster", "ConfigError",
     "from_dict", "dump_config", "DatasetMeta", "FeatureSpec", "SparseFeature", "load_dataset_meta",
     "embedding_bag_collection",
-    "Recipe", "Run", "build_run", "fit", "evaluate", "plan_model", "Trainer", "Task", "RunDir",
+    "Recipe", "Run", "build_run", "fit", "evaluate", "plan_model", "follow", "Trainer", "Task", "RunDir",
     "RunDirError", "StepOutput", "num_padding", "BinaryClassification", "Regression",
     "export_run", "predict", "add_items", "export_delta", "apply_delta",
 ]
@@ -75,7 +76,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from embedtrain.export.predict import predict
     from embedtrain.features import DatasetMeta, FeatureSpec, SparseFeature, load_dataset_meta
     from embedtrain.models.dlrm import embedding_bag_collection
-    from embedtrain.recipes import Recipe, Run, build_run, evaluate, fit, plan_model
+    from embedtrain.recipes import Recipe, Run, build_run, evaluate, fit, follow, plan_model
     from embedtrain.tasks import BinaryClassification, Regression
     from embedtrain.train.run_dir import RunDir, RunDirError
     from embedtrain.data.batching import num_padding

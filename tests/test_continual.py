@@ -371,3 +371,45 @@ def test_two_ranks_warm_start_resume_and_reshard(days, tmp_path):
            str(tmp_path / "d1"))
     lineage = json.loads((tmp_path / "one" / "lineage.json").read_text())
     assert [c["run"] for c in lineage["consumed"]] == [str((tmp_path / "d1").resolve())]
+
+
+def test_follow_trains_each_partition_once_as_it_appears(days, tmp_path):
+    """Continuous mode: two partitions, then (stopped) the rest, then one that appears while it
+    waits; each run warm-started from the one before, evaluated on the next partition first."""
+    from embedtrain.config import load_config
+    from embedtrain.recipes import follow
+
+    root, config = days
+    data = tmp_path / "days"
+    data.mkdir()
+    for p in ("day=001", "day=002", "day=003"):
+        shutil.copytree(root / "days" / p, data / p)
+    cfg = load_config(config, [f"data.path={data}"])
+    first = follow(cfg, tmp_path / "runs", max_partitions=2)
+    assert [r["partition"] for r in first] == ["day=001", "day=002"]
+    assert "before" not in first[0] and first[1]["before"]["run"] == first[0]["run"]
+    arrived = []
+
+    def sleep(seconds):  # day 4 lands while the follower waits
+        if not arrived:
+            shutil.copytree(root / "days" / "day=004", data / "day=004")
+            arrived.append(seconds)
+
+    rest = follow(cfg, tmp_path / "runs", wait_s=5, poll_s=1, sleep=sleep)
+    assert [r["partition"] for r in rest] == ["day=003", "day=004"] and arrived == [1]
+    lineage = json.loads((tmp_path / "runs" / "day=004" / "lineage.json").read_text())
+    assert [c["partition"] for c in lineage["consumed"]] == ["day=001", "day=002", "day=003"]
+    assert lineage["warm_start"]["run"] == str((tmp_path / "runs" / "day=003").resolve())
+    records = [json.loads(x) for x in (tmp_path / "runs" / "follow.jsonl").read_text()
+               .splitlines()]
+    assert [r["partition"] for r in records] == ["day=001", "day=002", "day=003", "day=004"]
+    assert 0.4 < records[-1]["before"]["auc"] < 1
+    assert follow(cfg, tmp_path / "runs") == []  # nothing new: nothing trained
+    # the line as warm starts by hand: the same weights
+    _train(config, tmp_path / "h1", "--set", f"data.path={data}", "--partitions", "day=001")
+    _train(config, tmp_path / "h2", "--set", f"data.path={data}", "--partitions", "day=002",
+           "--warm-start", str(tmp_path / "h1"))
+    a = _params(_final(tmp_path / "runs" / "day=002"), tmp_path)
+    b = _params(_final(tmp_path / "h2"), tmp_path)
+    _assert_equal({k: a[k] for k in ("model", "optimizer")},
+                  {k: b[k] for k in ("model", "optimizer")})

@@ -47,6 +47,15 @@ def register(sub) -> None:
     p.add_argument("--partitions", metavar="P[,P...]",
                    help="of a partitioned data set (a folder of data sets, e.g. day=001/), the "
                         "partitions to train on, in order: data.partitions (default: all)")
+    p.add_argument("--follow", metavar="RUNS",
+                   help="continuous mode: train each partition of the data set once, in order, "
+                        "as it appears, each run (RUNS/<partition>) warm-started from the one "
+                        "before and first evaluated on it (RUNS/follow.jsonl); one process")
+    p.add_argument("--max-partitions", type=int, metavar="N",
+                   help="with --follow: stop after N partitions")
+    p.add_argument("--wait-s", type=float, default=0.0, metavar="S",
+                   help="with --follow: stop when no new partition appeared for S seconds "
+                        "(default 0: when none is left)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="with --nproc: restarts torchrun may make after a rank dies; a restarted "
                         "job resumes from the last checkpoint")
@@ -90,6 +99,8 @@ def _train(args: argparse.Namespace) -> int:
     of ``--nproc`` ranks through torchrun that each do so."""
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    if args.follow is not None:
+        return _follow(args)
     cfg = load_config(args.config, _data_overrides(args))
     cluster = load_cluster(args.cluster) if args.cluster else None
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
@@ -122,6 +133,30 @@ def _train(args: argparse.Namespace) -> int:
                   progress=False if args.no_progress else None, cluster=cluster)
     if summary is not None and env_rank() == 0:
         _print_summary(summary, out, cfg)
+    return 0
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """``embedtrain train CONFIG --follow RUNS``: :func:`embedtrain.recipes.follow`."""
+    given = [f for f, v in (("--out", args.out), ("--resume", args.resume),
+                            ("--overwrite", args.overwrite), ("--warm-start", args.warm_start),
+                            ("--partitions", args.partitions), ("--nproc", args.nproc),
+                            ("--cluster", args.cluster)) if v]
+    if given:
+        raise UsageError(f"--follow: not with {given[0]} (the runs are RUNS/<partition>, each "
+                         f"warm-started from the one before, on one process)")
+    cfg = load_config(args.config, args.overrides)
+    importlib.import_module("torch")
+    from embedtrain.recipes import follow
+
+    records = follow(cfg, args.follow, max_partitions=args.max_partitions, wait_s=args.wait_s,
+                     progress=False if args.no_progress else None)
+    for r in records:
+        before = r.get("before") or {}
+        score = "".join(f" {k} {before[k]:.4f}" for k in ("auc", "loss") if k in before)
+        print(f"{r['partition']}: trained into {r['run']}"
+              f"{f'; the run before on it:{score}' if score else ''}")
+    print(f"{len(records)} partition(s) trained; records: {Path(args.follow) / 'follow.jsonl'}")
     return 0
 
 

@@ -16,8 +16,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -34,8 +36,10 @@ from embedtrain.recipes.xc import XCRecipe
 from embedtrain.lifecycle import check_start
 from embedtrain.runtime import allocator_setting, begin_run, mark, threads_per_rank
 from embedtrain.sharding.planner import PlanResult
-from embedtrain.train.lineage import check_warm_start, write_lineage
+from embedtrain.features import list_partitions
+from embedtrain.train.lineage import LINEAGE_FILE, check_warm_start, consumed, write_lineage
 from embedtrain.train.run_dir import RunDir, RunDirError, env_rank
+from embedtrain.utils import append_line
 
 RECIPES: dict[TaskKind, type[Recipe]] = {
     TaskKind.CTR: CTRRecipe,
@@ -190,6 +194,56 @@ def evaluate(run_dir: str | os.PathLike, split: str = "test",
         trainer.warm_start(ckpt)
         step = trainer.checkpoints.info(ckpt)["step"]
     return {"split": split, "step": step, **trainer.evaluate(run.eval_reader(split))}
+
+
+def follow(cfg: Config, runs: str | os.PathLike, *, max_partitions: Optional[int] = None,
+           wait_s: float = 0.0, poll_s: float = 10.0, progress: Optional[bool] = None,
+           sleep: Callable[[float], None] = time.sleep) -> list[dict[str, Any]]:
+    """Continuous mode: trains each partition of ``cfg``'s partitioned data set once, in name
+    order, as it appears, each run warm-started from the one before (``runs/<partition>``).
+
+    The line continues from the run in ``runs`` whose line consumed the most partitions (a
+    finished one; an unfinished run of the next partition is resumed). Before a partition is
+    trained on, the run before it is evaluated on it (its ``train`` split: the rows it has not
+    seen). One JSON line a partition goes to ``runs/follow.jsonl``: the partition, its run,
+    that evaluation (``before``), the run's summary metrics. Stops after ``max_partitions``
+    partitions, or when no new partition has appeared for ``wait_s`` seconds (polled every
+    ``poll_s``; 0: stop at once).
+
+    Returns:
+        The records written.
+    """
+    runs = Path(runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    finished = [r for r in sorted(runs.iterdir()) if (r / "summary.json").is_file()
+                and (r / LINEAGE_FILE).is_file()]
+    previous = max(finished, key=lambda r: len(consumed(r)), default=None)
+    records: list[dict[str, Any]] = []
+    waited = 0.0
+    while max_partitions is None or len(records) < max_partitions:
+        done = {c["partition"] for c in consumed(previous)} if previous is not None else set()
+        todo = [p for p in list_partitions(cfg.data.path) if p not in done]
+        if not todo:
+            if waited >= wait_s:
+                break
+            sleep(poll_s)
+            waited += poll_s
+            continue
+        waited, part, out = 0.0, todo[0], runs / todo[0]
+        record: dict[str, Any] = {"partition": part, "run": str(out.resolve())}
+        if previous is not None:
+            record["before"] = {"run": str(previous.resolve()), **evaluate(
+                previous, split="train", partitions=[part])}
+        resume = (out / "config.yaml").is_file()
+        summary = fit(dataclasses.replace(cfg, data=dataclasses.replace(
+            cfg.data, partitions=[part])), out, resume=resume, progress=progress,
+            warm_start=previous)
+        record["summary"] = summary or json.loads((out / "summary.json").read_text())
+        if env_rank() == 0:
+            append_line(runs / "follow.jsonl", json.dumps(record))
+        records.append(record)
+        previous = out
+    return records
 
 
 def plan_model(cfg: Config, cluster: ClusterConfig) -> PlanResult:
