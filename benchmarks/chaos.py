@@ -175,7 +175,9 @@ def _benchmark(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         str(ROWS), "--out", str(data)], cwd=ROOT, check=True,
                        capture_output=True)
     print(f"reference run ({MAX_STEPS} steps, checkpoints every {CHECKPOINT_EVERY}, "
-          f"evaluations every {EVAL_EVERY}; data: {ROWS:,} rows in {data})", flush=True)
+          f"evaluations every {EVAL_EVERY}; data: "
+          f"{CONTINUAL_ROWS if args.warm_start else ROWS:,} rows in {data}"
+          f"{'; a warm start on days 2-3' if args.warm_start else ''})", flush=True)
     ref = work / "reference"
     timeline = _reference_run(ref, data, work / "reference.log")
     wall, final = timeline["exit"], timeline[f"step_{MAX_STEPS:08d}"]

@@ -137,6 +137,13 @@ def test_a_partition_is_consumed_once_along_a_line(days, tmp_path):
     r = run_cli("train", str(config), "--out", str(tmp_path / "d3"), "--partitions", "day=002",
                 "--warm-start", str(unfinished))
     assert r.returncode != 0 and "not finished" in r.stderr and len(r.stderr.splitlines()) == 1
+    # a run of no line overwriting one of a line leaves no lineage behind
+    from embedtrain.testing import tiny_ctr_dataset
+
+    plain = tiny_ctr_dataset(tmp_path / "plain", rows=600)
+    _train(config, tmp_path / "d2", "--overwrite", "--set", f"data.path={plain}",
+           "--set", "tables=[]")
+    assert not (tmp_path / "d2" / "lineage.json").exists()
 
 
 def test_a_killed_warm_start_resumes_to_the_uninterrupted_runs_weights(days, tmp_path):

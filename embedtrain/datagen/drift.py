@@ -293,6 +293,16 @@ class DriftModel:
 
 # --- the generator -------------------------------------------------------------------------------
 
+def columns_meta(spec: DriftDataSpec, model: DriftModel, distinct: dict[str, int]) -> dict:
+    """``metadata.json``'s columns: raw int64 sparse features sized by ``distinct`` ids."""
+    return {
+        "format_version": 1, "name": "synthetic_ctr_drift", "label": "label",
+        "dense": spec.dense_names, "dense_transform": "none",
+        "sparse": [{"name": name, "num_embeddings": max(1, distinct[name]), "multi_hot": False,
+                    "max_length": 1, "raw": True} for name in model.names],
+    }
+
+
 def period_rows(model: DriftModel, t: int, starts: np.ndarray
                 ) -> Iterator[tuple[pa.Table, list[np.ndarray], np.ndarray, np.ndarray]]:
     """Period ``t``'s rows in chunks of at most ``_CHUNK_ROWS``: ``(table, id indices per
@@ -389,13 +399,7 @@ def generate_ctr_drift(spec: DriftDataSpec, out_dir: str | os.PathLike,
             "unseen_in_train_share": {s: share(s, f) for s in ("valid", "test")},
         }
     meta = {
-        "format_version": 1,
-        "name": "synthetic_ctr_drift",
-        "label": "label",
-        "dense": spec.dense_names,
-        "dense_transform": "none",
-        "sparse": [{"name": name, "num_embeddings": max(1, features[name]["distinct_ids"]["train"]),
-                    "multi_hot": False, "max_length": 1, "raw": True} for name in model.names],
+        **columns_meta(spec, model, {n: features[n]["distinct_ids"]["train"] for n in model.names}),
         "splits": {s: {"files": writers[s].files, "rows": rows[s]} for s in SPLITS},
         "oracle_auc": {s: _finite(roc_auc(p_all[s], y_all[s])) for s in SPLITS},
         "oracle_logloss": {s: _finite(log_loss(p_all[s], y_all[s])) for s in SPLITS},

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from embedtrain.datagen.ctr import SplitWriter, log_loss, prepare_out_dir, roc_auc
-from embedtrain.datagen.drift import DriftDataSpec, DriftModel, period_rows, period_starts
+from embedtrain.datagen.drift import (
+    DriftDataSpec, DriftModel, columns_meta, period_rows, period_starts)
 from embedtrain.features import PARTITIONS_FILE
 from embedtrain.utils import progress_bar, write_atomic
 
@@ -110,13 +111,7 @@ def _write_day(root: Path, spec: DriftDataSpec, model: DriftModel, t: int, write
                 for f, name in enumerate(model.names)}
     share = float(new_lookups.sum() / (rows * spec.sparse_features))
     meta = {
-        "format_version": 1,
-        "name": "synthetic_ctr_drift",
-        "label": "label",
-        "dense": spec.dense_names,
-        "dense_transform": "none",
-        "sparse": [{"name": name, "num_embeddings": max(1, features[name]["distinct_ids"]),
-                    "multi_hot": False, "max_length": 1, "raw": True} for name in model.names],
+        **columns_meta(spec, model, {n: features[n]["distinct_ids"] for n in model.names}),
         "splits": {"train": {"files": writer.files, "rows": rows}},
         "oracle_auc": {"train": roc_auc(p, y)},
         "oracle_logloss": {"train": log_loss(p, y)},

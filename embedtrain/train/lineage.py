@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from embedtrain.features import list_partitions
-from embedtrain.train.run_dir import SUMMARY_FILE, RunDirError
+from embedtrain.train.run_dir import LINEAGE_FILE, SUMMARY_FILE, RunDirError
 from embedtrain.utils import write_atomic
 
-LINEAGE_FILE = "lineage.json"
+__all__ = ["LINEAGE_FILE", "check_warm_start", "consumed", "read_lineage", "run_partitions",
+           "source_checkpoint", "write_lineage"]
 
 
 def run_partitions(cfg: Any) -> list[str]:

@@ -32,6 +32,7 @@ from embedtrain.utils import append_line, write_atomic
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CURVES_FILE = "curves.png"
+LINEAGE_FILE = "lineage.json"  # continual training's record (embedtrain.train.lineage)
 LOCK_FILE = ".lock"
 # What makes a directory a run's (an earlier run, or one that started): ``--out`` that exists and
 # holds none of these is a user's folder, refused unless empty.
@@ -156,7 +157,7 @@ class RunDir:
 
     def clear(self) -> None:
         """Removes an earlier run's records and checkpoints (for ``--overwrite``)."""
-        for name in (METRICS_FILE, SUMMARY_FILE, CURVES_FILE):
+        for name in (METRICS_FILE, SUMMARY_FILE, CURVES_FILE, LINEAGE_FILE):
             (self.root / name).unlink(missing_ok=True)
         for old in self.root.glob("eval_*.json"):  # what `embedtrain eval` wrote into runs once
             old.unlink()
