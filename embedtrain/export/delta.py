@@ -217,6 +217,7 @@ def apply_delta(delta: str | os.PathLike, export: str | os.PathLike) -> dict[str
         _copy(delta / "files" / e["path"], staging / e["path"])
     for kind in ("rows", "id_maps", "files"):
         for e in record[kind]:
+            _fsync(staging / e["path"])  # on disk before the exchange publishes it
             if sha256(staging / e["path"]) != e["sha256"]:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise ExportError(f"{delta}: patching {export / e['path']} did not give the "
@@ -224,6 +225,14 @@ def apply_delta(delta: str | os.PathLike, export: str | os.PathLike) -> dict[str
     _exchange(staging, export)
     shutil.rmtree(staging, ignore_errors=True)  # the old export
     return record
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _link(source: Path, target: Path) -> None:
@@ -274,11 +283,7 @@ def _exchange(a: Path, b: Path) -> None:
     """Swaps directories ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``), or with two
     renames where the system has no exchange."""
     for d in (a, b.parent):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(d)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:
