@@ -8,7 +8,8 @@ classic baselines, every figure over the full item corpus on the same test split
   of users' train events), ties by popularity;
 - ``als``: implicit-feedback matrix factorisation (Hu, Koren and Volinsky, 2008) from the
   ``implicit`` package on the users x items train matrix, its factors (64, 128, 256),
-  regularisation (0.1, 1) and confidence scale (alpha 1, 10, 40) chosen on the valid split; a
+  regularisation (0.1, 1) and confidence scale (alpha 1, 10, 40) chosen on the valid split
+  (``--als-grid`` narrows or widens the grid); a
   test row's user factor is recomputed from its train and valid events (``recalculate_user``);
 - ``model``: ``embedtrain train CONFIG`` on the data (``--steps``), and ``model_no_log_q`` the
   same with ``task.log_q=false``: their summaries' test recall@k, training examples/s.
@@ -94,8 +95,23 @@ def cooccurrence(train: dict, test: dict, users: int, items: int, pop: np.ndarra
     return recall(np.concatenate(tops), test["item"])
 
 
-def als(train: dict, valid: dict, test: dict, users: int, items: int, threads: int
-        ) -> tuple[dict, dict]:
+ALS_GRID = [(f, r, a) for f in (64, 128, 256) for r in (0.1, 1.0) for a in (1.0, 10.0, 40.0)]
+
+
+def parse_als_grid(text: str) -> list[tuple[int, float, float]]:
+    """``FACTORS:REG:ALPHA,...`` -> the ALS settings tried (one-line error on a bad one)."""
+    grid = []
+    for item in text.split(","):
+        try:
+            f, r, a = item.split(":")
+            grid.append((int(f), float(r), float(a)))
+        except ValueError:
+            raise SystemExit(f"--als-grid: {item!r} is not FACTORS:REG:ALPHA") from None
+    return grid
+
+
+def als(train: dict, valid: dict, test: dict, users: int, items: int, threads: int,
+        grid: list[tuple[int, float, float]]) -> tuple[dict, dict]:
     from implicit.cpu.als import AlternatingLeastSquares
 
     base = user_items([train], users, items)
@@ -114,15 +130,12 @@ def als(train: dict, valid: dict, test: dict, users: int, items: int, threads: i
         return recall(ids, split["item"])
 
     best, best_params = -1.0, None
-    for factors in (64, 128, 256):
-        for reg in (0.1, 1.0):
-            for alpha in (1.0, 10.0, 40.0):
-                got = evaluate(fit(factors, reg, alpha), valid, base)[10]
-                print(f"als factors {factors} regularization {reg} alpha {alpha}: valid "
-                      f"recall@10 {got:.4f}", file=sys.stderr)
-                if got > best:
-                    best, best_params = got, {"factors": factors, "regularization": reg,
-                                              "alpha": alpha}
+    for factors, reg, alpha in grid:
+        got = evaluate(fit(factors, reg, alpha), valid, base)[10]
+        print(f"als factors {factors} regularization {reg} alpha {alpha}: valid "
+              f"recall@10 {got:.4f}", file=sys.stderr)
+        if got > best:
+            best, best_params = got, {"factors": factors, "regularization": reg, "alpha": alpha}
     model = fit(**best_params)
     return evaluate(model, test, with_valid), {**best_params, "valid_recall@10": best}
 
@@ -188,6 +201,9 @@ def main() -> int:
     p.add_argument("--ann-index", default="1000000:hnsw,10000000:ivf",
                    help="SIZE:KIND of the index at a size (default: auto)")
     p.add_argument("--ann-dim", type=int, default=64)
+    p.add_argument("--als-grid", type=parse_als_grid, default=ALS_GRID,
+                   help="FACTORS:REG:ALPHA,... the ALS settings tried on valid (default: "
+                        "factors 64/128/256 x regularisation 0.1/1 x alpha 1/10/40)")
     p.add_argument("--json", required=True)
     args = p.parse_args()
     meta = json.loads((args.data / "metadata.json").read_text())
@@ -206,7 +222,7 @@ def main() -> int:
 
         with threadpool_limits(1, "blas"):  # implicit's own threads, not OpenBLAS's (its advice)
             figures["als"], out["als_params"] = als(train, valid, test, users, items,
-                                                    os.cpu_count() or 1)
+                                                    os.cpu_count() or 1, args.als_grid)
         out["baselines_s"] = time.perf_counter() - t
     if not args.skip_model:
         speed = {}
