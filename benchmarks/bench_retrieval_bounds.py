@@ -42,20 +42,19 @@ def main() -> int:
     import pyarrow.dataset as ds
     import torch
 
-    from embedtrain.datagen.retrieval import RetrievalDataSpec, _unit, planted_towers
+    from embedtrain.datagen.retrieval import RetrievalDataSpec, planted_towers
 
-    meta = json.loads((args.data / "metadata.json").read_text())
+    try:
+        meta = json.loads((args.data / "metadata.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{args.data}/metadata.json: cannot read ({e.__class__.__name__})")
+    if meta.get("task") != "retrieval" or "generator" not in meta:
+        raise SystemExit(f"{args.data}/metadata.json: not a `datagen retrieval` data set")
     spec = RetrievalDataSpec(**meta["generator"])
     m = planted_towers(spec)
     Q = torch.from_numpy(m.user_vectors)
     s, d = spec.sharpness, spec.dim
-    # the brand vectors, drawn as planted_towers draws them (its stream, in its order)
-    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0]))
-    cat_vec = _unit(rng.standard_normal((spec.categories, d)))
-    brand_cat = rng.integers(spec.categories, size=spec.brands)
-    brand_vec = _unit(cat_vec[brand_cat] + spec.brand_noise
-                      * rng.standard_normal((spec.brands, d)) / math.sqrt(d))
-    B = torch.from_numpy(brand_vec[m.brand].astype(np.float32))
+    B = torch.from_numpy(m.brand_vectors[m.brand].astype(np.float32))
     tr = ds.dataset(args.data / "train").to_table(columns=["user", "item"])
     u, it = (torch.from_numpy(tr[c].to_numpy()) for c in ("user", "item"))
     n_u = torch.bincount(u, minlength=spec.users).float()

@@ -147,6 +147,7 @@ class PlantedTowers(NamedTuple):
     user_vectors: np.ndarray   # [users, dim] float32
     cold: np.ndarray       # [items] bool
     attributes: np.ndarray  # [users, attributes] int64
+    brand_vectors: np.ndarray  # [brands, dim] float64: an item lies around its brand's
 
 
 def planted_towers(spec: RetrievalDataSpec) -> PlantedTowers:
@@ -174,7 +175,7 @@ def planted_towers(spec: RetrievalDataSpec) -> PlantedTowers:
         users += _unit(arng.standard_normal((spec.attribute_values, d)))[attrs[:, a]]
     return PlantedTowers(brand_cat[brand].astype(np.int64), brand.astype(np.int64), items,
                          segment.astype(np.int64), _unit(users).astype(np.float32), cold,
-                         attrs.astype(np.int64))
+                         attrs.astype(np.int64), brand_vec)
 
 
 def probabilities(spec: RetrievalDataSpec, model: PlantedTowers, users: slice) -> np.ndarray:
