@@ -3,7 +3,8 @@
 All in one process, alternating rounds so machine noise hits each alike; medians are reported.
 - pyarrow_decode: ``pyarrow.parquet.read_table`` of the loader's columns (the decode floor);
 - loader: ``ParquetBatchReader`` making KJT batches (batch 2048, shuffle on, DataConfig's default
-  workers, prefetch and shuffle buffer); also with ``num_workers=0`` (synchronous) and 1 worker;
+  prefetch and shuffle buffer, 2 worker threads: what a GPU rank or one with spare cores runs);
+  also with ``num_workers=0`` (synchronous: a CPU rank whose step takes every core) and 1 worker;
 - naive: pandas rows (``itertuples``) into per-row Python lists, then one KJT per batch, on the
   first ``--naive-rows`` rows only (it is slow), decode and shuffle included.
 
@@ -53,6 +54,7 @@ from embedtrain.data.reader import ParquetBatchReader  # noqa: E402
 from embedtrain.features import DenseTransform, FeatureSpec, load_dataset_meta  # noqa: E402
 
 BATCH = 2048
+LOADER_THREADS = 2  # data.num_workers: auto, where a loader thread has a core to itself
 
 
 def main() -> None:
@@ -71,7 +73,7 @@ def main() -> None:
     spec, defaults = meta.features, DataConfig()
     if args.rss_child:  # one loader epoch in a fresh process: its peak RSS is the loader's own
         reader = ParquetBatchReader(files, spec, BATCH, shuffle=True,
-                                    num_workers=defaults.num_workers,
+                                    num_workers=LOADER_THREADS,
                                     shuffle_buffer_rows=defaults.shuffle_buffer_rows,
                                     prefetch_batches=defaults.prefetch_batches)
         before = _rss_mb("VmRSS:")
@@ -105,13 +107,13 @@ def main() -> None:
 
     runs = {
         "pyarrow_decode": decode,
-        "loader": loader(defaults.num_workers),
+        "loader": loader(LOADER_THREADS),
         "loader (num_workers=0)": loader(0),
         "loader (num_workers=1)": loader(1),
         "naive": naive,
     }
     if args.baseline:
-        runs["loader (baseline)"] = loader(defaults.num_workers, _baseline_reader(args.baseline))
+        runs["loader (baseline)"] = loader(LOADER_THREADS, _baseline_reader(args.baseline))
     results: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(args.rounds):
         for name, run in runs.items():
@@ -145,7 +147,7 @@ def main() -> None:
         "extra": {
             "rows": rows, "files": [str(f) for f in files], "batch_size": BATCH,
             "rounds": args.rounds, "naive_rows": naive_table.num_rows,
-            "loader_num_workers": defaults.num_workers,
+            "loader_num_workers": LOADER_THREADS,
             "shuffle_buffer_rows": defaults.shuffle_buffer_rows,
             "rss_before_iterating_mb": rss["before_mb"], "medians": med, "all": results,
             "baseline": args.baseline,

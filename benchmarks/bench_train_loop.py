@@ -4,7 +4,9 @@ Both train the same DLRM (the demo config's sizes) with fused row-wise Adagrad a
 data set, in one process, alternating rounds so machine noise hits both alike. Three rows:
 - hand-written: DMP forward/backward/step over pre-built batches (the anchor's loop);
 - trainer step: ``Trainer._train_step`` over the same pre-built batches (loop overhead only);
-- trainer + reader: ``Trainer`` reading parquet through ``ParquetBatchReader`` (what a run sees);
+- trainer + reader: ``Trainer`` reading parquet through ``ParquetBatchReader`` (what a run sees:
+  ``data.num_workers`` as configured, ``auto`` by default; the epochs follow one another across
+  rounds, so an epoch's start is paid once an epoch, as in a run);
 - trainer + reader, ``train.pipeline: sparse_dist``: the same steps driven by TorchRec's
   ``TrainPipelineSparseDist`` (a second run of the same config in the same process). On one CPU
   process there is no all-to-all to hide and no copy stream: expect no gain, only its overhead.
@@ -20,6 +22,7 @@ between rounds; ``rows[name].all``: every round).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import statistics
@@ -77,18 +80,16 @@ def main() -> None:
             trainer._train_step(b)
         return len(batches) * batch_size / (time.perf_counter() - start)
 
-    epoch = [1]
+    # The reader's epochs follow one another across rounds, as in a run: an epoch's start (the
+    # shuffle buffer's first fill) is paid once an epoch, not once a round.
+    read = itertools.chain.from_iterable(trainer.train_data.iter_epoch(e)
+                                         for e in itertools.count(1))
 
     def trainer_reader() -> float:
         start = time.perf_counter()
-        n = 0
-        for b in trainer.train_data.iter_epoch(epoch[0]):
+        for b in itertools.islice(read, len(batches)):
             trainer._train_step(b)
-            n += 1
-            if n == len(batches):
-                break
-        epoch[0] += 1
-        return n * batch_size / (time.perf_counter() - start)
+        return len(batches) * batch_size / (time.perf_counter() - start)
 
     piped = build_run(load_config(args.config, [f"data.path={args.data}", *args.overrides,
                                                 "train.pipeline=sparse_dist"]),
@@ -121,7 +122,11 @@ def main() -> None:
     hand = rows["hand-written DMP loop"]
     base = statistics.median(hand)
     result = {"batch_size": batch_size, "steps_per_round": args.steps, "rounds": args.rounds,
-              "threads": torch.get_num_threads(), "data": args.data, "rows": {}}
+              "threads": torch.get_num_threads(), "data": args.data,
+              "loader_threads": trainer.train_data.num_workers, "rows": {}}
+    print(f"torch threads {torch.get_num_threads()}, loader threads "
+          f"{trainer.train_data.num_workers} (data.num_workers: "
+          f"{'auto' if cfg.data.num_workers is None else cfg.data.num_workers})")
     print(f"{'loop':<40} {'median ex/s':>12} {'vs hand-written':>16} {'paired':>8}")
     for name, values in rows.items():
         med = statistics.median(values)

@@ -115,8 +115,10 @@ class DataConfig:
     drop_last: bool = False
     # rows mixed before batches are cut
     shuffle_buffer_rows: int = config_field(262_144, check=POSITIVE)
-    # background loader threads per rank (0: read in the training thread)
-    num_workers: int = config_field(2, check=NON_NEGATIVE)
+    # background loader threads per rank (0: read in the training thread); auto: for parquet,
+    # none on a CPU-only rank whose torch threads take every core (reading between steps, with
+    # one idle-class thread reading ahead), else 2; the GNN loader: 2
+    num_workers: Optional[int] = config_field(None, check=NON_NEGATIVE, none_spelled="auto")
     prefetch_batches: int = config_field(8, check=POSITIVE)  # batches the loader may hold ready
 
 

@@ -214,6 +214,35 @@ def threads_per_rank(requested: Optional[int] = None,
     return max(1, cores // ranks), f"cores / local ranks = {cores} / {ranks}"
 
 
+def loader_threads(requested: Optional[int], accelerated: bool, torch_threads: int) -> int:
+    """Background loader threads of a rank: ``data.num_workers``, or derived where it is ``auto``.
+
+    Derived: 0 on a CPU-only rank whose torch intra-op threads already take every core it has
+    (the default, :func:`threads_per_rank`): the reader then runs in the training thread, between
+    steps, helped by one read-ahead thread in the idle scheduling class (:func:`idle_read_ahead`);
+    else 2. A normal loader thread beside such a step can only run by preempting one of the
+    step's threads, and the others then wait for it at the next barrier
+    (``benchmarks/bench_train_loop.py``, ``benchmarks/RESULTS.md``). With an accelerator, or cores
+    to spare, threads overlap reading with the step.
+
+    Args:
+        requested: ``data.num_workers`` (None: auto).
+        accelerated: the step runs on a GPU.
+        torch_threads: this rank's intra-op threads (``torch.get_num_threads()``).
+    """
+    if requested is not None:
+        return requested
+    if not accelerated and torch_threads * local_ranks() >= usable_cores():
+        return 0
+    return 2
+
+
+def idle_read_ahead(requested: Optional[int], threads: int) -> bool:
+    """Whether the reader reads ahead in an idle-class thread: where ``data.num_workers`` is
+    ``auto`` and :func:`loader_threads` gave 0 (an explicit 0 reads in the training thread only)."""
+    return requested is None and threads == 0
+
+
 def process_start_time() -> float:
     """When this process started (seconds since the epoch; from /proc, else this module's import)."""
     try:

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from embedtrain.data.prefetch import OrderedPrefetcher
+from embedtrain.data.prefetch import IdleReadAhead, OrderedPrefetcher
 from embedtrain.data.reader import DataError, LastBatch, ParquetBatchReader
 from embedtrain.features import DenseTransform, FeatureSpec
 from embedtrain.testing import random_ctr_table, write_parquet
@@ -148,10 +148,13 @@ def test_abandoned_iterator_does_not_hang_exit(tmp_path):
         kept = prefetch.OrderedPrefetcher(range(10_000), slow, lambda xs: xs, num_workers=2,
                                           max_ready=1)
         print(next(kept))
+        # the idle-class read-ahead thread, unclosed and in the middle of a load
+        ahead = iter(prefetch.IdleReadAhead(range(10_000), slow, ahead=100))
+        print(next(ahead))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=20)
-    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr
+    assert done.returncode == 0 and done.stdout.split() == ["0", "0"], done.stderr
 
 
 def test_worker_error_is_raised_in_consumer_with_its_message(tmp_path):
@@ -183,6 +186,80 @@ def test_prefetcher_reraises_the_original_exception():
         next(it)
     with pytest.raises(StopIteration):
         next(it)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_idle_read_ahead_gives_the_synchronous_batches_and_errors(dataset, tmp_path, world_size):
+    files, spec, table = dataset
+    def make(read_ahead: bool, rank: int) -> ParquetBatchReader:
+        return ParquetBatchReader(files, spec, 30, shuffle=True, seed=2, shuffle_buffer_rows=100,
+                                  rank=rank, world_size=world_size, num_workers=0,
+                                  read_ahead=read_ahead, last_batch=LastBatch.PAD)
+    seen = []
+    for rank in range(world_size):
+        sync, ahead = make(False, rank), make(True, rank)
+        assert ahead.read_ahead and not sync.read_ahead
+        got = list(ahead.iter_epoch(1))
+        assert all(same(a, b) for a, b in zip(sync.iter_epoch(1), got, strict=True))
+        tail = list(ahead.iter_epoch(1, skip_batches=3))
+        assert all(same(a, b) for a, b in zip(got[3:], tail, strict=True))
+        seen += [k for b in got for k in _real(b)]
+    assert sorted(seen) == sorted(table.column("d0").to_pylist())  # every row once
+
+    bad, spec = random_ctr_table(rows=600)
+    s0 = bad.column("s0").to_numpy().copy()
+    s0[530] = 7
+    bad = bad.set_column(bad.schema.get_field_index("s0"), "s0", pa.array(s0))
+    f = write_parquet(bad, tmp_path / "bad.parquet", row_group_size=64)
+    got = []
+    with pytest.raises(DataError, match=r"bad.parquet: column s0: id 7 outside \[0, 7\) at row 530$"):
+        for batch in ParquetBatchReader([f], spec, 16, num_workers=0, read_ahead=True):
+            got.append(batch)
+    assert len(got) == 512 // 16
+
+
+def test_idle_read_ahead_loads_ahead_but_the_consumer_never_waits_for_it():
+    by_thread: dict[int, str] = {}
+
+    def load(i: int) -> int:
+        by_thread[i] = threading.current_thread().name
+        return i * i
+
+    # A consumer slower than the loads: the idle thread has loaded the next item before it is
+    # asked for (given up to 10 s of whatever CPU time nothing else wants).
+    ahead = IdleReadAhead(range(6), load, ahead=2, name="ahead-test")
+    out = []
+    for i, value in enumerate(ahead):
+        out.append(value)
+        deadline = time.monotonic() + 10
+        while i + 1 < 6 and ahead._state.done.get(i + 1) is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert out == [i * i for i in range(6)]
+    assert ahead.loaded_ahead >= 5 and by_thread[5] == "ahead-test"  # item 0: either
+
+    # A thread that never gets to finish (a starved one): the consumer loads every item itself,
+    # at once, and its errors come out at their position.
+    release = threading.Event()
+
+    def stuck(i: int) -> int:
+        release.wait(30)
+        return -1
+
+    def failing(i: int) -> int:
+        if i == 3:
+            raise KeyError(f"item {i}")
+        return i
+
+    before = set(threading.enumerate())
+    starved = IdleReadAhead(range(5), failing, ahead=3, background_load=stuck)
+    start, got = time.monotonic(), []
+    with pytest.raises(KeyError, match="item 3"):
+        for value in starved:
+            got.append(value)
+    assert time.monotonic() - start < 5  # closing does not wait for the stuck load either
+    assert got == [0, 1, 2] and starved.loaded_ahead == 0
+    release.set()
+    assert not wait_for_threads(before)
 
 
 def _real(batch) -> list[float]:

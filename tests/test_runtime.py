@@ -67,6 +67,18 @@ def test_threads_per_rank_config_then_environment_then_cores(monkeypatch):
         runtime.threads_per_rank(None)
 
 
+def test_loader_threads_configured_else_none_where_the_step_takes_every_core(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 8)
+    assert runtime.loader_threads(None, False, 4) == 0  # 2 ranks x 4 threads: every core
+    assert runtime.loader_threads(None, False, 3) == 2  # two cores to spare
+    assert runtime.loader_threads(None, True, 4) == 2  # a GPU step: reading overlaps it
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert runtime.loader_threads(None, False, 4) == 2
+    assert runtime.loader_threads(None, False, 8) == 0
+    assert runtime.loader_threads(1, False, 8) == 1 and runtime.loader_threads(0, True, 1) == 0
+
+
 # Allocates a 64 MiB block (above glibc's largest dynamic mmap threshold): glibc's defaults
 # serve it by mmap (mapped bytes, mallinfo2().hblkhd, rise while it lives); tuned, the heap;
 # tuned, then fitted to a rank holding argv[1] bytes of tables and heads: mapped again if large.
@@ -124,10 +136,14 @@ train: {{max_steps: 3, eval_every: 0, progress: false, threads_per_rank: 1}}
                         str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "threads: 1 per rank (train.threads_per_rank); allocator: glibc: no mmap" in r.stderr
+    # one torch thread leaves a core to spare on 2 or more: auto gives the loader 2 threads
+    loader = runtime.loader_threads(None, False, 1)
+    assert (f"threads: 1 per rank (train.threads_per_rank); loader threads: {loader} "
+            "(data.num_workers: auto); allocator: glibc: no mmap") in r.stderr
     import json
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["loader_threads_per_rank"] == loader
     parts = summary["startup"]
     assert list(parts) == ["imports_s", "torch_s", "libraries_s", "build_s", "first_batch_s"]
     assert summary["startup_s"] > 0 and all(v >= 0 for v in parts.values())

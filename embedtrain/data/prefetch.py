@@ -13,6 +13,10 @@ every blocked thread (blocking calls also poll the flag every 50 ms); threads en
 in progress and are joined. An exception in a thread is re-raised, unchanged, in the consumer, at
 the position it happened.
 
+:class:`IdleReadAhead` is for a consumer whose own work takes every core: the consumer loads in
+its own thread, helped by one thread in the idle scheduling class that loads the next items on
+CPU time nothing else wants, and never waits for it.
+
 Example:
     >>> squares = OrderedPrefetcher(range(10), lambda i: i * i, lambda xs: xs, num_workers=2)
     >>> list(squares)
@@ -21,10 +25,11 @@ Example:
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -197,3 +202,125 @@ def _assemble_loop(num_items: int, loaded: list[queue.Queue],
             _put(ready, _END, stop)
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
         _put(ready, _Failure(e), stop)
+
+
+class IdleReadAhead(Generic[R]):
+    """``load(item)`` for each item, in order, in the consumer's thread, with loads done ahead by
+    one background thread that only gets CPU time nothing else wants.
+
+    For a consumer whose own work takes every core (a CPU training step on all its threads):
+    there a background loader can only run by preempting the step, whose other threads then wait
+    for it at their next barrier. This thread runs in Linux's ``SCHED_IDLE`` class instead, so it
+    gets a core only while the step leaves one idle, and it loads at most ``ahead`` items past the
+    consumer's position. The consumer never waits for it: an item it has not finished (a busy
+    machine can starve it indefinitely) the consumer loads itself, and the thread's copy is
+    dropped. ``load`` must therefore be a pure function of its item (results are equal whoever
+    computes them), and its errors surface in the consumer, at their position, as without the
+    thread. Where ``SCHED_IDLE`` is not available (not Linux), no thread is started.
+
+    Args:
+        items: work items, in order.
+        load: a pure function of an item.
+        ahead: items the thread may hold loaded past the consumer's position.
+        background_load: the thread's variant of ``load`` (e.g. without helper threads of its
+            own, which would run at normal priority), giving equal results; default ``load``.
+        name: the thread's name.
+    """
+
+    def __init__(self, items: Sequence[T], load: Callable[[T], R], ahead: int = 2,
+                 background_load: Optional[Callable[[T], R]] = None,
+                 name: str = "embedtrain-read-ahead") -> None:
+        self._items, self._load = items, load
+        self._state = _AheadState(max(1, ahead))
+        self._thread = None
+        if _can_idle() and len(items) > 1:
+            # Not a daemon: at interpreter exit the load in progress ends first (a native
+            # decoder torn down under a running thread aborts the process).
+            self._thread = threading.Thread(target=_read_ahead_loop, name=name,
+                                            args=(items, background_load or load, self._state))
+            self._thread.start()
+        self._finalizer = weakref.finalize(self, _stop_ahead, self._state)
+
+    def __iter__(self) -> Iterator[R]:
+        state = self._state
+        try:
+            for position, item in enumerate(self._items):
+                with state.cond:
+                    taken = state.done.pop(position, None)
+                    state.position = position + 1  # the thread drops its copy of this one
+                    state.cond.notify_all()
+                if taken is None:
+                    yield self._load(item)
+                else:
+                    state.taken_ahead += 1
+                    yield taken.value
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stops the thread (it ends after the load in progress); safe to call more than once."""
+        self._finalizer()
+
+    @property
+    def loaded_ahead(self) -> int:
+        """Items the thread loaded that the consumer took (for tests and benchmarks)."""
+        return self._state.taken_ahead
+
+
+class _AheadState:
+    def __init__(self, ahead: int) -> None:
+        self.ahead = ahead
+        self.cond = threading.Condition()
+        self.done: dict[int, Any] = {}  # position -> result, loaded by the thread
+        self.position = 0  # the consumer's next position; the thread loads from here on
+        self.stopped = False
+        self.taken_ahead = 0
+
+
+def _can_idle() -> bool:
+    return hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setscheduler")
+
+
+def _read_ahead_loop(items: Sequence[Any], load: Callable[[Any], Any], state: _AheadState) -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only (Linux)
+    except OSError:
+        return  # the consumer loads everything itself
+    while True:
+        with state.cond:
+            while True:
+                # the main thread gone: the interpreter is exiting, with this iterator unclosed
+                if state.stopped or not threading.main_thread().is_alive():
+                    return
+                todo = next((p for p in range(state.position,
+                                              min(len(items), state.position + state.ahead))
+                             if p not in state.done), None)
+                if todo is not None:
+                    break
+                if state.position >= len(items):
+                    return
+                state.cond.wait(_POLL_S)
+        try:
+            result = load(items[todo])
+        except BaseException:  # noqa: BLE001 - the consumer loads it again and raises it there
+            return
+        with state.cond:
+            if todo >= state.position:  # else the consumer has loaded it itself
+                state.done[todo] = _Taken(result)
+            state.cond.notify_all()
+
+
+class _Taken:
+    """A result of the read-ahead thread (so that a ``None`` result is a result)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _stop_ahead(state: _AheadState) -> None:
+    # Not joined: the thread ends after the load in progress, which at idle priority may wait
+    # long for a core; the consumer does not wait for it.
+    with state.cond:
+        state.stopped = True
+        state.done.clear()
+        state.cond.notify_all()

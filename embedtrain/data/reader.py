@@ -81,7 +81,7 @@ from torchrec.datasets.utils import Batch
 
 from embedtrain.data.batching import (
     Rows, SparseLayout, cut_batches, empty_batch, is_list_type, pad_batch, to_batch)
-from embedtrain.data.prefetch import OrderedPrefetcher
+from embedtrain.data.prefetch import IdleReadAhead, OrderedPrefetcher
 from embedtrain.features import FeatureSpec, SparseFeature
 
 
@@ -127,6 +127,11 @@ class ParquetBatchReader:
         num_workers: threads reading row groups, plus one assembling batches (0: no threads,
             everything in the iterating thread; the batches are the same either way).
         prefetch_batches: assembled batches that may wait for the consumer.
+        read_ahead: with ``num_workers`` 0, one thread in the lowest scheduling class reads row
+            groups ahead on CPU time nothing else wants; the iterating thread reads any row
+            group that thread has not finished itself, so it never waits for it
+            (:class:`~embedtrain.data.prefetch.IdleReadAhead`). For a training step that takes
+            every core, where a loader thread could only preempt it.
 
     Raises:
         DataError: a file is missing or unreadable, lacks a column, or the files have no rows.
@@ -153,6 +158,7 @@ class ParquetBatchReader:
         last_batch: Optional[LastBatch] = None,
         num_workers: int = 2,
         prefetch_batches: int = 8,
+        read_ahead: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -172,6 +178,7 @@ class ParquetBatchReader:
         self.shuffle_buffer_rows = max(shuffle_buffer_rows, batch_size)
         self.num_workers = num_workers
         self.prefetch_batches = prefetch_batches
+        self.read_ahead = read_ahead and num_workers == 0
         self.rank, self.world_size = rank, world_size
         self.unit = "rows"  # what the counts count, for messages
         self._keys = features.sparse_names
@@ -263,7 +270,14 @@ class ParquetBatchReader:
             keep_partial=self.last_batch is not LastBatch.DROP, skip=skip_batches,
             num_batches=len(self), pad_to=pad_to)
         if self.num_workers == 0 or not plan:
-            return assemble(map(load, plan))
+            if not self.read_ahead:
+                return assemble(map(load, plan))
+            # Arrow's decode threads would run at normal priority: the idle thread decodes alone
+            alone = functools.partial(load, arrow_threads=False)
+            group_rows = self.num_rows / max(len(self.row_groups), 1)
+            return assemble(IdleReadAhead(
+                plan, load, ahead=math.ceil(self.shuffle_buffer_rows / group_rows) + 1,
+                background_load=alone, name=f"loader-rank{self.rank}-read-ahead"))
         # The shuffle buffer takes a buffer's worth of row groups at once, then cuts batches for a
         # while: workers may read that far ahead, or they would idle while it cuts and it would
         # idle while they refill it.

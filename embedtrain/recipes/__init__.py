@@ -135,7 +135,10 @@ def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
                 write_lineage(run_dir.root, cfg, warm)
             if changes:
                 run.record_config()
-            print(f"threads: {threads} per rank ({source}); allocator: {allocator_setting()}\n"
+            loader = getattr(trainer.train_data, "num_workers", None)
+            print(f"threads: {threads} per rank ({source}); loader threads: {loader}"
+                  f"{' (data.num_workers: auto)' if cfg.data.num_workers is None else ''}; "
+                  f"allocator: {allocator_setting()}\n"
                   f"{_banner(run)}", file=sys.stderr)
         return run.fit()
 

@@ -122,7 +122,9 @@ class GraphRecipe(Recipe):
             fanouts = [1] * len(fanouts)
         return dict(fanouts=fanouts, weighted=g.weighted, shuffle=cfg.data.shuffle and train,
                     seed=cfg.train.seed + (0 if train else 1),
-                    rank=rank, world_size=world_size, num_workers=cfg.data.num_workers,
+                    rank=rank, world_size=world_size,
+                    # auto: 2 threads here; the idle-class read-ahead is the parquet reader's
+                    num_workers=2 if cfg.data.num_workers is None else cfg.data.num_workers,
                     drop_last=cfg.data.drop_last and train)
 
     def pooling_factors(self) -> dict[str, float]:

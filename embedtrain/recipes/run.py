@@ -27,6 +27,8 @@ class Run:
         ``config.yaml`` where it has none: a run started from Python is then evaluated,
         exported, planned and resumed like one ``embedtrain train`` made."""
         self.trainer.extra_summary["threads_per_rank"] = torch.get_num_threads()
+        self.trainer.extra_summary["loader_threads_per_rank"] = getattr(
+            self.trainer.train_data, "num_workers", None)
         if self.trainer.rank == 0:
             if not (self.trainer.run_dir.root / "config.yaml").is_file():
                 self.record_config()

@@ -9,6 +9,8 @@ it (``self.data = TabularData(cfg)``); :class:`~embedtrain.recipes.base.Recipe`'
 
 from __future__ import annotations
 
+import torch
+
 from embedtrain.config import Config, dynamic_tables
 from embedtrain.data.reader import LastBatch, ParquetBatchReader
 from embedtrain.data.stats import measure_pooling_factors
@@ -16,6 +18,7 @@ from embedtrain.features import DatasetMeta, load_dataset_meta
 from embedtrain.tables.dynamic import table_name
 from embedtrain.models.options import DynamicTable
 from embedtrain.recipes.base import DatasetInfo
+from embedtrain.runtime import idle_read_ahead, loader_threads
 
 
 class TabularData:
@@ -44,11 +47,14 @@ class TabularData:
         # epoch's last step is padded (marked rows, left out of losses and metrics) where the
         # ranks' shares differ by a row. drop_last leaves the last partial step out (counted).
         last = (LastBatch.DROP if d.drop_last else LastBatch.PAD) if train else LastBatch.PAD
+        threads = loader_threads(d.num_workers, torch.cuda.is_available(),
+                                 torch.get_num_threads())
         return ParquetBatchReader(
             meta.files(split), meta.features, batch_size=batch_size,
             shuffle=d.shuffle and train, seed=self.cfg.train.seed, last_batch=last,
             shuffle_buffer_rows=d.shuffle_buffer_rows, rank=rank, world_size=world_size,
-            num_workers=d.num_workers, prefetch_batches=d.prefetch_batches)
+            num_workers=threads, prefetch_batches=d.prefetch_batches,
+            read_ahead=idle_read_ahead(d.num_workers, threads))
 
     def dynamic_tables(self, meta: DatasetMeta) -> dict[str, DynamicTable]:
         """The ``tables`` entries' dynamic tables among the features' (``t_<feature>``)."""

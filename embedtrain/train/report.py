@@ -29,7 +29,8 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e3
 NOT_METRICS = {"step", "examples", "split", "event", "epoch"}
 # summary.json's figures of how the run went, in the order shown
 RUN_FIGURES = ("steps", "examples", "train_examples_per_s", "train_time_s", "wall_time_s",
-               "startup_s", "world_size", "threads_per_rank", "peak_rss_gb_per_rank",
+               "startup_s", "world_size", "threads_per_rank", "loader_threads_per_rank",
+               "peak_rss_gb_per_rank",
                "stopped_early", "selected")
 PLAN_FIGURES = ("step_estimate_ms", "imbalance", "embedding_weight_bytes",
                 "embedding_optimizer_bytes", "peak_rank_memory_bytes", "memory_tier",
