@@ -212,7 +212,8 @@ def test_idle_read_ahead_gives_the_synchronous_batches_and_errors(dataset, tmp_p
     bad = bad.set_column(bad.schema.get_field_index("s0"), "s0", pa.array(s0))
     f = write_parquet(bad, tmp_path / "bad.parquet", row_group_size=64)
     got = []
-    with pytest.raises(DataError, match=r"bad.parquet: column s0: id 7 outside \[0, 7\) at row 530$"):
+    message = r"bad.parquet: column s0: id 7 outside \[0, 7\) at row 530$"
+    with pytest.raises(DataError, match=message):
         for batch in ParquetBatchReader([f], spec, 16, num_workers=0, read_ahead=True):
             got.append(batch)
     assert len(got) == 512 // 16
