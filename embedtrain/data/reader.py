@@ -274,20 +274,23 @@ class ParquetBatchReader:
                 return assemble(map(load, plan))
             # Arrow's decode threads would run at normal priority: the idle thread decodes alone
             alone = functools.partial(load, arrow_threads=False)
-            group_rows = self.num_rows / max(len(self.row_groups), 1)
             return assemble(IdleReadAhead(
-                plan, load, ahead=math.ceil(self.shuffle_buffer_rows / group_rows) + 1,
+                plan, load, ahead=self._buffer_row_groups() + 1,
                 background_load=alone, name=f"loader-rank{self.rank}-read-ahead"))
         # The shuffle buffer takes a buffer's worth of row groups at once, then cuts batches for a
         # while: workers may read that far ahead, or they would idle while it cuts and it would
         # idle while they refill it.
-        group_rows = self.num_rows / max(len(self.row_groups), 1)
-        ahead = math.ceil(self.shuffle_buffer_rows / group_rows) if self.shuffle else 1
+        ahead = self._buffer_row_groups() if self.shuffle else 1
         workers = self.num_workers  # each also holds the row group it is reading
         return OrderedPrefetcher(plan, load, assemble, num_workers=workers,
                                  max_ready=self.prefetch_batches,
                                  max_loaded=max(1, math.ceil((ahead - workers) / workers)),
                                  name=f"loader-rank{self.rank}")
+
+    def _buffer_row_groups(self) -> int:
+        """Row groups (of this rank's mean size) that fill the shuffle buffer."""
+        group_rows = self.num_rows / max(len(self.row_groups), 1)
+        return math.ceil(self.shuffle_buffer_rows / group_rows)
 
     def _plan(self, rng: np.random.Generator) -> list[tuple[int, RowGroup, int]]:
         """The epoch's ``(position, row group, rows to use from its start)`` in reading order."""
