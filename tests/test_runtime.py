@@ -138,12 +138,15 @@ train: {{max_steps: 3, eval_every: 0, progress: false, threads_per_rank: 1}}
     assert r.returncode == 0, r.stderr[-3000:]
     # one torch thread leaves a core to spare on 2 or more: auto gives the loader 2 threads
     loader = runtime.loader_threads(None, False, 1)
+    # one torch thread: the tables' backward keeps FBGEMM's single thread (fbgemm_threads)
     assert (f"threads: 1 per rank (train.threads_per_rank); loader threads: {loader} "
-            "(data.num_workers: auto); allocator: glibc: no mmap") in r.stderr
+            "(data.num_workers: auto); table backward threads: 1; allocator: glibc: no mmap"
+            ) in r.stderr
     import json
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["loader_threads_per_rank"] == loader
+    assert summary["table_backward_threads_per_rank"] == 1
     parts = summary["startup"]
     assert list(parts) == ["imports_s", "torch_s", "libraries_s", "build_s", "first_batch_s"]
     assert summary["startup_s"] > 0 and all(v >= 0 for v in parts.values())

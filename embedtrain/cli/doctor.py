@@ -48,6 +48,7 @@ def _device() -> str:
 
 def _doctor(args) -> int:
     from embedtrain.fbgemm_cpu import describe
+    from embedtrain.fbgemm_threads import describe as describe_threads
     from embedtrain.dependencies import VERIFIED
     from embedtrain.runtime import allocator_setting, threads_per_rank, usable_cores
 
@@ -66,7 +67,8 @@ def _doctor(args) -> int:
               "verified": all(p["ok"] for p in packages), "packages": packages,
               "device": _device(), "cores": usable_cores(), "ranks": args.nproc,
               "threads_per_rank": threads, "threads_from": why, "allocator": allocator_setting(),
-              "fbgemm_cpu_kernels": describe()}
+              "fbgemm_cpu_kernels": describe(),
+              "tbe_cpu_threads": describe_threads(threads)}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -79,7 +81,7 @@ def _doctor(args) -> int:
               "not the verified combination: make install (or pip install -r "
               "requirements/cpu.txt) installs it")
         print(f"device: {report['device']}; FBGEMM's CPU kernels: "
-              f"{report['fbgemm_cpu_kernels']}")
+              f"{report['fbgemm_cpu_kernels']}; CPU table step: {report['tbe_cpu_threads']}")
         print(f"cores: {report['cores']}; {args.nproc} rank(s) here get {threads} thread(s) "
               f"each ({why}); allocator: {report['allocator']}")
     sys.stdout.flush()

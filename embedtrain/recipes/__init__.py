@@ -136,9 +136,11 @@ def fit(cfg: Config, out_dir: str | os.PathLike, *, resume: bool = False,
             if changes:
                 run.record_config()
             loader = getattr(trainer.train_data, "num_workers", None)
+            tables = run.table_threads()
             print(f"threads: {threads} per rank ({source}); loader threads: {loader}"
                   f"{' (data.num_workers: auto)' if cfg.data.num_workers is None else ''}; "
-                  f"allocator: {allocator_setting()}\n"
+                  + ("" if tables is None else f"table backward threads: {tables}; ")
+                  + f"allocator: {allocator_setting()}\n"
                   f"{_banner(run)}", file=sys.stderr)
         return run.fit()
 

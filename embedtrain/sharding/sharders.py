@@ -86,9 +86,13 @@ def embedding_sharders(
         :class:`EmbeddingCollectionAllTypesSharder` and, for dynamic tables, a
         :class:`~embedtrain.sharding.dynamic.DynamicTablesSharder` (row-wise only), for the
         planner and for ``DistributedModelParallel`` (which must get the same ones the plan was
-        made with).
+        made with). The tables they shard on a CPU take their backward over the intra-op
+        threads (:mod:`embedtrain.fbgemm_threads`, installed here).
     """
+    from embedtrain.fbgemm_threads import install
     from embedtrain.sharding.dynamic import DynamicTablesSharder
+
+    install()
 
     registry = qcomm_registry(forward_precision, backward_precision)
     bags = EmbeddingBagCollectionAllTypesSharder(qcomm_codecs_registry=registry)

@@ -30,6 +30,7 @@ NOT_METRICS = {"step", "examples", "split", "event", "epoch"}
 # summary.json's figures of how the run went, in the order shown
 RUN_FIGURES = ("steps", "examples", "train_examples_per_s", "train_time_s", "wall_time_s",
                "startup_s", "world_size", "threads_per_rank", "loader_threads_per_rank",
+               "table_backward_threads_per_rank",
                "peak_rss_gb_per_rank",
                "stopped_early", "selected")
 PLAN_FIGURES = ("step_estimate_ms", "imbalance", "embedding_weight_bytes",

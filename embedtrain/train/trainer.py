@@ -126,7 +126,7 @@ class Trainer:
         self._final_valid: Optional[dict[str, float]] = None  # the end's validation (checkpointed)
         self._first_step_at: Optional[float] = None  # time.time() of this process's first step
         param = next(model.parameters(), None)
-        self._device_type = param.device.type if param is not None else "cpu"
+        self.device_type = param.device.type if param is not None else "cpu"  # "cpu", "cuda"
         self.select_metric = options.select_metric or task.main_metric
         self._higher = higher_is_better(self.select_metric) if self._tracks_best else True
         self.pipelined: Optional[PipelinedSteps] = None
@@ -136,7 +136,7 @@ class Trainer:
                                  f"model arguments, which this task does not give")
             accumulate = options.grad_accumulation
             self.pipelined = PipelinedSteps(
-                options.pipeline, model, task, batch_args, torch.device(self._device_type),
+                options.pipeline, model, task, batch_args, torch.device(self.device_type),
                 bf16=options.bf16_dense, loss_scale=1.0 / accumulate if accumulate > 1 else 1.0)
 
     @property
@@ -294,7 +294,7 @@ class Trainer:
         accumulate = self.options.grad_accumulation
         # Every micro-batch's dense gradients are all-reduced (DDP's no_sync trips an internal
         # assert with TorchRec's data-parallel table lookups); the sum is the same.
-        with torch.autocast(self._device_type, dtype=torch.bfloat16,
+        with torch.autocast(self.device_type, dtype=torch.bfloat16,
                             enabled=self.options.bf16_dense):
             out = self.task.forward(self.model, batch)
         (out.loss / accumulate if accumulate > 1 else out.loss).backward()
@@ -333,7 +333,7 @@ class Trainer:
         metrics = self.task.new_metrics()
         loss_sum, count = 0.0, 0
         local = len(data) if max_batches is None else min(len(data), max_batches)
-        steps = _max_over_ranks(local, self._device_type) if self.world_size > 1 else local
+        steps = _max_over_ranks(local, self.device_type) if self.world_size > 1 else local
         last = None
         with closing_iterator(data.iter_epoch(0)) as batches:
             for _ in range(steps):
@@ -352,7 +352,7 @@ class Trainer:
         if self.world_size > 1:
             # on the model's device: a CUDA run's process group is NCCL (no CPU tensors)
             totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64,
-                                  device=self._device_type)
+                                  device=self.device_type)
             dist.all_reduce(totals)
             loss_sum, count = float(totals[0]), int(totals[1])
         self.model.train(was_training)
