@@ -10,9 +10,9 @@ the table step (on 2 cores, half the machine for the largest part of a CTR step)
 tables) on a CPU TBE:
 
 - the forward is FBGEMM's own operator (``split_embedding_codegen_forward_cpu``), called once
-  on all features as FBGEMM's autograd function calls it: cut over threads it gained nothing
-  (its JIT kernel prefetches rows; two threads of it ran no faster here, and joining their
-  outputs cost a copy);
+  on all features as FBGEMM's autograd function calls it. Cut into runs on threads it was
+  slower (its JIT kernel prefetches rows; the large config's forward took 14.5-18.1 ms instead
+  of 10.5-11.2, its outputs joined by a copy, and the backward after it slowed too);
 - the backward with the fused update (``split_embedding_backward_codegen_rowwise_adagrad_cpu``,
   the larger part: sorting each table's ids, summing their gradients, the Adagrad step) runs on
   up to ``torch.get_num_threads()`` contiguous runs of whole tables with about equal lookups,
