@@ -79,6 +79,17 @@ def _one_openmp_thread() -> None:
             continue
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's worker threads do not exist there (a pool that still
+    counts them would never run a call)."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _executor(workers: int) -> ThreadPoolExecutor:
     global _pool
     with _lock:

@@ -110,6 +110,38 @@ def test_a_bad_thread_count_is_one_line(monkeypatch):
         fbgemm_threads.max_threads()
 
 
+def test_a_forked_child_steps_over_threads_of_its_own(monkeypatch):
+    """A process forked after a threaded step (a worker pool started) gets a pool of its own:
+    the parent's worker threads do not exist in the child, and a pool counting them would wait
+    forever for the first backward."""
+    import os
+
+    features = list(range(len(TABLES)))
+    expected = _train(monkeypatch, "2", features)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: train again, say whether the result is the parent's
+        try:
+            # GNU OpenMP's thread pool does not survive a fork: a torch parallel region in the
+            # child would hang whatever embedtrain does (DataLoader workers take 1 thread too)
+            torch.set_num_threads(1)
+            got = _train(monkeypatch, "2", features)
+            ok = got[3] == [2] * 4 and torch.equal(got[1], expected[1])
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    import select
+
+    ready, _, _ = select.select([read], [], [], 60)
+    answer = os.read(read, 1) if ready else b"timeout"
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert answer == b"1"
+
+
 @pytest.mark.slow
 def test_a_run_trained_over_threads_is_the_run_without(tmp_path, monkeypatch):
     import embedtrain as et
